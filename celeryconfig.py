@@ -1,0 +1,139 @@
+"""Every gpulanes setting, read once from ``GPULANES_*`` environment variables.
+
+Celery reads the lower-case names below (``app.config_from_object``); the
+upper-case constants are gpulanes' own settings. A bad value raises
+``tasks.errors.ConfigError`` naming the variable.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from tasks.errors import ConfigError
+
+T = TypeVar("T")
+PROJECT_DIR = Path(__file__).resolve().parent
+
+
+def setting(name: str, parse: Callable[[str], T], default: T) -> T:
+    """Read ``GPULANES_<name>`` with ``parse``; unset or empty gives ``default``."""
+    variable = f"GPULANES_{name}"
+    raw = os.environ.get(variable, "").strip()
+    if not raw:
+        return default
+    try:
+        return parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(variable, f"cannot read {raw!r}: {exc}") from exc
+
+
+def positive(parse: Callable[[str], T]) -> Callable[[str], T]:
+    def read(raw: str) -> T:
+        value = parse(raw)
+        if value <= 0:
+            raise ValueError("must be greater than zero")
+        return value
+    return read
+
+
+def choice(*allowed: str) -> Callable[[str], str]:
+    def read(raw: str) -> str:
+        if raw not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return raw
+    return read
+
+
+def mapping(raw: str) -> dict[str, str]:
+    """``name=module:factory,name2=...`` -> {name: "module:factory"}."""
+    pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+    if any(len(pair) != 2 or ":" not in pair[1] for pair in pairs):
+        raise ValueError("expected name=module:factory[,name=module:factory]")
+    return {name.strip(): spec.strip() for name, spec in pairs}
+
+
+def names(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())
+
+
+# --- where things live -------------------------------------------------------
+STATE_DIR = setting("STATE_DIR", Path, PROJECT_DIR / ".gpulanes")
+ARTIFACT_DIR = setting("ARTIFACT_DIR", Path, PROJECT_DIR / "artifacts")
+MODEL_DIR = setting("MODEL_DIR", Path, STATE_DIR / "models")
+# Unset: the embedded Redis that the launcher starts on this Unix socket.
+EMBEDDED_SOCKET = STATE_DIR / "redis.sock"
+broker_url = setting("BROKER_URL", str, f"redis+socket://{EMBEDDED_SOCKET}")
+result_backend = setting("RESULT_BACKEND", str, broker_url)
+
+# --- devices and models ------------------------------------------------------
+DEVICE = setting("DEVICE", choice("auto", "cpu", "cuda"), "auto")
+MODELS = setting("MODELS", mapping, {"demo": "gpu_worker.demo_model:load"})
+WARM_MODELS = setting("WARM_MODELS", names, ("demo",))
+TORCH_THREADS = setting("TORCH_THREADS", positive(int), 1)
+
+# --- job limits (checked before anything is enqueued) ------------------------
+MAX_PROMPT_CHARS = setting("MAX_PROMPT_CHARS", positive(int), 2000)
+MAX_ACCOUNT_CHARS = setting("MAX_ACCOUNT_CHARS", positive(int), 64)
+MAX_STEPS = setting("MAX_STEPS", positive(int), 150)
+MIN_SIDE = setting("MIN_SIDE", positive(int), 64)
+MAX_SIDE = setting("MAX_SIDE", positive(int), 1024)
+MAX_JOB_S = setting("MAX_JOB_S", positive(float), 300.0)
+
+# --- retries -----------------------------------------------------------------
+MAX_RETRIES = setting("MAX_RETRIES", int, 3)
+RETRY_BASE_S = setting("RETRY_BASE_S", positive(float), 0.5)
+RETRY_CAP_S = setting("RETRY_CAP_S", positive(float), 30.0)
+
+# --- beat --------------------------------------------------------------------
+HEARTBEAT_S = setting("HEARTBEAT_S", positive(float), 1.0)
+HEARTBEAT_REPLY_S = setting("HEARTBEAT_REPLY_S", positive(float), 0.5)
+
+# --- Celery ------------------------------------------------------------------
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+event_serializer = "json"
+result_extended = True
+result_expires = 24 * 3600
+timezone = "UTC"
+enable_utc = True
+
+# The lanes: declared here, consumed in this order (see gpu_worker.launcher).
+task_queues = {lane: {"exchange": lane, "routing_key": lane}
+               for lane in ("fast", "standard", "relaxed")}
+task_create_missing_queues = False
+task_default_queue = "standard"
+task_routes = ("routing.router.route_task",)
+
+# One job in hand per worker thread; acked only when done, re-queued if the
+# worker dies under it.
+worker_prefetch_multiplier = 1
+task_acks_late = True
+task_reject_on_worker_lost = True
+task_track_started = True
+task_send_sent_event = True
+worker_send_task_events = True
+worker_hijack_root_logger = False
+
+# Redis has no real acks: an unacked job comes back after the visibility
+# timeout. A job can run at most MAX_JOB_S (enforced between steps) and a
+# retry waits at most RETRY_CAP_S in the worker, so twice that never
+# re-delivers a live job, yet a dead worker's job returns in minutes, not hours.
+VISIBILITY_TIMEOUT_S = int(2 * MAX_JOB_S + RETRY_CAP_S)
+broker_transport_options = {
+    "queue_order_strategy": "priority",  # honour the -Q order: fast first
+    "priority_steps": [0],  # lanes do priority; message priority stays off
+    "visibility_timeout": VISIBILITY_TIMEOUT_S,
+    # sweep for abandoned jobs every few seconds, not every 100 s
+    "unacked_restore_interval": max(1, min(10, VISIBILITY_TIMEOUT_S // 4)),
+    "unacked_restore_throttle": 1,
+}
+result_backend_transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+broker_connection_retry_on_startup = True
+
+beat_scheduler = "beat.scheduler:LanesScheduler"
+beat_schedule = {
+    "heartbeat": {"task": "gpulanes.heartbeat", "schedule": HEARTBEAT_S},
+}

@@ -1,0 +1,49 @@
+"""Every error gpulanes raises, under one base class.
+
+This module is a leaf (stdlib only) so that every layer, including
+``celeryconfig`` and the GPU worker, can raise from the same tree.
+"""
+from __future__ import annotations
+
+
+class GpulanesError(Exception):
+    """Base class of every gpulanes error."""
+
+
+class ConfigError(GpulanesError, ValueError):
+    """A ``GPULANES_*`` setting is missing or malformed."""
+
+    def __init__(self, variable: str, message: str) -> None:
+        self.variable = variable
+        super().__init__(f"{variable}: {message}")
+
+
+class InvalidJob(GpulanesError, ValueError):
+    """A job was refused before anything was enqueued; ``field`` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+    def __reduce__(self):  # keep (field, message) through pickling/copying
+        return (type(self), (self.field, str(self).split(": ", 1)[1]))
+
+
+class ModelError(GpulanesError):
+    """A model could not be found, built or loaded."""
+
+
+class ShardError(ModelError):
+    """A checkpoint shard is missing, corrupt or does not match its manifest."""
+
+
+class TransientJobError(GpulanesError):
+    """A failure worth retrying: out of memory, a lost connection, a lost worker."""
+
+
+class JobTimeout(GpulanesError):
+    """A job ran past ``GPULANES_MAX_JOB_S``."""
+
+
+class JobFailed(GpulanesError):
+    """A job failed for good; the message says why and after how many attempts."""
