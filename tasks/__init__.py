@@ -1,0 +1,20 @@
+"""gpulanes public API: ``from tasks import submit``; ``celery -A tasks`` finds ``app``.
+
+Attributes load lazily so that leaf modules (``tasks.errors``) import without
+building the Celery app.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["app", "submit"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        from tasks.celeryapp import app
+        return app
+    if name == "submit":
+        from tasks.api import submit
+        return submit
+    raise AttributeError(f"module 'tasks' has no attribute {name!r}")

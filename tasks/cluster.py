@@ -1,0 +1,104 @@
+"""A local cluster in child processes: embedded Redis, the GPU workers, beat.
+
+``make demo``, the tests and the benchmarks all run on this. The caller's own
+process must use the same broker: point ``GPULANES_BROKER_URL`` at
+``cluster.url`` before importing ``tasks``, or use the default state folder.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gpu_worker.redis_server import EmbeddedRedis
+from tasks.errors import GpulanesError
+
+
+class LocalCluster:
+    """Start with ``with LocalCluster(...) as cluster:``; everything stops on exit."""
+
+    def __init__(self, state_dir: Path, *, workers: int = 2, device: str = "auto",
+                 beat: bool = True, env: dict[str, str] | None = None,
+                 log_dir: Path | None = None) -> None:
+        self.redis = EmbeddedRedis(Path(state_dir))
+        self.workers, self.device, self.with_beat = workers, device, beat
+        self.log_dir = Path(log_dir or state_dir)
+        self.env = {**os.environ, "GPULANES_BROKER_URL": self.redis.url,
+                    "GPULANES_STATE_DIR": str(state_dir), **(env or {})}
+        self.supervisor: subprocess.Popen | None = None
+        self.beat: subprocess.Popen | None = None
+        self.owns_redis = False
+
+    @property
+    def url(self) -> str:
+        return self.redis.url
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [f"gpu{i}@{os.uname().nodename}" for i in range(self.workers)]
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen([sys.executable, *args], env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def start_workers(self) -> None:
+        self.supervisor = self._spawn("workers", [
+            "-m", "gpu_worker", "--workers", str(self.workers), "--device", self.device])
+
+    def start(self, app: Any, timeout_s: float = 120.0) -> "LocalCluster":
+        """Start everything and wait until every worker is warm and consuming."""
+        if not self.redis.answers():  # else reuse the one already serving this folder
+            self.redis.start()
+            self.owns_redis = True
+        self.start_workers()
+        if self.with_beat:
+            self.beat = self._spawn("beat", ["-m", "celery", "-A", "tasks", "beat",
+                                             "--loglevel", "INFO"])
+        self.wait_for_workers(app, self.hostnames, timeout_s)
+        return self
+
+    def wait_for_workers(self, app: Any, hostnames: list[str], timeout_s: float) -> None:
+        """Block until each named worker answers a ping (it pings once warm)."""
+        deadline, missing = time.monotonic() + timeout_s, set(hostnames)
+        while missing:
+            if self.supervisor is not None and self.supervisor.poll() is not None:
+                raise GpulanesError(f"worker supervisor exited; see {self.log_dir / 'workers.log'}")
+            if time.monotonic() > deadline:
+                raise GpulanesError(f"workers {sorted(missing)} not ready after {timeout_s:.0f}s;"
+                                    f" see {self.log_dir / 'workers.log'}")
+            for reply in app.control.ping(timeout=0.5) or []:
+                missing -= set(reply)
+
+    def stop_workers(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM the supervisor (a warm shutdown) and return its exit code."""
+        return _terminate(self.supervisor, timeout_s)
+
+    def stop(self) -> None:
+        _terminate(self.beat, 10.0)
+        self.stop_workers()
+        if self.owns_redis:
+            self.redis.stop()
+
+    def __enter__(self) -> "LocalCluster":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _terminate(process: subprocess.Popen | None, timeout_s: float) -> int | None:
+    if process is None:
+        return None
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()

@@ -1,0 +1,90 @@
+"""The job schema and its validation: every field checked before enqueue."""
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import celeryconfig as cfg
+from routing.names import TIERS
+from tasks.errors import InvalidJob
+
+MAX_SEED = 2**63 - 1
+_ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A validated job; ``as_dict()`` is what travels in the message."""
+
+    prompt: str
+    tier: str
+    account: str
+    model: str
+    seed: int
+    steps: int
+    width: int
+    height: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _integer(field: str, value: Any, low: int, high: int) -> int:
+    # bool is an int subclass; True steps is a bug, not a request for one step.
+    if type(value) is not int:
+        raise InvalidJob(field, f"must be an integer, got {type(value).__name__} {value!r}")
+    if not low <= value <= high:
+        raise InvalidJob(field, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def _text(field: str, value: Any, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidJob(field, f"must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise InvalidJob(field, "must not be empty")
+    if len(value) > max_chars:
+        raise InvalidJob(field, f"is {len(value)} characters; the limit is {max_chars}")
+    if "\x00" in value:
+        raise InvalidJob(field, "must not contain NUL characters")
+    return value
+
+
+def _choice(field: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str:
+    if not isinstance(value, str):
+        raise InvalidJob(field, f"must be a string, got {type(value).__name__}")
+    if value not in allowed:
+        raise InvalidJob(field, f"unknown {field} {value!r}; use one of {', '.join(allowed)}")
+    return value
+
+
+def _side(field: str, value: Any) -> int:
+    _integer(field, value, cfg.MIN_SIDE, cfg.MAX_SIDE)
+    if value % 8:
+        raise InvalidJob(field, f"must be a multiple of 8, got {value}")
+    return value
+
+
+def _account(value: Any) -> str:
+    account = _text("account", value, cfg.MAX_ACCOUNT_CHARS)
+    if not _ACCOUNT_RE.fullmatch(account):
+        raise InvalidJob("account", "may hold letters, digits and _.@:+- and must "
+                         "start with a letter or digit")
+    return account
+
+
+def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
+             steps: Any, width: Any, height: Any) -> Job:
+    """Check every field; raise :class:`InvalidJob` naming the first bad one."""
+    return Job(
+        prompt=_text("prompt", prompt, cfg.MAX_PROMPT_CHARS),
+        tier=_choice("tier", tier, TIERS),
+        account=_account(account),
+        model=_choice("model", model, sorted(cfg.MODELS)),
+        seed=secrets.randbelow(MAX_SEED) if seed is None else _integer("seed", seed, 0, MAX_SEED),
+        steps=_integer("steps", steps, 1, cfg.MAX_STEPS),
+        width=_side("width", width),
+        height=_side("height", height),
+    )
