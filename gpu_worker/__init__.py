@@ -1,0 +1,1 @@
+"""GPU workers: device pinning, the launcher, sharded model loading, warm models."""

@@ -1,0 +1,51 @@
+"""``python -m gpu_worker --workers N --device auto|cpu|cuda``: see ``launcher``."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from gpu_worker.devices import gpu_count, resolve
+from gpu_worker.launcher import Child, Supervisor, worker_command, worker_env
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
+    parser.add_argument("--workers", type=int, default=None,
+                        help="worker processes; default: one per GPU, or 1 on CPU")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                        default=os.environ.get("GPULANES_DEVICE") or "auto")
+    parser.add_argument("--concurrency", type=int, default=1,
+                        help="jobs one worker runs at once (threads); 1 suits one GPU")
+    parser.add_argument("--loglevel", default="INFO")
+    return parser.parse_args(argv)
+
+
+def plan(args: argparse.Namespace) -> tuple[str, int]:
+    """The device kind and the number of workers, checked against the host."""
+    device = resolve(args.device)
+    gpus = gpu_count() if device == "cuda" else 0
+    workers = args.workers if args.workers is not None else max(gpus, 1)
+    if workers < 1:
+        raise SystemExit("--workers must be at least 1")
+    if device == "cuda" and workers > gpus:
+        raise SystemExit(f"--workers {workers} but only {gpus} GPU(s) are visible")
+    return device, workers
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.loglevel, format="[%(asctime)s %(name)s] %(message)s")
+    device, workers = plan(args)
+    import celeryconfig as cfg
+    from gpu_worker.redis_server import ensure_broker
+
+    children = [Child(i, worker_command(i, args.concurrency, args.loglevel),
+                      worker_env(i, device)) for i in range(workers)]
+    with ensure_broker(cfg.STATE_DIR):
+        return Supervisor(children, stop_timeout_s=cfg.MAX_JOB_S + 30).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

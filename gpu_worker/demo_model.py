@@ -1,0 +1,158 @@
+"""The built-in ``demo`` image generator: a small latent denoiser in plain torch.
+
+Prompt words are hashed into an embedding table and mean-pooled into a
+conditioning vector; the seed draws latent noise at a quarter of the image
+size; ``steps`` passes of a FiLM-conditioned conv net pull the latent towards
+the net's output; a conv decoder upsamples it to RGB. The weights are random
+but fixed by the model name, stored and loaded as a sharded checkpoint
+exactly like real weights, so the cold-start path is exercised for real.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gpu_worker.models import StepCallback
+from gpu_worker.shards import load_checkpoint_timed, write_checkpoint
+from tasks.errors import ModelError
+
+VOCAB_SIZE = 4096
+COND_DIM = 64
+LATENT_CHANNELS = 8
+HIDDEN_CHANNELS = 24
+DECODE_CHANNELS = 16
+LATENT_SCALE = 4  # image side / latent side
+N_SHARDS = 4
+ARCHITECTURE = "demo-denoiser-v1"
+
+# name -> (shape, init std); conv weights use He-style std so signals keep their scale.
+WEIGHT_SPECS: dict[str, tuple[tuple[int, ...], float]] = {
+    "embed": ((VOCAB_SIZE, COND_DIM), 1.0),
+    "film.weight": ((2 * HIDDEN_CHANNELS, COND_DIM), 0.6 / math.sqrt(COND_DIM)),
+    "film.bias": ((2 * HIDDEN_CHANNELS,), 0.1),
+    "conv_in.weight": ((HIDDEN_CHANNELS, LATENT_CHANNELS, 3, 3), math.sqrt(2 / (LATENT_CHANNELS * 9))),
+    "conv_in.bias": ((HIDDEN_CHANNELS,), 0.1),
+    "conv_mid.weight": ((HIDDEN_CHANNELS, HIDDEN_CHANNELS, 3, 3), math.sqrt(2 / (HIDDEN_CHANNELS * 9))),
+    "conv_mid.bias": ((HIDDEN_CHANNELS,), 0.1),
+    "conv_out.weight": ((LATENT_CHANNELS, HIDDEN_CHANNELS, 3, 3), math.sqrt(2 / (HIDDEN_CHANNELS * 9))),
+    "conv_out.bias": ((LATENT_CHANNELS,), 0.1),
+    "dec1.weight": ((DECODE_CHANNELS, LATENT_CHANNELS, 3, 3), math.sqrt(2 / (LATENT_CHANNELS * 9))),
+    "dec1.bias": ((DECODE_CHANNELS,), 0.1),
+    "dec2.weight": ((3, DECODE_CHANNELS, 3, 3), math.sqrt(2 / (DECODE_CHANNELS * 9))),
+    "dec2.bias": ((3,), 0.5),
+}
+
+
+def _stable_int(text: str) -> int:
+    """A 63-bit hash that, unlike ``hash()``, is the same in every process."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+
+
+def make_weights(name: str) -> dict[str, torch.Tensor]:
+    """The fixed random weights of model ``name``: same name, same tensors."""
+    gen = torch.Generator(device="cpu").manual_seed(_stable_int(f"{ARCHITECTURE}/{name}"))
+    return {key: torch.randn(shape, generator=gen) * std
+            for key, (shape, std) in WEIGHT_SPECS.items()}
+
+
+class DemoModel:
+    """A device-resident ``demo`` model; see the module docstring."""
+
+    def __init__(self, name: str, device: str, weights: dict[str, torch.Tensor],
+                 load_ms: float = 0.0) -> None:
+        self.name = name
+        self.device = device
+        self.load_ms = load_ms
+        self.w = weights
+
+    def warmup(self) -> None:
+        """One tiny generation so kernels and allocators are hot."""
+        self.generate("warmup", seed=0, steps=2, width=64, height=64)
+
+    def generate(self, prompt: str, *, seed: int, steps: int, width: int,
+                 height: int, on_step: StepCallback | None = None) -> np.ndarray:
+        """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image."""
+        assert steps >= 1 and width % 8 == 0 and height % 8 == 0, (steps, width, height)
+        with torch.inference_mode():
+            cond = self._condition(prompt)
+            x = self._noise(seed, width, height)
+            dt = 1.0 / steps
+            for i in range(steps):
+                # A convex step towards a tanh-bounded target keeps x bounded.
+                target = 2.0 * torch.tanh(_blur(self._denoise(x, cond, i / steps), 3))
+                x = x - dt * (x - target)
+                if on_step is not None:
+                    on_step(i)
+            rgb = self._decode(x)
+        return (rgb * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+    def _condition(self, prompt: str) -> torch.Tensor:
+        """Mean of the words' embeddings, rescaled so long prompts steer as hard as short ones."""
+        words = re.findall(r"\w+", prompt.lower())
+        if not words:
+            return torch.zeros(COND_DIM, device=self.device)
+        ids = torch.tensor([_stable_int(w) % VOCAB_SIZE for w in words], device=self.device)
+        pooled = self.w["embed"][ids].mean(dim=0)
+        return pooled * math.sqrt(COND_DIM) / (pooled.norm() + 1e-6)
+
+    def _noise(self, seed: int, width: int, height: int) -> torch.Tensor:
+        # Drawn on the CPU whatever the device, so CPU and CUDA start alike.
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        shape = (1, LATENT_CHANNELS, height // LATENT_SCALE, width // LATENT_SCALE)
+        noise = torch.randn(shape, generator=gen).to(self.device)
+        # Smoothed so the seed sets blobs a few latent pixels wide, not speckle.
+        noise = _blur(noise, 5)
+        return noise / noise.std()
+
+    def _denoise(self, x: torch.Tensor, cond: torch.Tensor, t: float) -> torch.Tensor:
+        w = self.w
+        film = F.linear(cond + _step_embedding(t, cond.device), w["film.weight"], w["film.bias"])
+        scale, shift = film.view(2, HIDDEN_CHANNELS, 1, 1)
+        h = F.silu(F.conv2d(x, w["conv_in.weight"], w["conv_in.bias"], padding=1))
+        # Dilation widens what one step sees, so patterns grow past pixel noise.
+        h = F.conv2d(h, w["conv_mid.weight"], w["conv_mid.bias"], padding=2, dilation=2)
+        h = F.silu(h * (1 + scale) + shift)
+        return F.conv2d(h, w["conv_out.weight"], w["conv_out.bias"], padding=1)
+
+    def _decode(self, x: torch.Tensor) -> torch.Tensor:
+        """Latent -> ``(3, H, W)`` floats in [0, 1]."""
+        w = self.w
+        h = F.interpolate(x, scale_factor=LATENT_SCALE, mode="bilinear", align_corners=False)
+        h = F.silu(F.conv2d(h, w["dec1.weight"], w["dec1.bias"], padding=1))
+        y = F.conv2d(h, w["dec2.weight"], w["dec2.bias"], padding=1)[0]
+        # Full contrast per channel keeps the image vivid; a bounded share of
+        # the channel means survives as a colour cast that follows the prompt.
+        mean = y.mean(dim=(1, 2), keepdim=True)
+        y = (y - mean) / (y.std(dim=(1, 2), keepdim=True) + 1e-6)
+        return torch.sigmoid(1.5 * (y + 0.5 * torch.tanh(mean - mean.mean())))
+
+
+def _blur(x: torch.Tensor, size: int) -> torch.Tensor:
+    return F.avg_pool2d(x, size, stride=1, padding=size // 2, count_include_pad=False)
+
+
+def _step_embedding(t: float, device: torch.device) -> torch.Tensor:
+    """Sinusoidal embedding of the step's position ``t`` in [0, 1)."""
+    freqs = torch.exp(torch.linspace(0.0, math.log(100.0), COND_DIM // 2, device=device))
+    angles = t * freqs
+    return torch.cat([torch.sin(angles), torch.cos(angles)])
+
+
+def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
+    """Factory for ``GPULANES_MODELS``: build the checkpoint if absent, then load it."""
+    path = Path(model_dir) / name
+    if not path.exists():
+        write_checkpoint(make_weights(name), path, N_SHARDS,
+                         metadata={"model": name, "architecture": ARCHITECTURE})
+    weights, load_ms = load_checkpoint_timed(path, device)
+    for key, (shape, _) in WEIGHT_SPECS.items():
+        if key not in weights or tuple(weights[key].shape) != shape:
+            raise ModelError(f"{path}: checkpoint does not fit {ARCHITECTURE} (tensor {key!r}); "
+                             f"delete {path} to rebuild it")
+    return DemoModel(name, device, weights, load_ms)

@@ -1,0 +1,124 @@
+"""The supervisor: one Celery worker process per device, restarted if it crashes.
+
+``python -m gpu_worker --workers N --device auto|cpu|cuda``. SIGTERM (or
+Ctrl-C) asks every worker for a warm shutdown: each finishes the job it holds,
+and kombu puts back anything it had reserved.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from routing.names import LANES, worker_hostname
+
+log = logging.getLogger("gpu_worker")
+RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+#: A worker up this long has its crash count forgiven.
+STABLE_AFTER_S = 60.0
+
+
+def _die_with_parent() -> None:
+    # Linux: a worker whose supervisor is SIGKILLed gets a warm-shutdown SIGTERM.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
+    """The ``celery worker`` command line of device ``index``."""
+    return [sys.executable, "-m", "celery", "-A", "tasks", "worker",
+            "--pool", "threads", "--concurrency", str(concurrency),
+            "--queues", ",".join(LANES),  # priority order: fast, standard, relaxed
+            "--hostname", worker_hostname(index), "--events",
+            "--without-mingle", "--without-gossip", "--loglevel", loglevel]
+
+
+def worker_env(index: int, device: str) -> dict[str, str]:
+    """Pin the worker: on CUDA it sees exactly one GPU, which it calls cuda:0."""
+    env = dict(os.environ)
+    if device == "cuda":
+        env["CUDA_VISIBLE_DEVICES"] = str(index)
+        env["GPULANES_WORKER_DEVICE"] = "cuda:0"
+    else:
+        env["GPULANES_WORKER_DEVICE"] = "cpu"
+    return env
+
+
+@dataclass
+class Child:
+    index: int
+    command: list[str]
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    crashes: int = 0
+    restart_at: float = 0.0
+
+    def start(self) -> None:
+        # Own session: a terminal's Ctrl-C reaches only the supervisor, which
+        # then stops the workers in order.
+        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
+                                        preexec_fn=_die_with_parent)
+        self.started_at = time.monotonic()
+        log.info("gpu%d started (pid %d)", self.index, self.process.pid)
+
+
+@dataclass
+class Supervisor:
+    """Starts, watches and stops the workers; ``run()`` blocks until stopped."""
+
+    children: list[Child]
+    stop_timeout_s: float
+    stopping: bool = False
+    poll_s: float = 0.2
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        for child in self.children:
+            child.start()
+        while not self.stopping:
+            self._watch(time.monotonic())
+            time.sleep(self.poll_s)
+        return self._stop_all()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.stopping = True
+
+    def _watch(self, now: float) -> None:
+        for child in self.children:
+            code = child.process.poll() if child.process else None
+            if child.process is not None and code is not None:
+                self._schedule_restart(child, code, now)
+            if child.process is None and now >= child.restart_at:
+                child.start()
+
+    def _schedule_restart(self, child: Child, code: int, now: float) -> None:
+        if now - child.started_at > STABLE_AFTER_S:
+            child.crashes = 0
+        delay = RESTART_BACKOFF_S[min(child.crashes, len(RESTART_BACKOFF_S) - 1)]
+        child.crashes += 1
+        child.process, child.restart_at = None, now + delay
+        log.warning("gpu%d exited with %s; restarting in %.0fs", child.index, code, delay)
+
+    def _stop_all(self) -> int:
+        running = [c.process for c in self.children if c.process and c.process.poll() is None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        for process in running:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker pid %d did not stop in time; killing it", process.pid)
+                process.kill()
+                process.wait()
+        log.info("all workers stopped")
+        return 0

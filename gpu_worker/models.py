@@ -1,0 +1,53 @@
+"""The model interface, and the registry that builds models from configuration.
+
+A model is anything with this shape, built once per worker by a *factory*
+named in ``GPULANES_MODELS`` as ``name=module:factory``::
+
+    def factory(*, name: str, device: str, model_dir: pathlib.Path) -> ImageModel
+
+The factory loads weights onto ``device`` (``"cpu"`` or ``"cuda"``/``"cuda:0"``)
+and returns a ready model. The worker calls ``warmup()`` once before it
+consumes any job, then ``generate()`` per job. To serve a diffusers pipeline,
+write a ten-line factory that loads it and wraps ``pipe(prompt, ...)`` in
+``generate`` and point ``GPULANES_MODELS`` at it.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from tasks.errors import ModelError
+
+#: Called with the index of each finished step; may raise to stop the run.
+StepCallback = Callable[[int], None]
+
+
+class ImageModel(Protocol):
+    """A loaded, device-resident model that turns a prompt into an image."""
+
+    name: str
+    device: str
+
+    def warmup(self) -> None:
+        """Run one small pass so kernels, allocators and caches are hot."""
+
+    def generate(self, prompt: str, *, seed: int, steps: int, width: int,
+                 height: int, on_step: StepCallback | None = None) -> np.ndarray:
+        """Return an ``(height, width, 3)`` ``uint8`` RGB image; same inputs, same image."""
+
+
+def load_model(name: str, specs: dict[str, str], device: str,
+               model_dir: Path) -> ImageModel:
+    """Build model ``name`` with the factory its spec names."""
+    spec = specs.get(name)
+    if spec is None:
+        raise ModelError(f"unknown model {name!r}; GPULANES_MODELS knows {sorted(specs)}")
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ModelError(f"model {name!r}: cannot import factory {spec!r}: {exc}") from exc
+    return factory(name=name, device=device, model_dir=Path(model_dir))
