@@ -1,0 +1,1 @@
+"""Beat: the schedule and the control-plane tasks that run on its clock."""

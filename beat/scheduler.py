@@ -1,0 +1,31 @@
+"""A beat scheduler that runs control-plane tasks inside the beat process.
+
+Heartbeat collection must never queue behind a GPU job in a lane, and it is
+singleton work by nature; beat is the one process that is both. Every other
+entry is sent to the broker as usual.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.beat import Scheduler, ScheduleEntry
+
+from routing.names import HEARTBEAT_TASK
+
+log = logging.getLogger(__name__)
+IN_BEAT = frozenset({HEARTBEAT_TASK})
+
+
+class LanesScheduler(Scheduler):
+    """In-memory schedule from ``beat_schedule``; ``IN_BEAT`` tasks run here."""
+
+    def apply_async(self, entry: ScheduleEntry, producer: Any = None,
+                    advance: bool = True, **kwargs: Any) -> Any:
+        if entry.task not in IN_BEAT:
+            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+        entry = self.reserve(entry) if advance else entry
+        result = self.app.tasks[entry.task].apply(args=entry.args, kwargs=entry.kwargs)
+        if result.failed():
+            log.error("beat task %s failed: %r", entry.task, result.result)
+        return result
