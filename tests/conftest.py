@@ -1,0 +1,76 @@
+"""Test session: a private embedded Redis, configured before ``tasks`` is imported.
+
+Each test starts from clean lanes and results; kombu's own bindings stay so
+that workers started by a module fixture keep consuming.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# A short path: Unix socket paths are limited to about 100 bytes.
+STATE_DIR = Path(tempfile.mkdtemp(prefix="gl-test-", dir="/tmp"))
+TEST_ENV = {
+    "GPULANES_BROKER_URL": f"redis+socket://{STATE_DIR}/redis.sock",
+    "GPULANES_STATE_DIR": str(STATE_DIR),
+    "GPULANES_ARTIFACT_DIR": str(STATE_DIR / "artifacts"),
+    "GPULANES_MODEL_DIR": str(STATE_DIR / "models"),
+    "GPULANES_MODELS": "demo=gpu_worker.demo_model:load,flaky=tests.flaky_model:load",
+    "GPULANES_DEVICE": "cpu",
+    "GPULANES_HEARTBEAT_S": "0.5",
+    "GPULANES_HEARTBEAT_REPLY_S": "0.3",
+    "GPULANES_RETRY_BASE_S": "0.2",
+    "GPULANES_RETRY_CAP_S": "1",
+    "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
+                                                os.environ.get("PYTHONPATH")])),
+}
+os.environ.update(TEST_ENV)
+
+from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402  after the env is set
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    server = EmbeddedRedis(STATE_DIR).start()
+    yield server
+    server.stop()
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def clean_redis(redis_server):
+    """Drop every key but kombu's queue bindings before each test."""
+    client = redis_server.client()
+    keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
+    if keys:
+        client.delete(*keys)
+    return client
+
+
+@pytest.fixture(scope="session")
+def app(redis_server):
+    from tasks import app
+    return app
+
+
+@pytest.fixture(scope="module")
+def cluster_factory(redis_server, app, request):
+    """Start local clusters on the session Redis; all are stopped after the module."""
+    from tasks.cluster import LocalCluster
+
+    started: list[LocalCluster] = []
+
+    def start(workers: int = 1, beat: bool = False, env: dict | None = None) -> LocalCluster:
+        name = f"{request.module.__name__}-{len(started)}"
+        cluster = LocalCluster(STATE_DIR, workers=workers, device="cpu", beat=beat,
+                               env=env, log_dir=STATE_DIR / "logs" / name)
+        started.append(cluster)
+        return cluster.start(app, timeout_s=120)
+
+    yield start
+    for cluster in started:
+        cluster.stop()

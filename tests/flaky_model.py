@@ -1,0 +1,41 @@
+"""A test model we own: the real demo model, made to fail on request.
+
+The prompt says how: ``transient:N ...`` raises a transient error on the
+first N runs of that (prompt, seed) in this worker; ``transient:always`` on
+every run; ``bug ...`` raises a plain bug (never retried); ``sleep:S ...``
+holds the job S seconds first, so a test can act while it runs.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from gpu_worker import demo_model
+from tasks.errors import TransientJobError
+
+
+class FlakyModel:
+    def __init__(self, inner: demo_model.DemoModel, name: str) -> None:
+        self.inner, self.name, self.device = inner, name, inner.device
+        self.runs: Counter[tuple[str, int]] = Counter()
+
+    def warmup(self) -> None:
+        self.inner.warmup()
+
+    def generate(self, prompt: str, *, seed: int, **kwargs):
+        self.runs[(prompt, seed)] += 1
+        how = prompt.split()[0]
+        if how == "transient:always" or (
+                how.startswith("transient:") and how != "transient:always"
+                and self.runs[(prompt, seed)] <= int(how.split(":")[1])):
+            raise TransientJobError(f"simulated out-of-memory (run {self.runs[(prompt, seed)]})")
+        if how.startswith("sleep:"):
+            time.sleep(float(how.split(":")[1]))
+        if how == "bug":
+            raise ValueError("simulated bug in the model")
+        return self.inner.generate(prompt, seed=seed, **kwargs)
+
+
+def load(*, name: str, device: str, model_dir: Path) -> FlakyModel:
+    return FlakyModel(demo_model.load(name="demo", device=device, model_dir=model_dir), name)

@@ -1,0 +1,103 @@
+"""A real cluster: one CPU worker process, beat, and the session Redis."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from routing.names import SNAPSHOT_KEY, WORKERS_KEY
+from tasks import submit
+from tasks.errors import JobFailed
+
+pytestmark = pytest.mark.cluster
+SMALL = dict(steps=4, width=64, height=64)
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    return cluster_factory(workers=1, beat=True)
+
+
+def _wait_started(result, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while result.state not in ("STARTED", "SUCCESS"):
+        assert time.monotonic() < deadline, f"job never started: {result.state}"
+        time.sleep(0.02)
+
+
+def test_result_dict_and_png(cluster):
+    out = submit("a red fox in snow", tier="fast", seed=3, **SMALL).get(timeout=60)
+    for key in ("image", "lane", "requested_tier", "worker", "device", "queued_ms",
+                "run_ms", "attempts", "cached"):
+        assert key in out, key
+    assert out["lane"] == out["requested_tier"] == "fast"
+    assert out["worker"] == cluster.hostnames[0] and out["device"] == "cpu"
+    assert out["attempts"] == 1 and out["cached"] is False and out["cold_start"] is False
+    assert out["queued_ms"] >= 0 and out["run_ms"] > 0
+    image = Image.open(out["image"])
+    assert image.format == "PNG" and image.size == (64, 64) and image.mode == "RGB"
+    assert Path(out["image"]).stem == out["job_id"]
+
+
+def test_fast_job_overtakes_relaxed_backlog_on_one_worker(cluster):
+    blocker = submit("sleep:1.0 hold the worker", tier="relaxed", model="flaky", **SMALL)
+    _wait_started(blocker)
+    backlog = [submit(f"backlog {i}", tier="relaxed", seed=i, **SMALL) for i in range(15)]
+    fast = submit("urgent", tier="fast", seed=99, **SMALL)
+    done_fast = fast.get(timeout=60)
+    done_backlog = [r.get(timeout=120) for r in backlog]
+    blocker.get(timeout=60)
+    # With one job in hand per worker, the fast job is next after the blocker.
+    assert done_fast["started_at"] < min(r["started_at"] for r in done_backlog)
+    # ...while the backlog keeps its FIFO order among itself.
+    starts = [r["started_at"] for r in done_backlog]
+    assert starts == sorted(starts)
+
+
+def test_same_seed_same_png_different_seed_different(cluster):
+    a, b, c = (submit("tidal pools at dusk", seed=s, **SMALL) for s in (5, 5, 6))
+    paths = [r.get(timeout=60)["image"] for r in (a, b, c)]
+    assert paths[0] != paths[1]  # each job writes its own file...
+    assert Path(paths[0]).read_bytes() == Path(paths[1]).read_bytes()  # ...bit-identical
+    pixels = [np.asarray(Image.open(p)) for p in paths]
+    assert not np.array_equal(pixels[0], pixels[2])
+
+
+def test_transient_failure_retries_with_backoff_then_succeeds(cluster):
+    began = time.time()
+    out = submit("transient:2 flaky gpu", model="flaky", seed=1, **SMALL).get(timeout=60)
+    assert out["attempts"] == 3
+    assert out["started_at"] - began < 10  # base 0.2 s, cap 1 s in this session
+
+
+def test_transient_failure_gives_up_after_three_retries(cluster):
+    result = submit("transient:always broken gpu", model="flaky", seed=2, **SMALL)
+    with pytest.raises(JobFailed, match="gave up after 4 attempts"):
+        result.get(timeout=60)
+
+
+def test_bug_fails_at_once_with_a_clear_error(cluster):
+    result = submit("bug in the weights", model="flaky", seed=3, **SMALL)
+    with pytest.raises(JobFailed, match="attempt 1: ValueError: simulated bug"):
+        result.get(timeout=60)
+
+
+def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
+    submit("warm it", seed=1, **SMALL).get(timeout=60)
+    deadline = time.monotonic() + 15
+    while True:
+        workers = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
+        info = workers.get(cluster.hostnames[0])
+        if info and info["served"] >= 1:
+            break
+        assert time.monotonic() < deadline, f"no heartbeat with the job counted: {workers}"
+        time.sleep(0.1)
+    assert info["alive"] and info["missed"] == 0 and info["device"] == "cpu"
+    assert "demo" in info["warm_models"] and info["service_ms"] > 0
+    assert info["in_flight"] == 0 and info["lanes"] == ["fast", "standard", "relaxed"]
+    snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY))
+    assert set(snapshot["lanes"]) == {"fast", "standard", "relaxed"}

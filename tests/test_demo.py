@@ -1,0 +1,32 @@
+"""Smoke run of ``make demo``'s program: its own embedded Redis, all three lanes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.cluster
+
+
+def test_demo_runs_all_lanes_and_writes_pngs():
+    state = Path(tempfile.mkdtemp(prefix="gl-demo-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULANES_")}
+    env.update(GPULANES_STATE_DIR=str(state), GPULANES_ARTIFACT_DIR=str(state / "png"),
+               GPULANES_DEVICE="cpu")
+    args = ["--fast", "2", "--standard", "3", "--relaxed", "4", "--steps", "4", "--size", "64"]
+    proc = subprocess.run([sys.executable, "-m", "tasks.demo", *args], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
+            if line.split() and line.split()[0] in ("fast", "standard", "relaxed")}
+    assert [rows[t][1] for t in ("fast", "standard", "relaxed")] == ["2", "3", "4"]
+    assert "9/9 done, 0 failed" in proc.stdout
+    pngs = list((state / "png").glob("*.png"))
+    assert len(pngs) == 9 and all(Image.open(p).format == "PNG" for p in pngs)
+    assert (state / "appendonly.aof").exists()  # the embedded Redis ran with AOF on
+    assert not (state / "redis.sock").exists()  # ...and was shut down

@@ -1,0 +1,70 @@
+"""Every bad field is refused with InvalidJob naming it, and nothing reaches a lane."""
+from __future__ import annotations
+
+import pytest
+
+import celeryconfig as cfg
+from routing.names import LANES
+from tasks import submit
+from tasks.errors import InvalidJob
+
+GOOD = dict(tier="standard", account="alice", model="demo", seed=1, steps=10,
+            width=128, height=128)
+
+BAD = [
+    ("prompt", {"prompt": ""}), ("prompt", {"prompt": "   "}),
+    ("prompt", {"prompt": 42}), ("prompt", {"prompt": None}),
+    ("prompt", {"prompt": "x" * (cfg.MAX_PROMPT_CHARS + 1)}),
+    ("prompt", {"prompt": "nul\x00byte"}),
+    ("tier", {"tier": "turbo"}), ("tier", {"tier": ["fast"]}), ("tier", {"tier": None}),
+    ("tier", {"tier": "FAST"}),
+    ("account", {"account": ""}), ("account", {"account": "a" * (cfg.MAX_ACCOUNT_CHARS + 1)}),
+    ("account", {"account": "has space"}), ("account", {"account": 7}),
+    ("model", {"model": "sdxl-nope"}), ("model", {"model": ""}), ("model", {"model": 3}),
+    ("seed", {"seed": 1.5}), ("seed", {"seed": "7"}), ("seed", {"seed": -1}),
+    ("seed", {"seed": 2**64}), ("seed", {"seed": True}),
+    ("steps", {"steps": "20"}), ("steps", {"steps": 20.0}), ("steps", {"steps": 0}),
+    ("steps", {"steps": cfg.MAX_STEPS + 1}), ("steps", {"steps": None}),
+    ("steps", {"steps": True}),
+    ("width", {"width": "256"}), ("width", {"width": 256.0}), ("width", {"width": 100}),
+    ("width", {"width": cfg.MIN_SIDE - 8}), ("width", {"width": cfg.MAX_SIDE + 8}),
+    ("height", {"height": [256]}), ("height", {"height": 0}),
+    ("height", {"height": cfg.MAX_SIDE * 2}),
+]
+
+
+def _lane_lengths(client) -> list[int]:
+    return [client.llen(lane) for lane in LANES]
+
+
+@pytest.mark.parametrize("field,change", BAD, ids=[f"{f}={c[f]!r}"[:40] for f, c in BAD])
+def test_bad_field_is_named_and_nothing_is_enqueued(field, change, clean_redis):
+    kwargs = {**GOOD, **change}
+    prompt = kwargs.pop("prompt", "a valid prompt")
+    with pytest.raises(InvalidJob) as caught:
+        submit(prompt, **kwargs)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(f"{field}: ")
+    assert isinstance(caught.value, ValueError)
+    assert _lane_lengths(clean_redis) == [0, 0, 0]
+
+
+def test_unknown_keyword_is_a_type_error():
+    with pytest.raises(TypeError):
+        submit("a prompt", priority=9)
+
+
+@pytest.mark.parametrize("tier", LANES)
+def test_good_job_is_enqueued_in_its_tier_lane(tier, clean_redis):
+    result = submit("a valid prompt", **{**GOOD, "tier": tier})
+    expected = [1 if lane == tier else 0 for lane in LANES]
+    assert _lane_lengths(clean_redis) == expected
+    assert result.id
+
+
+def test_seed_is_drawn_when_missing():
+    from tasks.schema import validate
+
+    jobs = [validate("p", **{**GOOD, "seed": None}) for _ in range(3)]
+    assert all(isinstance(job.seed, int) and job.seed >= 0 for job in jobs)
+    assert len({job.seed for job in jobs}) == 3
