@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from routing.names import LANES
 from tasks.errors import ConfigError
 
 T = TypeVar("T")
@@ -33,6 +34,15 @@ def positive(parse: Callable[[str], T]) -> Callable[[str], T]:
         value = parse(raw)
         if value <= 0:
             raise ValueError("must be greater than zero")
+        return value
+    return read
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    def read(raw: str) -> int:
+        value = int(raw)
+        if value < low:
+            raise ValueError(f"must be at least {low}")
         return value
     return read
 
@@ -78,16 +88,35 @@ MAX_ACCOUNT_CHARS = setting("MAX_ACCOUNT_CHARS", positive(int), 64)
 MAX_STEPS = setting("MAX_STEPS", positive(int), 150)
 MIN_SIDE = setting("MIN_SIDE", positive(int), 64)
 MAX_SIDE = setting("MAX_SIDE", positive(int), 1024)
+if MIN_SIDE % 8 or MAX_SIDE % 8 or MIN_SIDE > MAX_SIDE:
+    raise ConfigError("GPULANES_MIN_SIDE", f"{MIN_SIDE}..{MAX_SIDE} must be multiples of 8, "
+                      "the minimum not above GPULANES_MAX_SIDE")
 MAX_JOB_S = setting("MAX_JOB_S", positive(float), 300.0)
 
 # --- retries -----------------------------------------------------------------
-MAX_RETRIES = setting("MAX_RETRIES", int, 3)
+MAX_RETRIES = setting("MAX_RETRIES", at_least(0), 3)
 RETRY_BASE_S = setting("RETRY_BASE_S", positive(float), 0.5)
 RETRY_CAP_S = setting("RETRY_CAP_S", positive(float), 30.0)
+
+# --- lane policy (see routing.policy) -----------------------------------------
+MAX_WAIT_FAST_S = setting("MAX_WAIT_FAST_S", positive(float), 10.0)
+MAX_WAIT_STANDARD_S = setting("MAX_WAIT_STANDARD_S", positive(float), 60.0)
+RELEASE_RATIO = setting("RELEASE_RATIO", positive(float), 0.9)
+RELEASE_SAMPLES = setting("RELEASE_SAMPLES", positive(int), 3)
+MAX_DEPTH = {lane: setting(f"MAX_DEPTH_{lane.upper()}", positive(int), default)
+             for lane, default in (("fast", 500), ("standard", 2000), ("relaxed", 10000))}
+DEFAULT_SERVICE_S = setting("DEFAULT_SERVICE_S", positive(float), 1.0)
+FAST_SECONDS_DEFAULT = setting("FAST_SECONDS_DEFAULT", float, 3600.0)
+FAIR_WINDOW_S = setting("FAIR_WINDOW_S", positive(int), 900)
+FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)
 
 # --- beat --------------------------------------------------------------------
 HEARTBEAT_S = setting("HEARTBEAT_S", positive(float), 1.0)
 HEARTBEAT_REPLY_S = setting("HEARTBEAT_REPLY_S", positive(float), 0.5)
+#: A worker that misses this many heartbeats in a row is dead to routing.
+MISSES_ALLOWED = setting("MISSES_ALLOWED", positive(int), 2)
+#: Routers fall back to plain tier routing when the snapshot is older than this.
+SNAPSHOT_STALE_S = setting("SNAPSHOT_STALE_S", positive(float), 3 * HEARTBEAT_S + 2)
 
 # --- Celery ------------------------------------------------------------------
 task_serializer = "json"
@@ -101,14 +130,14 @@ timezone = "UTC"
 enable_utc = True
 
 # The lanes: declared here, consumed in this order (see gpu_worker.launcher).
-task_queues = {lane: {"exchange": lane, "routing_key": lane}
-               for lane in ("fast", "standard", "relaxed")}
+task_queues = {lane: {"exchange": lane, "routing_key": lane} for lane in LANES}
 task_create_missing_queues = False
 task_default_queue = "standard"
 task_routes = ("routing.router.route_task",)
 
-# One job in hand per worker thread; acked only when done, re-queued if the
-# worker dies under it.
+# One job in hand per worker thread, acked only when done. (With the threads
+# pool a dead worker's jobs come back through beat's health check, or at worst
+# the visibility timeout; reject_on_worker_lost covers prefork deployments.)
 worker_prefetch_multiplier = 1
 task_acks_late = True
 task_reject_on_worker_lost = True
@@ -124,16 +153,18 @@ worker_hijack_root_logger = False
 VISIBILITY_TIMEOUT_S = int(2 * MAX_JOB_S + RETRY_CAP_S)
 broker_transport_options = {
     "queue_order_strategy": "priority",  # honour the -Q order: fast first
-    "priority_steps": [0],  # lanes do priority; message priority stays off
+    # Lanes do priority; message priority only orders accounts inside relaxed
+    # (fast and standard always use step 0, so lane order holds).
+    "priority_steps": [0, 3, 6, 9],
     "visibility_timeout": VISIBILITY_TIMEOUT_S,
     # sweep for abandoned jobs every few seconds, not every 100 s
     "unacked_restore_interval": max(1, min(10, VISIBILITY_TIMEOUT_S // 4)),
     "unacked_restore_throttle": 1,
 }
-result_backend_transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT_S}
 broker_connection_retry_on_startup = True
 
 beat_scheduler = "beat.scheduler:LanesScheduler"
 beat_schedule = {
     "heartbeat": {"task": "gpulanes.heartbeat", "schedule": HEARTBEAT_S},
+    "move-queued": {"task": "gpulanes.move_queued", "schedule": HEARTBEAT_S},
 }

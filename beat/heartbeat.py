@@ -1,4 +1,10 @@
-"""Heartbeats: ask every worker for its load, record liveness and lane depths in Redis."""
+"""Heartbeats: ask every worker for its load; write the snapshot routers read.
+
+Each round: broadcast ``lanes_stats`` (answered by each worker's consumer
+thread, even mid-job), fold the replies into the worker record (a worker
+that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead), measure the
+lanes, step the lane policy, and publish it all as one snapshot in Redis.
+"""
 from __future__ import annotations
 
 import json
@@ -10,25 +16,28 @@ from typing import Any
 import redis
 
 import celeryconfig as cfg
-from routing.names import HEARTBEAT_TASK, LANES, SNAPSHOT_KEY, STATS_COMMAND, WORKERS_KEY
+from beat.health import requeue_dead
+from beat.snapshot import lane_loads, next_policy
+from routing.names import (FAST, FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAPSHOT_KEY,
+                           STANDARD, STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys,
+                           usage_key)
+from routing.policy import relax_levels
 from routing.store import connect
 from tasks.celeryapp import app
 
 log = logging.getLogger(__name__)
-#: Heartbeats a worker may miss before it counts as dead.
-MISSES_ALLOWED = 2
 #: A worker silent this long is dropped from the record altogether.
 FORGET_AFTER_S = 600.0
 
 
 def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
-          heartbeat_s: float) -> dict[str, dict]:
+          misses_allowed: int) -> dict[str, dict]:
     """Fold this round's replies into the record: pure, so tests drive it directly."""
     record: dict[str, dict] = {}
     for host, old in previous.items():
         if host not in replies and now - old["last_seen"] < FORGET_AFTER_S:
-            missed = int((now - old["last_seen"]) // heartbeat_s)
-            record[host] = {**old, "missed": missed, "alive": missed < MISSES_ALLOWED}
+            missed = old.get("missed", 0) + 1
+            record[host] = {**old, "missed": missed, "alive": missed < misses_allowed}
     for host, stats in replies.items():
         record[host] = {**stats, "last_seen": now, "missed": 0, "alive": True}
     return record
@@ -42,29 +51,70 @@ def ask_workers(timeout_s: float) -> dict[str, dict]:
 
 
 @lru_cache(maxsize=1)
-def _redis() -> redis.Redis:
+def redis_client() -> redis.Redis:
     return connect(app.conf.broker_url)
 
 
-def _lane_depths(client: redis.Redis) -> dict[str, int]:
+def lane_depths(client: redis.Redis) -> dict[str, int]:
+    """Queued jobs per lane, every priority level of it included."""
     with client.pipeline(transaction=False) as pipe:
         for lane in LANES:
-            pipe.llen(lane)
-        return dict(zip(LANES, pipe.execute()))
+            for key in lane_keys(lane):
+                pipe.llen(key)
+        counts = iter(pipe.execute())
+    return {lane: sum(next(counts) for _ in lane_keys(lane)) for lane in LANES}
+
+
+def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
+    """GPU seconds per account over the fair-relax window."""
+    newest = int(now) // USAGE_BUCKET_S
+    buckets = range(newest - cfg.FAIR_WINDOW_S // USAGE_BUCKET_S, newest + 1)
+    with client.pipeline(transaction=False) as pipe:
+        for bucket in buckets:
+            pipe.hgetall(usage_key(bucket))
+        usage: dict[str, float] = {}
+        for counts in pipe.execute():
+            for account, seconds in counts.items():
+                usage[account] = usage.get(account, 0.0) + float(seconds)
+    return usage
+
+
+def _log_changes(previous: dict, policy: dict, loads: dict) -> None:
+    for lane, state in policy.items():
+        if state["overloaded"] != previous.get(lane, {}).get("overloaded", False):
+            log.warning("%s lane %s: expected wait %.1fs", lane,
+                        "overloaded" if state["overloaded"] else "back to normal",
+                        loads[lane]["expected_wait_s"])
+
+
+def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, Any]:
+    """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
+    previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
+    loads = lane_loads(workers, lane_depths(client), cfg.DEFAULT_SERVICE_S)
+    budgets = {FAST: cfg.MAX_WAIT_FAST_S, STANDARD: cfg.MAX_WAIT_STANDARD_S}
+    policy = next_policy(previous, loads, budgets, cfg.RELEASE_RATIO, cfg.RELEASE_SAMPLES)
+    _log_changes(previous, policy, loads)
+    return {"at": now, "lanes": loads, "policy": policy, "workers": workers,
+            "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
+            "levels": relax_levels(recent_usage(client, now))}
 
 
 @app.task(name=HEARTBEAT_TASK)
-def heartbeat() -> dict[str, Any]:
-    """One heartbeat round; returns and stores the snapshot."""
-    client = _redis()
+def heartbeat() -> str:
+    """One heartbeat round: store the snapshot; return a one-line summary."""
+    client = redis_client()
     replies = ask_workers(cfg.HEARTBEAT_REPLY_S)
     now = time.time()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
-    workers = merge(previous, replies, now, cfg.HEARTBEAT_S)
-    snapshot = {"at": now, "lanes": _lane_depths(client), "workers": workers}
+    workers = merge(previous, replies, now, cfg.MISSES_ALLOWED)
+    snapshot = build_snapshot(client, workers, now)
     with client.pipeline() as pipe:
         pipe.delete(WORKERS_KEY)
         if workers:
             pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
         pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
-    return snapshot
+    requeue_dead(app, client, workers)
+    alive = sum(w["alive"] for w in workers.values())
+    return f"{alive}/{len(workers)} workers alive; " + ", ".join(
+        f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"
+        for lane, load in snapshot["lanes"].items())

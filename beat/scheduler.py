@@ -11,10 +11,10 @@ from typing import Any
 
 from celery.beat import Scheduler, ScheduleEntry
 
-from routing.names import HEARTBEAT_TASK
+from routing.names import HEARTBEAT_TASK, MOVERS_TASK
 
 log = logging.getLogger(__name__)
-IN_BEAT = frozenset({HEARTBEAT_TASK})
+IN_BEAT = frozenset({HEARTBEAT_TASK, MOVERS_TASK})
 
 
 class LanesScheduler(Scheduler):

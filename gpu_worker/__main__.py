@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 
 from gpu_worker.devices import gpu_count, resolve
@@ -14,8 +13,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
     parser.add_argument("--workers", type=int, default=None,
                         help="worker processes; default: one per GPU, or 1 on CPU")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"),
-                        default=os.environ.get("GPULANES_DEVICE") or "auto")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                        help="default: GPULANES_DEVICE (auto)")
     parser.add_argument("--concurrency", type=int, default=1,
                         help="jobs one worker runs at once (threads); 1 suits one GPU")
     parser.add_argument("--loglevel", default="INFO")
@@ -24,7 +23,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> tuple[str, int]:
     """The device kind and the number of workers, checked against the host."""
-    device = resolve(args.device)
+    import celeryconfig as cfg
+
+    device = resolve(args.device or cfg.DEVICE)
+    if args.concurrency < 1:
+        raise SystemExit("--concurrency must be at least 1")
     gpus = gpu_count() if device == "cuda" else 0
     workers = args.workers if args.workers is not None else max(gpus, 1)
     if workers < 1:

@@ -78,7 +78,9 @@ class DemoModel:
     def generate(self, prompt: str, *, seed: int, steps: int, width: int,
                  height: int, on_step: StepCallback | None = None) -> np.ndarray:
         """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image."""
-        assert steps >= 1 and width % 8 == 0 and height % 8 == 0, (steps, width, height)
+        if steps < 1 or width % 8 or height % 8:
+            raise ValueError(f"need steps >= 1 and sides in multiples of 8, got "
+                             f"steps={steps} width={width} height={height}")
         with torch.inference_mode():
             cond = self._condition(prompt)
             x = self._noise(seed, width, height)

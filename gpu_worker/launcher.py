@@ -6,7 +6,6 @@ and kombu puts back anything it had reserved.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -15,20 +14,13 @@ import sys
 import time
 from dataclasses import dataclass
 
+from gpu_worker.processes import spawn
 from routing.names import LANES, worker_hostname
 
 log = logging.getLogger("gpu_worker")
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: A worker up this long has its crash count forgiven.
 STABLE_AFTER_S = 60.0
-
-
-def _die_with_parent() -> None:
-    # Linux: a worker whose supervisor is SIGKILLed gets a warm-shutdown SIGTERM.
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
@@ -41,10 +33,15 @@ def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
 
 
 def worker_env(index: int, device: str) -> dict[str, str]:
-    """Pin the worker: on CUDA it sees exactly one GPU, which it calls cuda:0."""
+    """Pin the worker: on CUDA it sees exactly one GPU, which it calls cuda:0.
+
+    Index ``i`` means the i-th GPU this supervisor sees, so an operator's own
+    ``CUDA_VISIBLE_DEVICES`` (ids or UUIDs) is narrowed, not overridden.
+    """
     env = dict(os.environ)
     if device == "cuda":
-        env["CUDA_VISIBLE_DEVICES"] = str(index)
+        mask = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        env["CUDA_VISIBLE_DEVICES"] = mask[index] if mask else str(index)
         env["GPULANES_WORKER_DEVICE"] = "cuda:0"
     else:
         env["GPULANES_WORKER_DEVICE"] = "cpu"
@@ -62,10 +59,7 @@ class Child:
     restart_at: float = 0.0
 
     def start(self) -> None:
-        # Own session: a terminal's Ctrl-C reaches only the supervisor, which
-        # then stops the workers in order.
-        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
+        self.process = spawn(self.command, env=self.env)
         self.started_at = time.monotonic()
         log.info("gpu%d started (pid %d)", self.index, self.process.pid)
 
@@ -109,10 +103,11 @@ class Supervisor:
         log.warning("gpu%d exited with %s; restarting in %.0fs", child.index, code, delay)
 
     def _stop_all(self) -> int:
+        """Warm-stop every worker; 0 if all stopped in time, 1 if any was killed."""
         running = [c.process for c in self.children if c.process and c.process.poll() is None]
         for process in running:
             process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
+        deadline, killed = time.monotonic() + self.stop_timeout_s, 0
         for process in running:
             try:
                 process.wait(max(0.0, deadline - time.monotonic()))
@@ -120,5 +115,6 @@ class Supervisor:
                 log.error("worker pid %d did not stop in time; killing it", process.pid)
                 process.kill()
                 process.wait()
-        log.info("all workers stopped")
-        return 0
+                killed += 1
+        log.info("all workers stopped%s", f" ({killed} killed)" if killed else "")
+        return 1 if killed else 0

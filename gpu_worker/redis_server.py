@@ -16,6 +16,7 @@ from typing import Iterator
 
 import redis
 
+from gpu_worker.processes import spawn
 from tasks.errors import GpulanesError
 
 
@@ -57,7 +58,7 @@ class EmbeddedRedis:
                 "--dir", str(self.data_dir), "--appendonly", "yes",
                 "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
                 "--logfile", "redis.log"]
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        self.process = spawn(args, stdin=subprocess.DEVNULL)
         self._wait(timeout_s)
         return self
 

@@ -21,23 +21,38 @@ class Runtime:
     """What one worker process holds: its device, warm models and counters."""
 
     device: str = "unset"
+    hostname: str = "unset"
     specs: dict[str, str] = field(default_factory=dict)
     model_dir: Path = Path(".")
     models: dict[str, ImageModel] = field(default_factory=dict)
     load_ms: dict[str, float] = field(default_factory=dict)
-    in_flight: int = 0
+    in_flight: dict[str, int] = field(default_factory=dict)
     served: int = 0
     failed: int = 0
-    service_ms: float | None = None
+    #: Moving average of service time per lane (a lane's jobs differ in size).
+    service_ms: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    # Counters and model loading lock apart: the consumer thread reads the
+    # counters for heartbeats and must never wait out a model load.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def configure(self, device: str, specs: dict[str, str], model_dir: Path) -> None:
-        self.device, self.specs, self.model_dir = device, dict(specs), Path(model_dir)
+    def configure(self, hostname: str, device: str, specs: dict[str, str],
+                  model_dir: Path) -> None:
+        self.hostname, self.device = hostname, device
+        self.specs, self.model_dir = dict(specs), Path(model_dir)
+
+    @property
+    def incarnation(self) -> str:
+        """This process's identity: a restarted worker keeps its name, not its pid."""
+        return f"{self.hostname}/{os.getpid()}"
 
     def model(self, name: str) -> tuple[ImageModel, float | None]:
         """The warm model ``name`` and, if this call had to load it, its load time."""
-        with self._lock:  # one loader at a time; the others then find it warm
+        model = self.models.get(name)
+        if model is not None:
+            return model, None
+        with self._load_lock:  # one loader at a time; the others then find it warm
             if name in self.models:
                 return self.models[name], None
             load_ms = self._load(name)
@@ -48,32 +63,35 @@ class Runtime:
         model = load_model(name, self.specs, self.device, self.model_dir)
         model.warmup()
         load_ms = (time.perf_counter() - began) * 1000
-        self.models[name], self.load_ms[name] = model, load_ms
+        with self._lock:
+            self.models[name], self.load_ms[name] = model, load_ms
         log.info("model %s warm on %s in %.0f ms", name, self.device, load_ms)
         return load_ms
 
-    def job_started(self) -> None:
+    def job_started(self, lane: str) -> None:
         with self._lock:
-            self.in_flight += 1
+            self.in_flight[lane] = self.in_flight.get(lane, 0) + 1
 
-    def job_finished(self, run_ms: float | None) -> None:
+    def job_finished(self, lane: str, service_ms: float | None) -> None:
         with self._lock:
-            self.in_flight -= 1
-            if run_ms is None:
+            self.in_flight[lane] -= 1
+            if service_ms is None:
                 self.failed += 1
                 return
             self.served += 1
-            prev = self.service_ms
-            self.service_ms = run_ms if prev is None else prev + EWMA_ALPHA * (run_ms - prev)
+            prev = self.service_ms.get(lane)
+            self.service_ms[lane] = service_ms if prev is None else \
+                prev + EWMA_ALPHA * (service_ms - prev)
 
     def stats(self) -> dict[str, Any]:
         """The heartbeat reply: liveness and load, JSON-ready."""
         with self._lock:
             return {
                 "device": self.device, "pid": os.getpid(), "at": time.time(),
-                "started_at": self.started_at, "in_flight": self.in_flight,
-                "served": self.served, "failed": self.failed,
-                "service_ms": self.service_ms, "warm_models": sorted(self.models),
+                "incarnation": self.incarnation, "started_at": self.started_at,
+                "in_flight": dict(self.in_flight), "served": self.served,
+                "failed": self.failed, "service_ms": dict(self.service_ms),
+                "warm_models": sorted(self.models),
                 "load_ms": dict(self.load_ms),
             }
 

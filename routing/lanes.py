@@ -14,9 +14,12 @@ class Route:
     requested_tier: str
     downgraded_from: str | None = None
     downgrade_reason: str | None = None
+    #: kombu message priority inside the lane (0 first); only relaxed uses it.
+    priority: int = 0
 
     def as_dict(self) -> dict[str, str]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+        """The fields a result reports: where it ran and, if moved, why."""
+        return {k: v for k, v in self.__dict__.items() if v is not None and k != "priority"}
 
 
 def lane_for(tier: str) -> str:

@@ -7,9 +7,18 @@ RELAXED = "relaxed"
 #: Lanes in priority order: workers consume them in exactly this order.
 LANES: tuple[str, ...] = (FAST, STANDARD, RELAXED)
 TIERS: tuple[str, ...] = LANES
+#: kombu priority steps; fast and standard use only 0, so lane order holds and
+#: the relaxed lane is split into four levels (light users first).
+RELAX_PRIORITIES: tuple[int, ...] = (0, 3, 6, 9)
+
+
+def lane_keys(lane: str) -> list[str]:
+    """The Redis lists that hold ``lane``, first-served first (kombu's naming)."""
+    return [lane if pri == 0 else f"{lane}\x06\x16{pri}" for pri in RELAX_PRIORITIES]
 
 GENERATE_TASK = "gpulanes.generate"
 HEARTBEAT_TASK = "gpulanes.heartbeat"
+MOVERS_TASK = "gpulanes.move_queued"
 #: Custom worker inspect command answered by the consumer thread.
 STATS_COMMAND = "lanes_stats"
 
@@ -18,6 +27,33 @@ PREFIX = "gpulanes"
 WORKERS_KEY = f"{PREFIX}:workers"
 #: JSON: the latest load snapshot written by beat.
 SNAPSHOT_KEY = f"{PREFIX}:snapshot"
+
+
+#: Hash: account -> fast seconds left.
+FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
+#: Set: accounts whose fast seconds are spent (read by routers).
+FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
+#: Hash: job id -> JSON of a job that failed for good.
+DEAD_KEY = f"{PREFIX}:dead"
+#: Hash: worker incarnation ("host/pid") that may hold jobs -> its start time.
+INCARNATIONS_KEY = f"{PREFIX}:incarnations"
+#: Seconds of GPU time per account are counted in buckets this long.
+USAGE_BUCKET_S = 60
+
+
+def usage_key(bucket: int) -> str:
+    """Hash: account -> GPU seconds used in one ``USAGE_BUCKET_S`` bucket."""
+    return f"{PREFIX}:usage:{bucket}"
+
+
+def held_key(incarnation: str) -> str:
+    """Hash: delivery tag -> job id, of messages one worker incarnation holds."""
+    return f"{PREFIX}:held:{incarnation}"
+
+
+def done_key(job_id: str) -> str:
+    """The first result of a job: later runs of the same id return it unchanged."""
+    return f"{PREFIX}:done:{job_id}"
 
 
 def attempts_key(job_id: str) -> str:

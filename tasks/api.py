@@ -3,17 +3,33 @@ from __future__ import annotations
 
 import time
 import uuid
+from functools import lru_cache
 
 from celery.result import AsyncResult
 
-from routing.lanes import route
+import celeryconfig as cfg
+from routing.lanes import route as plain_route
+from routing.names import RELAXED, SNAPSHOT_KEY
+from routing.policy import decide
+from routing.snapshot import SnapshotCache
+from routing.store import connect
+from tasks.errors import LaneFull
 from tasks.generate import generate
 from tasks.schema import validate
 
 
+@lru_cache(maxsize=1)
+def snapshot_cache() -> SnapshotCache:
+    """This process's copy of the lane snapshot (refreshed in the background)."""
+    client = connect(cfg.broker_url, socket_timeout=1, socket_connect_timeout=1)
+    return SnapshotCache(lambda: client.get(SNAPSHOT_KEY), refresh_s=cfg.HEARTBEAT_S / 2,
+                         stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH)
+
+
 def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
            model: str = "demo", seed: int | None = None, steps: int = 20,
-           width: int = 256, height: int = 256) -> AsyncResult:
+           width: int = 256, height: int = 256,
+           downgradable: bool | None = None) -> AsyncResult:
     """Enqueue one image job and return its ``AsyncResult``.
 
     ``.get()`` returns a dict with ``image`` (PNG path), ``lane`` (where it
@@ -22,15 +38,23 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     job was moved down, also ``downgraded_from`` and ``downgrade_reason``.
     Without a ``seed`` one is drawn here, so the result can be reproduced.
 
-    Raises :class:`tasks.errors.InvalidJob` naming the bad field before
+    ``downgradable`` (default: True for standard, False for fast) lets the
+    job move down a lane while its lane is overloaded.
+
+    Raises :class:`tasks.errors.InvalidJob` naming the bad field, or
+    :class:`tasks.errors.LaneFull` when the relaxed lane is full, before
     anything is enqueued.
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
-                   steps=steps, width=width, height=height)
-    where = route(job.tier)
-    return generate.apply_async(
-        kwargs={"job": job.as_dict(), "route": where.as_dict(),
-                "submitted_at": time.time()},
-        queue=where.lane,
-        task_id=str(uuid.uuid4()),
-    )
+                   steps=steps, width=width, height=height, downgradable=downgradable)
+    cache = snapshot_cache()
+    view = cache.view()
+    where = plain_route(job.tier) if view is None else \
+        decide(job.tier, job.account, job.downgradable, view)
+    if where is None:
+        raise LaneFull(RELAXED, view.retry_after_s)
+    result = generate.apply_async(
+        kwargs={"job": job.as_dict(), "route": where.as_dict(), "submitted_at": time.time()},
+        queue=where.lane, priority=where.priority, task_id=str(uuid.uuid4()))
+    cache.note_sent(where.lane)
+    return result

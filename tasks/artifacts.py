@@ -18,7 +18,7 @@ def save_png(artifact_dir: Path, job_id: str, pixels: np.ndarray) -> Path:
     """Write ``pixels`` (H x W x 3, uint8) atomically: readers never see half a file."""
     path = artifact_path(artifact_dir, job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     Image.fromarray(pixels, mode="RGB").save(partial, format="PNG")
     os.replace(partial, path)
     return path

@@ -5,6 +5,6 @@ from celery import Celery
 
 from gpu_worker import hooks
 
-app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat"])
+app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat", "beat.movers"])
 app.config_from_object("celeryconfig")
 hooks.install()

@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import celeryconfig as cfg
+from gpu_worker.processes import spawn
 from gpu_worker.redis_server import EmbeddedRedis
+from routing.names import worker_hostname
 from tasks.errors import GpulanesError
 
 
@@ -39,23 +42,30 @@ class LocalCluster:
 
     @property
     def hostnames(self) -> list[str]:
-        return [f"gpu{i}@{os.uname().nodename}" for i in range(self.workers)]
+        node = os.uname().nodename
+        return [worker_hostname(i).replace("%h", node) for i in range(self.workers)]
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen([sys.executable, *args], env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return spawn([sys.executable, *args], env=self.env, stdout=log,
+                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def start_workers(self) -> None:
         self.supervisor = self._spawn("workers", [
             "-m", "gpu_worker", "--workers", str(self.workers), "--device", self.device])
 
-    def start(self, app: Any, timeout_s: float = 120.0) -> "LocalCluster":
-        """Start everything and wait until every worker is warm and consuming."""
+    def start(self, app: Any, timeout_s: float = 120.0, fresh: bool = False) -> "LocalCluster":
+        """Start everything and wait until every worker is warm and consuming.
+
+        ``fresh``: empty a Redis this call starts, so jobs left in its AOF by
+        an interrupted earlier run do not replay into this one.
+        """
         if not self.redis.answers():  # else reuse the one already serving this folder
             self.redis.start()
             self.owns_redis = True
+            if fresh:
+                self.redis.client().flushall()
         self.start_workers()
         if self.with_beat:
             self.beat = self._spawn("beat", ["-m", "celery", "-A", "tasks", "beat",
@@ -75,8 +85,9 @@ class LocalCluster:
             for reply in app.control.ping(timeout=0.5) or []:
                 missing -= set(reply)
 
-    def stop_workers(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM the supervisor (a warm shutdown) and return its exit code."""
+    def stop_workers(self, timeout_s: float = cfg.MAX_JOB_S + 60) -> int | None:
+        """SIGTERM the supervisor (a warm shutdown) and return its exit code:
+        0 when every worker finished its job in time."""
         return _terminate(self.supervisor, timeout_s)
 
     def stop(self) -> None:

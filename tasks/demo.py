@@ -8,6 +8,7 @@ GPULANES_ARTIFACT_DIR; stops everything.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -30,10 +31,13 @@ def workload(counts: dict[str, int], seed: int) -> list[tuple[str, str]]:
 
 
 def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int) -> int:
+    if os.environ.get("GPULANES_BROKER_URL"):
+        sys.exit("the demo runs its own embedded Redis under GPULANES_STATE_DIR; "
+                 "unset GPULANES_BROKER_URL to run it")
     cluster = LocalCluster(cfg.STATE_DIR, workers=workers, device=device)
     try:
         print(f"starting embedded Redis, {workers} GPU worker(s) on {device} and beat ...")
-        cluster.start(app)
+        cluster.start(app, fresh=True)
         began = time.monotonic()
         results = [submit(prompt, tier=tier, account=f"user{i % 7}", steps=steps,
                           width=size, height=size, seed=i)

@@ -29,6 +29,17 @@ class InvalidJob(GpulanesError, ValueError):
         return (type(self), (self.field, str(self).split(": ", 1)[1]))
 
 
+class LaneFull(GpulanesError):
+    """Every lane that could take the job is at its maximum depth; try again later."""
+
+    def __init__(self, lane: str, retry_after_s: float) -> None:
+        self.lane, self.retry_after_s = lane, retry_after_s
+        super().__init__(f"the {lane} lane is full; retry after about {retry_after_s:.0f}s")
+
+    def __reduce__(self):
+        return (type(self), (self.lane, self.retry_after_s))
+
+
 class ModelError(GpulanesError):
     """A model could not be found, built or loaded."""
 

@@ -1,20 +1,30 @@
-"""The ``generate`` task: run one job on this worker's warm model, write its PNG."""
+"""The ``generate`` task: run one job on this worker's warm model, write its PNG.
+
+A job id has one result, however often its message is delivered: the first
+run to finish stores its result under the id and every later run (a
+redelivery after a worker died, a duplicate) returns that stored result.
+"""
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
 from functools import lru_cache
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 
 import celeryconfig as cfg
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, attempts_key
+from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
+                           usage_key)
+from routing.policy import RETRY, next_lane
 from routing.store import connect
-from tasks.celeryapp import app
+from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
+from tasks.celeryapp import app
+from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
 from tasks.retry import backoff_s, is_transient
 
@@ -26,12 +36,13 @@ def _redis() -> redis.Redis:
     return connect(app.conf.broker_url)
 
 
-def _count_attempt(job_id: str) -> int:
-    """Runs started for this job, redeliveries included (a Redis counter)."""
+def _begin(job_id: str) -> tuple[int, dict | None]:
+    """Count this run (redeliveries included) and fetch an earlier result, if any."""
     key = attempts_key(job_id)
     with _redis().pipeline() as pipe:
-        attempt, _ = pipe.incr(key).expire(key, cfg.VISIBILITY_TIMEOUT_S * 2).execute()
-    return int(attempt)
+        pipe.incr(key).expire(key, cfg.VISIBILITY_TIMEOUT_S * 2).get(done_key(job_id))
+        attempt, _, earlier = pipe.execute()
+    return int(attempt), (json.loads(earlier) if earlier else None)
 
 
 def _deadline_guard(deadline: float):
@@ -51,34 +62,73 @@ def _run(job: dict) -> tuple[Any, float, float | None]:
     return pixels, (time.perf_counter() - began) * 1000, load_ms
 
 
-def _fail_or_retry(task: Any, exc: Exception, attempt: int) -> None:
-    """Retry a transient failure with backoff; anything else fails for good."""
+def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
+             attempt: int, what: str) -> NoReturn:
+    bury(_redis(), task.request.id, kwargs, reason, exc, attempt)
+    raise JobFailed(what) from exc
+
+
+def _fail_or_retry(task: Any, exc: Exception, attempt: int, kwargs: dict) -> NoReturn:
+    """Retry a transient failure one lane down, after a backoff; else dead-letter it."""
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
     if not is_transient(exc):
-        raise JobFailed(what) from exc
+        _give_up(task, kwargs, "error", exc, attempt, what)
     if attempt > cfg.MAX_RETRIES:
-        raise JobFailed(f"{what} (gave up after {attempt} attempts)") from exc
+        _give_up(task, kwargs, "retries_exhausted", exc, attempt,
+                 f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
+    route = dict(kwargs["route"])
+    lane = next_lane(route["lane"]) or route["lane"]
+    if lane != route["requested_tier"]:
+        route.update(lane=lane, downgraded_from=route["requested_tier"], downgrade_reason=RETRY)
     countdown = backoff_s(attempt, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S)
-    log.warning("%s; retrying in %.2fs", what, countdown)
-    raise task.retry(exc=exc, countdown=countdown, max_retries=None)
+    log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
+    raise task.retry(exc=exc, countdown=countdown, max_retries=None,
+                     kwargs={**kwargs, "route": route},
+                     queue=lane, exchange=lane, routing_key=lane)
 
 
-@app.task(bind=True, name=GENERATE_TASK)
+def _account_for(client: redis.Redis, result: dict, account: str) -> None:
+    """Usage for fair relax; fast seconds only for a run in the fast lane."""
+    run_s = result["run_ms"] / 1000
+    bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
+    with client.pipeline() as pipe:
+        pipe.hincrbyfloat(bucket, account, run_s).expire(bucket, cfg.FAIR_WINDOW_S + USAGE_BUCKET_S)
+        pipe.execute()
+    if result["lane"] == FAST:
+        charge_fast_seconds(account, run_s, client)
+
+
+def _finish(job_id: str, result: dict, account: str) -> dict:
+    """Store the first result of this id; a later run returns it instead of its own."""
+    client = _redis()
+    if not client.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires):
+        return json.loads(client.get(done_key(job_id)))
+    _account_for(client, result, account)
+    return result
+
+
+# max_retries=None: gpulanes counts attempts itself (redeliveries included).
+@app.task(bind=True, name=GENERATE_TASK, max_retries=None)
 def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one validated job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()
-    attempt = _count_attempt(self.request.id)
-    if attempt > cfg.MAX_RETRIES + 1:  # redelivered after killing workers too often
-        raise JobFailed(f"job {self.request.id} was lost with its worker {attempt - 1} times")
+    kwargs = {"job": job, "route": route, "submitted_at": submitted_at}
+    attempt, earlier = _begin(self.request.id)
+    if earlier is not None:  # a redelivery of a job that already finished
+        return earlier
+    if attempt > cfg.MAX_RETRIES + 1:  # its workers kept dying under it
+        _give_up(self, kwargs, "worker_lost", JobFailed("worker lost"), attempt,
+                 f"job {self.request.id} reached attempt {attempt}: its earlier runs "
+                 "were lost with their workers or failed")
     try:
         pixels, run_ms, load_ms = _run(job)
+        image = save_png(cfg.ARTIFACT_DIR, self.request.id, pixels)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
-        _fail_or_retry(self, exc, attempt)
-    image = save_png(cfg.ARTIFACT_DIR, self.request.id, pixels)
-    return {
+        _fail_or_retry(self, exc, attempt, kwargs)
+    return _finish(self.request.id, {
         **route, "job_id": self.request.id, "image": str(image),
         "lane": self.request.delivery_info.get("routing_key"),
         "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
@@ -86,4 +136,4 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         "run_ms": round(run_ms, 1), "attempts": attempt, "cached": False,
         "cold_start": load_ms is not None, "load_ms": round(load_ms or 0.0, 1),
         **{k: job[k] for k in ("model", "seed", "steps", "width", "height")},
-    }
+    }, job["account"])

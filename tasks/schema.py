@@ -26,6 +26,7 @@ class Job:
     steps: int
     width: int
     height: int
+    downgradable: bool
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,7 +68,8 @@ def _side(field: str, value: Any) -> int:
     return value
 
 
-def _account(value: Any) -> str:
+def check_account(value: Any) -> str:
+    """An account name, or :class:`InvalidJob` naming ``account``."""
     account = _text("account", value, cfg.MAX_ACCOUNT_CHARS)
     if not _ACCOUNT_RE.fullmatch(account):
         raise InvalidJob("account", "may hold letters, digits and _.@:+- and must "
@@ -75,16 +77,27 @@ def _account(value: Any) -> str:
     return account
 
 
+def _downgradable(value: Any, tier: str) -> bool:
+    # Standard work may move down under load by default; paid fast work may not.
+    if value is None:
+        return tier == "standard"
+    if not isinstance(value, bool):
+        raise InvalidJob("downgradable", f"must be True, False or None, got {value!r}")
+    return value
+
+
 def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
-             steps: Any, width: Any, height: Any) -> Job:
+             steps: Any, width: Any, height: Any, downgradable: Any = None) -> Job:
     """Check every field; raise :class:`InvalidJob` naming the first bad one."""
+    tier = _choice("tier", tier, TIERS)
     return Job(
         prompt=_text("prompt", prompt, cfg.MAX_PROMPT_CHARS),
-        tier=_choice("tier", tier, TIERS),
-        account=_account(account),
+        tier=tier,
+        account=check_account(account),
         model=_choice("model", model, sorted(cfg.MODELS)),
         seed=secrets.randbelow(MAX_SEED) if seed is None else _integer("seed", seed, 0, MAX_SEED),
         steps=_integer("steps", steps, 1, cfg.MAX_STEPS),
         width=_side("width", width),
         height=_side("height", height),
+        downgradable=_downgradable(downgradable, tier),
     )

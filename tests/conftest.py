@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,22 @@ TEST_ENV = {
 os.environ.update(TEST_ENV)
 
 from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402  after the env is set
+
+#: Job parameters that keep a real generation to a few milliseconds.
+SMALL = dict(steps=4, width=64, height=64)
+
+
+def wait_for_state(result, states=("STARTED",), timeout_s: float = 30.0) -> None:
+    """Poll a job's state until it is one of ``states`` (use gated jobs, so it stays)."""
+    deadline = time.monotonic() + timeout_s
+    while result.state not in states:
+        assert time.monotonic() < deadline, f"job is {result.state}, wanted {states}"
+        time.sleep(0.02)
+
+
+def new_gate() -> str:
+    """A fresh gate name for ``gate:NAME`` prompts of the flaky model."""
+    return uuid.uuid4().hex[:12]
 
 
 @pytest.fixture(scope="session")

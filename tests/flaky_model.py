@@ -2,14 +2,36 @@
 
 The prompt says how: ``transient:N ...`` raises a transient error on the
 first N runs of that (prompt, seed) in this worker; ``transient:always`` on
-every run; ``bug ...`` raises a plain bug (never retried); ``sleep:S ...``
-holds the job S seconds first, so a test can act while it runs.
+every run; ``bug ...`` raises a plain bug (never retried); ``gate:NAME ...``
+holds the job until the file ``$GPULANES_STATE_DIR/gates/NAME`` exists (see
+``open_gate``), so a test can act while it runs, whatever the machine's speed.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from pathlib import Path
+
+#: A gated job gives up waiting after this long, so a failed test never hangs a worker.
+GATE_TIMEOUT_S = 60.0
+
+
+def gate_path(name: str) -> Path:
+    return Path(os.environ["GPULANES_STATE_DIR"]) / "gates" / name
+
+
+def open_gate(name: str) -> None:
+    """Let every job held at gate ``name`` run."""
+    path = gate_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def _wait_for_gate(name: str) -> None:
+    deadline = time.monotonic() + GATE_TIMEOUT_S
+    while not gate_path(name).exists() and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 from gpu_worker import demo_model
 from tasks.errors import TransientJobError
@@ -30,8 +52,8 @@ class FlakyModel:
                 how.startswith("transient:") and how != "transient:always"
                 and self.runs[(prompt, seed)] <= int(how.split(":")[1])):
             raise TransientJobError(f"simulated out-of-memory (run {self.runs[(prompt, seed)]})")
-        if how.startswith("sleep:"):
-            time.sleep(float(how.split(":")[1]))
+        if how.startswith("gate:"):
+            _wait_for_gate(how.split(":", 1)[1])
         if how == "bug":
             raise ValueError("simulated bug in the model")
         return self.inner.generate(prompt, seed=seed, **kwargs)

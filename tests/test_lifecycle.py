@@ -7,20 +7,13 @@ import time
 
 import pytest
 
-from gpu_worker.launcher import worker_command
+from conftest import SMALL, new_gate, wait_for_state
+from gpu_worker.launcher import worker_command, worker_env
 from routing.names import STATS_COMMAND
 from tasks import submit
+from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster
-SMALL = dict(steps=4, width=64, height=64)
-
-
-def _wait_state(result, states, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while result.state not in states:
-        assert time.monotonic() < deadline, f"still {result.state}, wanted {states}"
-        time.sleep(0.02)
-
 
 def _worker_pids(app, expected: int, timeout_s: float = 60.0) -> dict[str, int]:
     deadline = time.monotonic() + timeout_s
@@ -30,6 +23,13 @@ def _worker_pids(app, expected: int, timeout_s: float = 60.0) -> dict[str, int]:
         if len(pids) == expected:
             return pids
         assert time.monotonic() < deadline, f"workers answering: {pids}"
+
+
+def _wait_for_log(path, text: str, count: int = 1, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (path.read_text() if path.exists() else "").count(text) < count:
+        assert time.monotonic() < deadline, f"{text!r} x{count} never appeared in {path}"
+        time.sleep(0.05)
 
 
 def _gone(pid: int) -> bool:
@@ -47,11 +47,45 @@ def test_workers_consume_lanes_in_priority_order():
     assert command[command.index("--hostname") + 1] == "gpu0@%h"
 
 
+def test_cuda_pinning_narrows_the_operators_mask(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,GPU-5f1c")
+    assert worker_env(0, "cuda")["CUDA_VISIBLE_DEVICES"] == "2"
+    assert worker_env(1, "cuda")["CUDA_VISIBLE_DEVICES"] == "GPU-5f1c"
+    assert worker_env(1, "cuda")["GPULANES_WORKER_DEVICE"] == "cuda:0"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert worker_env(1, "cuda")["CUDA_VISIBLE_DEVICES"] == "1"
+    assert worker_env(1, "cpu")["GPULANES_WORKER_DEVICE"] == "cpu"
+
+
+def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_factory, app):
+    from tasks.cluster import LocalCluster
+    from conftest import STATE_DIR
+
+    broken = LocalCluster(STATE_DIR, workers=1, device="cpu", beat=False,
+                          env={"GPULANES_WARM_MODELS": "demo,missing",
+                               "GPULANES_MODELS": "demo=gpu_worker.demo_model:load,"
+                                                  "missing=no_such_module:load"},
+                          log_dir=STATE_DIR / "logs" / "broken")
+    broken.start_workers()
+    try:
+        log = STATE_DIR / "logs" / "broken" / "workers.log"
+        _wait_for_log(log, "exited with 78")
+        assert not app.control.ping(timeout=0.5)  # it never joined
+        assert "cannot warm the models" in log.read_text()
+    finally:
+        broken.stop_workers(timeout_s=30)
+
+
 def test_sigterm_finishes_the_running_job_and_stops_cleanly(cluster_factory, app):
     cluster = cluster_factory(workers=2)
     pids = _worker_pids(app, 2)
-    running = submit("sleep:1.5 finish me", model="flaky", **SMALL)
-    _wait_state(running, ("STARTED",))
+    gate = new_gate()
+    running = submit(f"gate:{gate} finish me", model="flaky", **SMALL)
+    wait_for_state(running)
+    cluster.supervisor.send_signal(signal.SIGTERM)
+    _wait_for_log(cluster.log_dir / "workers.log", "Warm shutdown", count=2)
+    assert running.state == "STARTED"  # still held while the workers shut down
+    open_gate(gate)
     assert cluster.stop_workers(timeout_s=60) == 0
     assert running.get(timeout=5)["attempts"] == 1  # finished, not abandoned
     assert all(_gone(pid) for pid in pids.values())
@@ -61,9 +95,11 @@ def test_crashed_worker_is_restarted_and_its_job_runs_again(cluster_factory, app
     # MAX_JOB_S=2 makes the visibility timeout 2*2+1 = 5 s for this cluster.
     cluster_factory(workers=1, env={"GPULANES_MAX_JOB_S": "2"})
     (host, pid), = _worker_pids(app, 1).items()
-    doomed = submit("sleep:0.5 killed mid-job", model="flaky", **SMALL)
-    _wait_state(doomed, ("STARTED",))
+    gate = new_gate()
+    doomed = submit(f"gate:{gate} killed mid-job", model="flaky", **SMALL)
+    wait_for_state(doomed)
     os.kill(pid, signal.SIGKILL)
+    open_gate(gate)
     (new_host, new_pid), = _worker_pids(app, 1, timeout_s=60).items()
     assert new_host == host and new_pid != pid
     out = doomed.get(timeout=60)  # back from Redis after the visibility timeout

@@ -1,0 +1,114 @@
+"""Moving queued jobs between Redis lists: queue-wait deadlines and relax aging.
+
+Both look only at the oldest message of a list (kombu pops from the right)
+and move it with one Lua script that checks it is still there, so a worker
+taking it at the same moment is never double-served and nothing is dropped.
+
+- A job that waited past its lane's budget moves to the *front* of the lane
+  below, marked ``waited_past_budget``: fresh fast jobs can still make their
+  budget, and the stale one is still served before that lane's own jobs.
+- In relaxed, heavy users' jobs sit in lower priority levels; one that
+  waited ``GPULANES_FAIR_AGING_S`` climbs a level per round to the front, so
+  light users go first and no account starves.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from typing import Callable
+
+import redis
+
+import celeryconfig as cfg
+from beat.heartbeat import redis_client
+from routing.names import FAST, MOVERS_TASK, RELAX_PRIORITIES, RELAXED, STANDARD, lane_keys
+from routing.policy import WAITED_PAST_BUDGET, next_lane
+from tasks.celeryapp import app
+
+log = logging.getLogger(__name__)
+
+_MOVE_OLDEST = """
+if redis.call('LINDEX', KEYS[1], -1) ~= ARGV[1] then return 0 end
+redis.call('RPOP', KEYS[1])
+redis.call('RPUSH', KEYS[2], ARGV[2])
+return 1
+"""
+#: Messages moved per list per round at most: a round must stay short.
+MOVES_PER_ROUND = 200
+
+
+def _body(message: dict) -> list:
+    return json.loads(base64.b64decode(message["body"]))
+
+
+def _with_body(message: dict, body: list) -> dict:
+    return {**message, "body": base64.b64encode(json.dumps(body).encode()).decode()}
+
+
+def demote(message: dict, lane: str, reason: str) -> dict:
+    """The same message, addressed to ``lane``, its route saying why it moved."""
+    args, kwargs, embed = _body(message)
+    route = kwargs["route"]
+    kwargs["route"] = {**route, "lane": lane, "downgraded_from": route["requested_tier"],
+                       "downgrade_reason": reason}
+    properties = {**message["properties"],
+                  "delivery_info": {"exchange": lane, "routing_key": lane}}
+    return {**_with_body(message, [args, kwargs, embed]), "properties": properties}
+
+
+def _move_oldest(client: redis.Redis, source: str, target: str,
+                 due: Callable[[dict], dict | None]) -> int:
+    """Move the oldest messages of ``source`` while ``due`` rewrites them."""
+    move, moved = client.register_script(_MOVE_OLDEST), 0
+    while moved < MOVES_PER_ROUND:
+        raw = client.lindex(source, -1)
+        rewritten = None if raw is None else due(json.loads(raw))
+        if rewritten is None:
+            break
+        moved += move(keys=[source, target], args=[raw, json.dumps(rewritten)])
+    return moved
+
+
+def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
+                      now: float | None = None) -> dict[str, int]:
+    """Move jobs that waited past their lane's budget one lane down."""
+    now = time.time() if now is None else now
+    moved = {}
+    for lane, budget_s in budgets_s.items():
+        lower = next_lane(lane)
+
+        def due(message: dict, lower=lower, budget_s=budget_s) -> dict | None:
+            waited_s = now - _body(message)[1]["submitted_at"]
+            return demote(message, lower, WAITED_PAST_BUDGET) if waited_s >= budget_s else None
+
+        moved[lane] = _move_oldest(client, lane_keys(lane)[0], lane_keys(lower)[0], due)
+    return moved
+
+
+def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -> int:
+    """Lift relaxed jobs older than ``aging_s`` one priority level, to its front."""
+    now = time.time() if now is None else now
+    keys, moved = lane_keys(RELAXED), 0
+    for level in range(1, len(keys)):
+
+        def due(message: dict, priority=RELAX_PRIORITIES[level - 1]) -> dict | None:
+            if now - _body(message)[1]["submitted_at"] < aging_s:
+                return None
+            return {**message, "properties": {**message["properties"], "priority": priority}}
+
+        moved += _move_oldest(client, keys[level], keys[level - 1], due)
+    return moved
+
+
+@app.task(name=MOVERS_TASK)
+def move_queued() -> str:
+    """One round of deadline downgrades and relax aging."""
+    client = redis_client()
+    budgets = {FAST: cfg.MAX_WAIT_FAST_S, STANDARD: cfg.MAX_WAIT_STANDARD_S}
+    moved = enforce_deadlines(client, budgets)
+    lifted = age_relaxed(client, cfg.FAIR_AGING_S)
+    if any(moved.values()) or lifted:
+        log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
+    return f"deadline moves {moved}, aged {lifted}"

@@ -1,0 +1,45 @@
+"""From heartbeat replies and lane depths to the load snapshot and lane policy (pure)."""
+from __future__ import annotations
+
+from statistics import mean
+from typing import Any, Mapping
+
+from routing.names import FAST, LANES, STANDARD
+from routing.policy import Hysteresis, expected_waits, next_state
+
+#: Lanes with a wait budget; relaxed has none, it takes what is left.
+BUDGETED = (FAST, STANDARD)
+
+
+def _service_s(healthy: list[dict], lane: str) -> float | None:
+    samples = [w["service_ms"][lane] for w in healthy if w.get("service_ms", {}).get(lane)]
+    return mean(samples) / 1000 if samples else None
+
+
+def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
+               default_service_s: float) -> dict[str, dict[str, Any]]:
+    """Per lane: depth, in-flight jobs, healthy workers, service time, expected wait."""
+    healthy = [w for w in workers.values() if w.get("alive")]
+    measured = {lane: _service_s(healthy, lane) for lane in LANES}
+    known = [s for s in measured.values() if s is not None]
+    fallback = mean(known) if known else default_service_s
+    service_s = {lane: measured[lane] or fallback for lane in LANES}
+    in_flight = {lane: sum(w.get("in_flight", {}).get(lane, 0) for w in healthy) for lane in LANES}
+    waits = expected_waits(depths, service_s, sum(in_flight.values()), len(healthy))
+    return {lane: {"depth": depths.get(lane, 0), "in_flight": in_flight[lane],
+                   "workers": sum(lane in w.get("lanes", LANES) for w in healthy),
+                   "service_s": round(service_s[lane], 4),
+                   "expected_wait_s": round(waits[lane], 3)} for lane in LANES}
+
+
+def next_policy(previous: Mapping[str, dict], loads: Mapping[str, dict],
+                budgets_s: Mapping[str, float], release_ratio: float,
+                release_samples: int) -> dict[str, dict[str, Any]]:
+    """Each budgeted lane's hysteresis state after this sample."""
+    policy = {}
+    for lane in BUDGETED:
+        state = Hysteresis(**previous.get(lane, {"overloaded": False, "calm_samples": 0}))
+        state = next_state(state, loads[lane]["expected_wait_s"], budgets_s[lane],
+                           release_ratio, release_samples)
+        policy[lane] = {"overloaded": state.overloaded, "calm_samples": state.calm_samples}
+    return policy

@@ -1,0 +1,129 @@
+"""Lane policy as pure functions of (job, snapshot): load, hysteresis, downgrade.
+
+Beat feeds measured samples through :func:`next_state`; ``submit()`` calls
+:func:`decide` with the latest :class:`PolicyView` it holds in memory. Nothing
+here touches the network, so unit tests drive it with synthetic series.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from routing.lanes import Route
+from routing.names import FAST, LANES, RELAX_PRIORITIES, RELAXED, STANDARD
+
+#: Reasons a job runs below its tier; they appear in results and metrics.
+FAST_TIME_EXHAUSTED = "fast_time_exhausted"
+FAST_OVERLOADED = "fast_overloaded"
+STANDARD_OVERLOADED = "standard_overloaded"
+LANE_FULL = "lane_full"
+WAITED_PAST_BUDGET = "waited_past_budget"
+RETRY = "retry"
+#: A wait that stands for "no healthy worker": never met by any budget.
+NO_CAPACITY_WAIT_S = 86400.0
+
+
+def next_lane(lane: str) -> str | None:
+    """The lane one step down, or None below relaxed."""
+    index = LANES.index(lane)
+    return LANES[index + 1] if index + 1 < len(LANES) else None
+
+
+@dataclass(frozen=True)
+class Hysteresis:
+    """A lane's overload state: on at once, off only after a calm streak."""
+
+    overloaded: bool = False
+    calm_samples: int = 0
+
+
+def next_state(state: Hysteresis, wait_s: float, budget_s: float,
+               release_ratio: float, release_samples: int) -> Hysteresis:
+    """Fold one expected-wait sample into the state.
+
+    Overloaded as soon as ``wait_s >= budget_s``; normal again only after
+    ``release_samples`` consecutive samples below ``release_ratio * budget_s``.
+    A sample in between keeps an overloaded lane overloaded and restarts the
+    streak, so noise around the threshold cannot make it flap.
+    """
+    if wait_s >= budget_s:
+        return Hysteresis(True, 0)
+    if not state.overloaded:
+        return state
+    if wait_s >= release_ratio * budget_s:
+        return Hysteresis(True, 0)
+    calm = state.calm_samples + 1
+    return Hysteresis(False, 0) if calm >= release_samples else Hysteresis(True, calm)
+
+
+def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
+                   in_flight: int, workers: int) -> dict[str, float]:
+    """Seconds a job entering each lane now waits before it starts.
+
+    Lanes are served in strict priority, FIFO within a lane: a job entering
+    lane L waits for every queued job in L and the lanes above it, plus on
+    average half of each running job, spread over the healthy workers.
+    """
+    if workers <= 0:
+        return {lane: NO_CAPACITY_WAIT_S for lane in LANES}
+    mean_service_s = sum(service_s[lane] for lane in LANES) / len(LANES)
+    waits, work_s = {}, in_flight * mean_service_s / 2
+    for lane in LANES:
+        work_s += depths.get(lane, 0) * service_s[lane]
+        waits[lane] = work_s / workers
+    return waits
+
+
+def relax_levels(usage_s: Mapping[str, float]) -> dict[str, int]:
+    """Relaxed-lane level per account from its recent GPU seconds (0 = first).
+
+    Accounts at or under the fair share (mean usage) are level 0; up to 2x,
+    level 1; up to 4x, level 2; beyond, level 3. Only levels above 0 are listed.
+    """
+    active = {account: used for account, used in usage_s.items() if used > 0}
+    if not active:
+        return {}
+    fair = sum(active.values()) / len(active)
+    levels = {}
+    for account, used in active.items():
+        level = next((n for n, bound in enumerate((1, 2, 4)) if used <= bound * fair), 3)
+        if level:
+            levels[account] = level
+    return levels
+
+
+@dataclass(frozen=True)
+class PolicyView:
+    """What routing needs to know of the cluster, as of ``at``."""
+
+    at: float = 0.0
+    overloaded: frozenset[str] = frozenset()
+    full: frozenset[str] = frozenset()
+    exhausted: frozenset[str] = frozenset()
+    levels: Mapping[str, int] = field(default_factory=dict)
+    retry_after_s: float = 1.0
+
+
+def _moved(route: Route, lane: str, reason: str) -> Route:
+    return Route(lane=lane, requested_tier=route.requested_tier,
+                 downgraded_from=route.requested_tier, downgrade_reason=reason)
+
+
+def decide(tier: str, account: str, downgradable: bool, view: PolicyView) -> Route | None:
+    """Where a new job goes; None when even the relaxed lane is full."""
+    route = Route(lane=tier, requested_tier=tier)
+    if tier == FAST and account in view.exhausted:
+        route = _moved(route, RELAXED, FAST_TIME_EXHAUSTED)
+    if downgradable and route.lane == FAST and FAST in view.overloaded:
+        route = _moved(route, STANDARD, FAST_OVERLOADED)
+    if downgradable and route.lane == STANDARD and STANDARD in view.overloaded:
+        route = _moved(route, RELAXED, STANDARD_OVERLOADED)
+    while route.lane in view.full:
+        lower = next_lane(route.lane)
+        if lower is None:
+            return None
+        route = _moved(route, lower, LANE_FULL)
+    if route.lane == RELAXED:
+        level = view.levels.get(account, 0)
+        route = replace(route, priority=RELAX_PRIORITIES[level])
+    return route

@@ -1,0 +1,102 @@
+"""The submitting process's copy of the cluster snapshot, refreshed in the background.
+
+``submit()`` routes from this copy and never waits on the network for it. A
+daemon thread re-reads the snapshot that beat writes every heartbeat. When
+the copy is older than ``stale_s`` (beat down, Redis unreachable) routing
+falls back to plain tier lanes and says so in the log, once per episode.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Callable, Mapping
+
+from routing.names import LANES
+from routing.policy import PolicyView
+
+log = logging.getLogger(__name__)
+
+
+def view_from_snapshot(snapshot: dict, extra_depth: Mapping[str, int],
+                       max_depth: Mapping[str, int]) -> PolicyView:
+    """The routing view of a snapshot, counting jobs this process sent since."""
+    lanes = snapshot.get("lanes", {})
+    depth = {lane: lanes.get(lane, {}).get("depth", 0) + extra_depth.get(lane, 0)
+             for lane in LANES}
+    policy = snapshot.get("policy", {})
+    return PolicyView(
+        at=snapshot["at"],
+        overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
+        full=frozenset(lane for lane in LANES if depth[lane] >= max_depth[lane]),
+        exhausted=frozenset(snapshot.get("exhausted", ())),
+        levels=snapshot.get("levels", {}),
+        retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
+    )
+
+
+class SnapshotCache:
+    """Holds the latest snapshot; ``view()`` is a pure in-memory read."""
+
+    def __init__(self, fetch: Callable[[], str | None], refresh_s: float, stale_s: float,
+                 max_depth: Mapping[str, int], clock: Callable[[], float] = time.time) -> None:
+        self.fetch, self.refresh_s, self.stale_s = fetch, refresh_s, stale_s
+        self.max_depth, self.clock = dict(max_depth), clock
+        self._snapshot: dict | None = None
+        self._sent: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._warned = False
+        os.register_at_fork(after_in_child=self._forget_thread)
+
+    def _forget_thread(self) -> None:
+        self._thread, self._lock = None, threading.Lock()
+
+    def refresh(self) -> None:
+        """Read the snapshot once; keep the old copy if Redis cannot answer."""
+        try:
+            raw = self.fetch()
+        except Exception as exc:  # noqa: BLE001  the router must keep working
+            log.debug("snapshot refresh failed: %s", exc)
+            return
+        if raw:
+            snapshot = json.loads(raw)
+            with self._lock:
+                if self._snapshot is None or snapshot["at"] != self._snapshot["at"]:
+                    self._snapshot, self._sent = snapshot, {}
+
+    def _loop(self) -> None:
+        while True:
+            self.refresh()
+            time.sleep(self.refresh_s)
+
+    def start(self) -> None:
+        """First call: read once in the caller (so a new process starts informed), then
+        keep refreshing in a daemon thread."""
+        if self._thread is None:
+            self.refresh()
+            self._thread = threading.Thread(target=self._loop, name="gpulanes-snapshot",
+                                            daemon=True)
+            self._thread.start()
+
+    def note_sent(self, lane: str) -> None:
+        """Count a job sent to ``lane`` until the next snapshot includes it."""
+        with self._lock:
+            self._sent[lane] = self._sent.get(lane, 0) + 1
+
+    def view(self) -> PolicyView | None:
+        """The current view, or None when there is no fresh snapshot."""
+        self.start()
+        with self._lock:
+            snapshot, sent = self._snapshot, dict(self._sent)
+        age_s = None if snapshot is None else self.clock() - snapshot["at"]
+        if age_s is None or age_s > self.stale_s:
+            if not self._warned:
+                log.warning("no fresh lane snapshot (age %s s): routing by tier only",
+                            "n/a" if age_s is None else f"{age_s:.0f}")
+                self._warned = True
+            return None
+        self._warned = False
+        return view_from_snapshot(snapshot, sent, self.max_depth)

@@ -1,0 +1,71 @@
+"""Fast-time accounting: each account has a balance of fast GPU seconds in Redis.
+
+Only the run time of fast jobs that completed in the fast lane is charged;
+queue time and failed runs are free. An account starts with
+``GPULANES_FAST_SECONDS_DEFAULT``. When a charge brings it to zero or below,
+the account joins the exhausted set that routers read, and its fast jobs run
+in relaxed (reason ``fast_time_exhausted``) until it is granted more. Every
+change is one atomic Lua script, so concurrent charges never lose an update.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import redis
+
+import celeryconfig as cfg
+from routing.names import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
+from routing.store import connect
+from tasks.errors import InvalidJob
+from tasks.schema import check_account
+
+# KEYS: balance hash, exhausted set. ARGV: account, delta, starting balance.
+_ADD = """
+local left = redis.call('HGET', KEYS[1], ARGV[1])
+if not left then left = ARGV[3] end
+left = tonumber(left) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], tostring(left))
+if left <= 0 then redis.call('SADD', KEYS[2], ARGV[1])
+else redis.call('SREM', KEYS[2], ARGV[1]) end
+return tostring(left)
+"""
+
+
+@lru_cache(maxsize=1)
+def _client() -> redis.Redis:
+    from tasks.celeryapp import app
+
+    return connect(app.conf.broker_url)
+
+
+def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
+    script = (client or _client()).register_script(_ADD)
+    left = script(keys=[FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
+                  args=[account, repr(float(seconds)), repr(cfg.FAST_SECONDS_DEFAULT)])
+    return float(left)
+
+
+def grant_fast_seconds(account: str, seconds: float) -> float:
+    """Add ``seconds`` (may be negative) to ``account``'s balance; return what is left."""
+    check_account(account)
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+            or not math.isfinite(seconds):
+        raise InvalidJob("seconds", f"must be a finite number, got {seconds!r}")
+    return _add(account, seconds)
+
+
+def charge_fast_seconds(account: str, seconds: float, client: redis.Redis | None = None) -> float:
+    """Charge a completed fast run; returns the balance left."""
+    return _add(account, -abs(seconds), client)
+
+
+def fast_seconds_left(account: str) -> float:
+    """Fast seconds ``account`` has left (the starting balance if never charged)."""
+    left = _client().hget(FAST_BALANCE_KEY, account)
+    return cfg.FAST_SECONDS_DEFAULT if left is None else float(left)
+
+
+def balances() -> dict[str, float]:
+    """Every account with a recorded balance."""
+    return {account: float(left) for account, left in _client().hgetall(FAST_BALANCE_KEY).items()}

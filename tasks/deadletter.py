@@ -1,0 +1,53 @@
+"""Jobs that failed for good: kept with their reason, listed and requeued by operators."""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from typing import Any
+
+import redis
+
+from routing.names import DEAD_KEY, attempts_key
+
+#: Lines of traceback kept per dead job: enough to see where, not a log dump.
+TRACEBACK_LINES = 12
+
+
+def summary(exc: BaseException) -> str:
+    """The last lines of ``exc``'s traceback, causes included."""
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return "\n".join(lines[-TRACEBACK_LINES:])
+
+
+def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
+         exc: BaseException, attempts: int) -> None:
+    """Record a job that failed for good, under its id (a rerun replaces it)."""
+    entry = {"job_id": job_id, "job": kwargs["job"], "route": kwargs["route"],
+             "reason": reason, "error": f"{type(exc).__name__}: {exc}",
+             "traceback": summary(exc), "attempts": attempts, "failed_at": time.time()}
+    client.hset(DEAD_KEY, job_id, json.dumps(entry))
+
+
+def dead_jobs(client: redis.Redis) -> list[dict[str, Any]]:
+    """Every dead job, oldest failure first."""
+    entries = [json.loads(raw) for raw in client.hvals(DEAD_KEY)]
+    return sorted(entries, key=lambda entry: entry["failed_at"])
+
+
+def requeue(client: redis.Redis, job_id: str) -> Any:
+    """Submit a dead job again under the same id, with a fresh attempt count."""
+    from tasks.generate import generate
+
+    raw = client.hget(DEAD_KEY, job_id)
+    if raw is None:
+        raise KeyError(f"no dead job {job_id!r}")
+    entry = json.loads(raw)
+    tier = entry["job"]["tier"]
+    client.delete(attempts_key(job_id))
+    result = generate.apply_async(
+        kwargs={"job": entry["job"], "route": {"lane": tier, "requested_tier": tier},
+                "submitted_at": time.time()},
+        queue=tier, task_id=job_id)
+    client.hdel(DEAD_KEY, job_id)
+    return result
