@@ -108,6 +108,7 @@ MAX_DEPTH = {lane: setting(f"MAX_DEPTH_{lane.upper()}", positive(int), default)
 DEFAULT_SERVICE_S = setting("DEFAULT_SERVICE_S", positive(float), 1.0)
 FAST_SECONDS_DEFAULT = setting("FAST_SECONDS_DEFAULT", float, 3600.0)
 FAIR_WINDOW_S = setting("FAIR_WINDOW_S", positive(int), 900)
+FAIR_UNIT_S = setting("FAIR_UNIT_S", positive(float), 60.0)
 FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)
 
 # --- beat --------------------------------------------------------------------

@@ -96,7 +96,7 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
     _log_changes(previous, policy, loads)
     return {"at": now, "lanes": loads, "policy": policy, "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
-            "levels": relax_levels(recent_usage(client, now))}
+            "levels": relax_levels(recent_usage(client, now), cfg.FAIR_UNIT_S)}
 
 
 @app.task(name=HEARTBEAT_TASK)

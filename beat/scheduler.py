@@ -25,7 +25,8 @@ class LanesScheduler(Scheduler):
         if entry.task not in IN_BEAT:
             return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
         entry = self.reserve(entry) if advance else entry
-        result = self.app.tasks[entry.task].apply(args=entry.args, kwargs=entry.kwargs)
-        if result.failed():
-            log.error("beat task %s failed: %r", entry.task, result.result)
-        return result
+        try:
+            return self.app.tasks[entry.task](*entry.args, **entry.kwargs)
+        except Exception:  # noqa: BLE001  one bad round must not stop beat
+            log.exception("beat task %s failed; trying again next round", entry.task)
+            return None

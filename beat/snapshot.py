@@ -35,11 +35,16 @@ def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
 def next_policy(previous: Mapping[str, dict], loads: Mapping[str, dict],
                 budgets_s: Mapping[str, float], release_ratio: float,
                 release_samples: int) -> dict[str, dict[str, Any]]:
-    """Each budgeted lane's hysteresis state after this sample."""
+    """Each budgeted lane's hysteresis state after this sample.
+
+    With no healthy worker serving a lane there is nothing to measure (and
+    moving work down would not help), so its state is kept as it was.
+    """
     policy = {}
     for lane in BUDGETED:
         state = Hysteresis(**previous.get(lane, {"overloaded": False, "calm_samples": 0}))
-        state = next_state(state, loads[lane]["expected_wait_s"], budgets_s[lane],
-                           release_ratio, release_samples)
+        if loads[lane].get("workers", 1):
+            state = next_state(state, loads[lane]["expected_wait_s"], budgets_s[lane],
+                               release_ratio, release_samples)
         policy[lane] = {"overloaded": state.overloaded, "calm_samples": state.calm_samples}
     return policy

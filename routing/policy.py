@@ -74,19 +74,17 @@ def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
     return waits
 
 
-def relax_levels(usage_s: Mapping[str, float]) -> dict[str, int]:
-    """Relaxed-lane level per account from its recent GPU seconds (0 = first).
+def relax_levels(usage_s: Mapping[str, float], unit_s: float) -> dict[str, int]:
+    """Relaxed-lane level per account from its recent GPU seconds (0 goes first).
 
-    Accounts at or under the fair share (mean usage) are level 0; up to 2x,
-    level 1; up to 4x, level 2; beyond, level 3. Only levels above 0 are listed.
+    Under ``unit_s`` of GPU time in the window: level 0; under 4 units: 1;
+    under 16 units: 2; beyond: 3. A newcomer is always level 0, so it goes
+    ahead of anyone who has used the cluster heavily. Only levels above 0
+    are listed.
     """
-    active = {account: used for account, used in usage_s.items() if used > 0}
-    if not active:
-        return {}
-    fair = sum(active.values()) / len(active)
     levels = {}
-    for account, used in active.items():
-        level = next((n for n, bound in enumerate((1, 2, 4)) if used <= bound * fair), 3)
+    for account, used in usage_s.items():
+        level = next((n for n, bound in enumerate((1, 4, 16)) if used < bound * unit_s), 3)
         if level:
             levels[account] = level
     return levels

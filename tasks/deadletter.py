@@ -45,6 +45,7 @@ def requeue(client: redis.Redis, job_id: str) -> Any:
     entry = json.loads(raw)
     tier = entry["job"]["tier"]
     client.delete(attempts_key(job_id))
+    generate.AsyncResult(job_id).forget()  # else .get() would see the old failure
     result = generate.apply_async(
         kwargs={"job": entry["job"], "route": {"lane": tier, "requested_tier": tier},
                 "submitted_at": time.time()},

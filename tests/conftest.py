@@ -46,6 +46,15 @@ def wait_for_state(result, states=("STARTED",), timeout_s: float = 30.0) -> None
         time.sleep(0.02)
 
 
+def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; return that."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
 def new_gate() -> str:
     """A fresh gate name for ``gate:NAME`` prompts of the flaky model."""
     return uuid.uuid4().hex[:12]
@@ -56,7 +65,8 @@ def redis_server():
     server = EmbeddedRedis(STATE_DIR).start()
     yield server
     server.stop()
-    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    if not os.environ.get("GPULANES_TEST_KEEP"):  # set it to read the logs afterwards
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,301 @@
+"""``celery -A tasks lanes ...``: operator commands for lanes, fast-time accounts and dead letters.
+
+Celery loads the ``lanes`` group from the ``celery.commands`` entry point and
+hands it the app named by ``-A`` through its CLI context (``ctx.obj.app``).
+Celery imports this module for every sub-command, so it imports only light,
+config-free modules at the top; the rest load when a command runs.
+Every command reads or writes the broker's Redis; bad input and an unreachable
+Redis end in a one-line error and a non-zero exit, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterable, Sequence
+
+import click
+import redis
+
+from routing.names import FAST_EXHAUSTED_KEY, SNAPSHOT_KEY
+from routing.store import connect
+from tasks.errors import InvalidJob
+
+#: Longest error text shown in the dead-letter table; ``--json`` has it all.
+ERROR_CHARS = 60
+
+
+class LanesGroup(click.Group):
+    """A click group that turns gpulanes and Redis errors into clean CLI errors."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except InvalidJob as exc:
+            raise click.ClickException(str(exc)) from exc
+        except redis.RedisError as exc:
+            url = ctx.obj.app.conf.broker_url if ctx.obj else "the broker URL"
+            raise click.ClickException(
+                f"cannot talk to Redis at {url} ({exc}); is the broker running?") from exc
+
+
+def _client(ctx: click.Context) -> redis.Redis:
+    """A Redis client for the broker of the app Celery loaded (``-A``)."""
+    return connect(ctx.obj.app.conf.broker_url)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Plain-text columns under a dashed rule, each as wide as its widest cell."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def number(value: float) -> str:
+    """A number without float noise: 3600, 12.5, -0.125."""
+    text = f"{value:.3f}".rstrip("0").rstrip(".")
+    return "0" if text == "-0" else text
+
+
+def duration(seconds: float) -> str:
+    """A span for people: 0s, 850ms, 16.8s, 12.5min, 24.0h."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    return f"{seconds / 60:.1f}min" if seconds < 3600 else f"{seconds / 3600:.1f}h"
+
+
+def iso_time(epoch_s: float) -> str:
+    """A Unix time as ISO 8601 in UTC, to the second."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
+
+
+def _echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2))
+
+
+@click.group(cls=LanesGroup)
+def lanes() -> None:
+    """gpulanes: lanes, accounts and dead letters"""
+
+
+# --- accounts -----------------------------------------------------------------
+
+@lanes.group()
+def accounts() -> None:
+    """Fast GPU seconds per account."""
+
+
+def _parse_seconds(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidJob("seconds", f"must be a number, got {raw!r}") from None
+
+
+def _balance_line(account: str, left: float, exhausted: bool) -> str:
+    note = " (exhausted: its fast jobs run in the relaxed lane)" if exhausted else ""
+    return f"{account}: {number(left)} fast seconds left{note}"
+
+
+@accounts.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def accounts_list(ctx: click.Context, as_json: bool) -> None:
+    """Every account with a recorded balance."""
+    import celeryconfig as cfg
+    from tasks.accounts import balances
+
+    left = balances()
+    exhausted = _client(ctx).smembers(FAST_EXHAUSTED_KEY)
+    rows = [{"account": account, "fast_seconds_left": left[account],
+             "exhausted": account in exhausted} for account in sorted(left)]
+    if as_json:
+        _echo_json(rows)
+    elif not rows:
+        click.echo(f"no recorded balances; every account starts with "
+                   f"{number(cfg.FAST_SECONDS_DEFAULT)} fast seconds")
+    else:
+        click.echo(table(["account", "fast seconds left", "exhausted"],
+                         [(r["account"], number(r["fast_seconds_left"]),
+                           "yes" if r["exhausted"] else "no") for r in rows]))
+
+
+@accounts.command("show")
+@click.argument("account")
+@click.pass_context
+def accounts_show(ctx: click.Context, account: str) -> None:
+    """Fast seconds ACCOUNT has left.
+
+    An account never charged has the starting balance (GPULANES_FAST_SECONDS_DEFAULT).
+    """
+    from tasks.accounts import fast_seconds_left
+    from tasks.schema import check_account
+
+    check_account(account)
+    exhausted = bool(_client(ctx).sismember(FAST_EXHAUSTED_KEY, account))
+    click.echo(_balance_line(account, fast_seconds_left(account), exhausted))
+
+
+@accounts.command("grant", context_settings={"ignore_unknown_options": True})
+@click.argument("account")
+@click.argument("seconds")
+@click.pass_context
+def accounts_grant(ctx: click.Context, account: str, seconds: str) -> None:
+    """Add SECONDS (negative to take away) to ACCOUNT's fast time."""
+    from tasks.accounts import grant_fast_seconds
+
+    left = grant_fast_seconds(account, _parse_seconds(seconds))
+    exhausted = bool(_client(ctx).sismember(FAST_EXHAUSTED_KEY, account))
+    click.echo(_balance_line(account, left, exhausted))
+
+
+# --- dead letters -------------------------------------------------------------
+
+@lanes.group()
+def dead() -> None:
+    """Jobs that failed for good."""
+
+
+def _short(text: str, limit: int = ERROR_CHARS) -> str:
+    """The first line of ``text``, cut to ``limit`` characters; "..." marks a cut."""
+    lines = text.strip().splitlines() or ["-"]
+    first = lines[0]
+    if len(first) > limit:
+        return first[:limit - 3] + "..."
+    return first + (" ..." if len(lines) > 1 else "")
+
+
+def _dead_row(entry: dict[str, Any]) -> tuple:
+    route = entry.get("route", {})
+    return (entry["job_id"], iso_time(entry["failed_at"]), entry.get("reason", "-"),
+            _short(entry.get("error", "")), entry.get("attempts", "-"),
+            route.get("requested_tier", entry.get("job", {}).get("tier", "-")),
+            route.get("lane", "-"))
+
+
+@dead.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--traceback", "tracebacks", is_flag=True,
+              help="Also print each job's traceback summary.")
+@click.pass_context
+def dead_list(ctx: click.Context, as_json: bool, tracebacks: bool) -> None:
+    """Dead jobs, oldest failure first."""
+    from tasks.deadletter import dead_jobs
+
+    entries = dead_jobs(_client(ctx))
+    if as_json:
+        return _echo_json(entries)
+    if not entries:
+        return click.echo("no dead jobs")
+    click.echo(table(["job id", "failed at", "reason", "error", "attempts",
+                      "requested tier", "lane"], map(_dead_row, entries)))
+    for entry in entries if tracebacks else ():
+        click.echo(f"\n--- {entry['job_id']} ---\n{entry.get('traceback', '(none)')}")
+
+
+def _pick(client: redis.Redis, job_ids: tuple[str, ...], every: bool) -> dict[str, dict]:
+    """The dead entries to requeue, by id; every id must exist before any is requeued."""
+    from tasks.deadletter import dead_jobs
+
+    if every == bool(job_ids):
+        raise click.UsageError("give one or more JOB_IDs, or --all")
+    entries = {entry["job_id"]: entry for entry in dead_jobs(client)}
+    unknown = [job_id for job_id in job_ids if job_id not in entries]
+    if unknown:
+        raise click.ClickException(f"no dead job {', '.join(map(repr, unknown))}; "
+                                   "see `celery -A tasks lanes dead list`")
+    return entries if every else {job_id: entries[job_id] for job_id in job_ids}
+
+
+@dead.command("requeue")
+@click.argument("job_ids", metavar="JOB_ID...", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Requeue every dead job.")
+@click.pass_context
+def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], every: bool) -> None:
+    """Submit dead jobs again in their requested tier; print the task ids."""
+    from tasks.deadletter import requeue
+
+    client = _client(ctx)
+    picked = _pick(client, job_ids, every)
+    if not picked:
+        return click.echo("no dead jobs to requeue")
+    for job_id, entry in picked.items():
+        try:
+            result = requeue(client, job_id)
+        except KeyError as exc:  # requeued by someone else meanwhile
+            raise click.ClickException(f"no dead job {job_id!r} any more") from exc
+        click.echo(f"{result.id}  requeued onto the {entry['job']['tier']} lane")
+
+
+# --- status -------------------------------------------------------------------
+
+def _lane_rows(snapshot: dict[str, Any]) -> list[tuple]:
+    policy = snapshot.get("policy", {})
+    rows = []
+    for lane, load in snapshot.get("lanes", {}).items():
+        overloaded = policy.get(lane, {}).get("overloaded")
+        rows.append((lane, load.get("depth", 0), load.get("in_flight", 0),
+                     load.get("workers", 0), duration(load.get("service_s", 0)),
+                     duration(load.get("expected_wait_s", 0)),
+                     "-" if overloaded is None else "YES" if overloaded else "no"))
+    return rows
+
+
+def _in_flight(worker: dict[str, Any]) -> int:
+    jobs = worker.get("in_flight", 0)
+    return sum(jobs.values()) if isinstance(jobs, dict) else int(jobs)
+
+
+def _worker_rows(snapshot: dict[str, Any]) -> list[tuple]:
+    rows = []
+    for host, worker in sorted(snapshot.get("workers", {}).items()):
+        alive = "yes" if worker.get("alive") else f"NO (missed {worker.get('missed', '?')})"
+        rows.append((host, alive, worker.get("device", "-"), _in_flight(worker),
+                     ", ".join(worker.get("warm_models", [])) or "-"))
+    return rows
+
+
+def _snapshot_header(snapshot: dict[str, Any]) -> str:
+    import celeryconfig as cfg
+
+    age_s = max(0.0, time.time() - snapshot.get("at", 0))
+    line = f"snapshot of {iso_time(snapshot.get('at', 0))} ({duration(age_s)} ago)"
+    if age_s > cfg.SNAPSHOT_STALE_S:
+        line += (f"\nWARNING: older than {duration(cfg.SNAPSHOT_STALE_S)}; "
+                 "routers ignore it. Is `celery -A tasks beat` running?")
+    return line
+
+
+def render_status(snapshot: dict[str, Any]) -> str:
+    """The snapshot for people: lanes, workers, exhausted accounts."""
+    parts = [_snapshot_header(snapshot), "",
+             table(["lane", "depth", "in flight", "workers", "service", "expected wait",
+                    "overloaded"], _lane_rows(snapshot)), ""]
+    workers = _worker_rows(snapshot)
+    parts.append(table(["worker", "alive", "device", "in flight", "warm models"], workers)
+                 if workers else "no workers have answered a heartbeat")
+    exhausted = snapshot.get("exhausted", [])
+    parts += ["", "fast time exhausted: " + (", ".join(exhausted) or "none")]
+    return "\n".join(parts)
+
+
+@lanes.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw snapshot as JSON.")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool) -> None:
+    """Lanes and workers as of beat's latest load snapshot."""
+    raw = _client(ctx).get(SNAPSHOT_KEY)
+    if raw is None:
+        click.echo(f"no load snapshot in Redis (key {SNAPSHOT_KEY}): beat is not running "
+                   "or has not ticked yet; start it with `celery -A tasks beat`", err=True)
+        ctx.exit(1)
+    snapshot = json.loads(raw)
+    if as_json:
+        return _echo_json(snapshot)
+    click.echo(render_status(snapshot))

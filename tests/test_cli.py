@@ -1,0 +1,144 @@
+"""``celery -A tasks lanes ...`` run for real, in a subprocess, against the test Redis."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from routing.names import DEAD_KEY, SNAPSHOT_KEY
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def lanes(*args: str) -> subprocess.CompletedProcess:
+    """Run one ``lanes`` sub-command with the test environment (set by conftest)."""
+    return subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes", *args],
+                          cwd=PROJECT_DIR, capture_output=True, text=True, timeout=60)
+
+
+def ok(*args: str) -> str:
+    proc = lanes(*args)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def failed(*args: str) -> str:
+    """stderr of a command that must fail cleanly: non-zero, one message, no traceback."""
+    proc = lanes(*args)
+    assert proc.returncode != 0, proc.stdout
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
+
+
+def bury_one(client, reason: str = "retries_exhausted") -> str:
+    """A fast job that ran out of retries, as ``generate`` buries it; its id."""
+    from tasks.deadletter import bury
+    from tasks.errors import TransientJobError
+    from tasks.schema import validate
+
+    job = validate("a lighthouse at dusk", tier="fast", account="alice", model="demo",
+                   seed=7, steps=4, width=64, height=64).as_dict()
+    job_id = str(uuid.uuid4())
+    try:
+        try:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        except RuntimeError as cause:
+            raise TransientJobError("out of memory on cuda:0") from cause
+    except TransientJobError as exc:
+        error = exc
+    kwargs = {"job": job, "route": {"lane": "fast", "requested_tier": "fast"},
+              "submitted_at": time.time() - 30}
+    bury(client, job_id, kwargs, reason, error, attempts=4)
+    return job_id
+
+
+def test_help_lists_the_sub_commands():
+    out = ok("--help")
+    assert "gpulanes: lanes, accounts and dead letters" in out
+    for command in ("accounts", "dead", "status"):
+        assert f"\n  {command} " in out
+
+
+def test_grant_show_and_list_agree_and_exhaustion_flips():
+    from celeryconfig import FAST_SECONDS_DEFAULT
+
+    start = FAST_SECONDS_DEFAULT
+    assert "alice: 10 fast seconds left" in ok("accounts", "grant", "alice", str(10 - start))
+    shown = ok("accounts", "show", "alice")
+    assert "alice: 10 fast seconds left" in shown and "exhausted" not in shown
+    assert json.loads(ok("accounts", "list", "--json")) == [
+        {"account": "alice", "fast_seconds_left": 10.0, "exhausted": False}]
+
+    assert "alice: -0.5 fast seconds left (exhausted" in ok("accounts", "grant", "alice",
+                                                            "-10.5")
+    row = ok("accounts", "list").splitlines()[2].split()
+    assert row == ["alice", "-0.5", "yes"]
+
+
+@pytest.mark.parametrize("args, field", [(("bad name", "5"), "account"),
+                                         (("alice", "lots"), "seconds")])
+def test_bad_grant_is_a_clean_error_naming_the_field(clean_redis, args, field):
+    assert f"Error: {field}: " in failed("accounts", "grant", *args)
+    assert clean_redis.hlen("gpulanes:fast:balance") == 0
+
+
+def test_dead_list_then_requeue_moves_the_job_onto_its_lane(clean_redis):
+    job_id = bury_one(clean_redis)
+    out = ok("dead", "list", "--traceback")
+    row = next(line for line in out.splitlines() if line.startswith(job_id)).split()
+    assert row[2:4] == ["retries_exhausted", "TransientJobError:"]
+    assert row[-3:] == ["4", "fast", "fast"]
+    assert "RuntimeError: CUDA out of memory" in out  # the cause, from --traceback
+
+    assert ok("dead", "requeue", job_id).startswith(job_id)
+    assert not clean_redis.hexists(DEAD_KEY, job_id)
+    assert clean_redis.llen("fast") == 1
+
+
+def test_requeue_of_an_unknown_job_fails_and_moves_nothing(clean_redis):
+    job_id = bury_one(clean_redis)
+    assert "no dead job 'no-such-job'" in failed("dead", "requeue", job_id, "no-such-job")
+    assert clean_redis.hexists(DEAD_KEY, job_id)
+    assert clean_redis.llen("fast") == 0
+
+
+def test_status_without_a_snapshot_says_beat_is_not_running():
+    proc = lanes("status")
+    assert proc.returncode == 1
+    assert "no load snapshot" in proc.stderr and "beat" in proc.stderr
+
+
+def snapshot_at(now: float) -> dict:
+    """A snapshot as beat writes it: fast overloaded, one worker alive, one dead."""
+    load = {"depth": 0, "in_flight": 0, "workers": 2, "service_s": 0.8, "expected_wait_s": 0.0}
+    worker = {"alive": True, "missed": 0, "device": "cuda:0", "warm_models": ["demo"],
+              "in_flight": {"fast": 1, "standard": 1}, "service_ms": {"fast": 800.0},
+              "lanes": ["fast", "standard", "relaxed"], "last_seen": now}
+    return {
+        "at": now,
+        "lanes": {"fast": {**load, "depth": 42, "in_flight": 1, "expected_wait_s": 16.8},
+                  "standard": {**load, "depth": 3, "in_flight": 1, "expected_wait_s": 2.4},
+                  "relaxed": {**load, "depth": 7}},
+        "policy": {"fast": {"overloaded": True, "calm_samples": 0},
+                   "standard": {"overloaded": False, "calm_samples": 2}},
+        "workers": {"gpu0@host": worker,
+                    "gpu1@host": {**worker, "alive": False, "missed": 2, "device": "cuda:1",
+                                  "in_flight": {}, "last_seen": now - 2}},
+        "exhausted": ["bob"], "levels": {"carol": 2}}
+
+
+def test_status_prints_each_lane_and_worker(clean_redis):
+    clean_redis.set(SNAPSHOT_KEY, json.dumps(snapshot_at(time.time())))
+    out = ok("status")
+    *tables, footer = out.splitlines()
+    rows = {line.split()[0]: line.split() for line in tables if line}
+    assert rows["fast"][1:] == ["42", "1", "2", "800ms", "16.8s", "YES"]
+    assert rows["standard"][-1] == "no" and rows["relaxed"][-1] == "-"
+    assert rows["gpu0@host"][1:] == ["yes", "cuda:0", "2", "demo"]
+    assert rows["gpu1@host"][1:3] == ["NO", "(missed"]
+    assert footer == "fast time exhausted: bob"

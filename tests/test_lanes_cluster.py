@@ -1,0 +1,158 @@
+"""Load-aware lanes on a real cluster: one worker, beat, the session Redis."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from conftest import SMALL, new_gate, wait_for_state, wait_until
+from routing.names import SNAPSHOT_KEY
+from tasks import submit
+from tasks.accounts import fast_seconds_left, grant_fast_seconds
+from tasks.api import snapshot_cache
+from tasks.deadletter import dead_jobs, requeue
+from tasks.errors import JobFailed, LaneFull
+from tests.flaky_model import open_gate
+
+pytestmark = pytest.mark.cluster
+CLUSTER_ENV = {"GPULANES_MAX_WAIT_FAST_S": "5", "GPULANES_MAX_WAIT_STANDARD_S": "2",
+               "GPULANES_FAIR_UNIT_S": "0.02", "GPULANES_FAIR_AGING_S": "2"}
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    return cluster_factory(workers=1, beat=True, env=CLUSTER_ENV)
+
+
+def _snapshot(client) -> dict:
+    raw = client.get(SNAPSHOT_KEY)
+    return json.loads(raw) if raw else {}
+
+
+def _policy(client, lane: str) -> bool | None:
+    return _snapshot(client).get("policy", {}).get(lane, {}).get("overloaded")
+
+
+def _view_has(check):
+    return wait_until(lambda: (v := snapshot_cache().view()) is not None and check(v),
+                      what="the submitting process to see the new snapshot")
+
+
+def test_standard_overload_downgrades_new_jobs_then_recovers(cluster, clean_redis):
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
+    wait_for_state(blocker)
+    backlog = [submit(f"backlog {i}", tier="standard", seed=i, downgradable=False, **SMALL)
+               for i in range(150)]
+    wait_until(lambda: _policy(clean_redis, "standard"), what="standard overloaded")
+    _view_has(lambda v: "standard" in v.overloaded)
+    moved = submit("probe", tier="standard", **SMALL)
+    kept = submit("probe", tier="standard", downgradable=False, **SMALL)
+    open_gate(gate)
+    out = moved.get(timeout=60)
+    assert out["lane"] == "relaxed" and out["requested_tier"] == "standard"
+    assert out["downgraded_from"] == "standard"
+    assert out["downgrade_reason"] == "standard_overloaded"
+    # not downgradable: never moved by the overload policy (the deadline may still move it)
+    assert kept.get(timeout=60).get("downgrade_reason") != "standard_overloaded"
+    for result in backlog:
+        result.get(timeout=120)
+    wait_until(lambda: _policy(clean_redis, "standard") is False, what="standard back to normal")
+    _view_has(lambda v: "standard" not in v.overloaded)
+    assert submit("after", tier="standard", **SMALL).get(timeout=60)["lane"] == "standard"
+
+
+def test_fast_seconds_are_charged_for_completed_fast_runs_only(cluster):
+    account = "payer"
+    before = fast_seconds_left(account)
+    out = submit("charged", tier="fast", account=account, seed=1, **SMALL).get(timeout=60)
+    after = fast_seconds_left(account)
+    assert before - after == pytest.approx(out["run_ms"] / 1000, abs=1e-3)
+    submit("free", tier="standard", account=account, **SMALL).get(timeout=60)
+    with pytest.raises(JobFailed):
+        submit("bug free", tier="fast", model="flaky", account=account, **SMALL).get(timeout=60)
+    assert fast_seconds_left(account) == pytest.approx(after)
+
+
+def test_spent_fast_time_sends_fast_jobs_to_relaxed_until_granted(cluster):
+    account = "spender"
+    grant_fast_seconds(account, 0.001 - fast_seconds_left(account))
+    submit("spend it", tier="fast", account=account, **SMALL).get(timeout=60)
+    assert fast_seconds_left(account) <= 0
+    _view_has(lambda v: account in v.exhausted)
+    out = submit("no fast left", tier="fast", account=account, **SMALL).get(timeout=60)
+    assert out["lane"] == "relaxed" and out["downgrade_reason"] == "fast_time_exhausted"
+    assert out["downgraded_from"] == "fast"
+    left = fast_seconds_left(account)
+    assert left <= 0  # a relaxed run is not charged
+    grant_fast_seconds(account, 60)
+    _view_has(lambda v: account not in v.exhausted)
+    assert submit("fast again", tier="fast", account=account, **SMALL).get(timeout=60)["lane"] \
+        == "fast"
+
+
+def test_full_lanes_spill_down_and_a_full_relaxed_lane_refuses(cluster, monkeypatch):
+    cache = snapshot_cache()
+    monkeypatch.setattr(cache, "max_depth", {"fast": 2, "standard": 2, "relaxed": 3})
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
+    wait_for_state(blocker)
+    started = time.time()
+    try:
+        _view_has(lambda v: v.at > started)  # a snapshot taken with the blocker running
+        lanes = [submit(f"j{i}", tier="fast", **SMALL) for i in range(7)]
+        with pytest.raises(LaneFull) as caught:
+            submit("one too many", tier="fast", **SMALL)
+        assert caught.value.lane == "relaxed" and caught.value.retry_after_s >= 1
+    finally:
+        open_gate(gate)
+    results = [r.get(timeout=60) for r in lanes]
+    assert [r["lane"] for r in results] == ["fast"] * 2 + ["standard"] * 2 + ["relaxed"] * 3
+    assert {r.get("downgrade_reason") for r in results[2:]} == {"lane_full"}
+
+
+def test_retries_walk_down_the_lanes_into_the_dead_letter_list(cluster, clean_redis):
+    out = submit("transient:2 twice", model="flaky", tier="fast", seed=4, **SMALL).get(timeout=60)
+    assert out["attempts"] == 3 and out["lane"] == "relaxed"
+    assert out["downgraded_from"] == "fast" and out["downgrade_reason"] == "retry"
+    doomed = submit("transient:4 always", model="flaky", tier="fast", seed=5, **SMALL)
+    with pytest.raises(JobFailed, match="gave up after 4 attempts"):
+        doomed.get(timeout=60)
+    (dead,) = [d for d in dead_jobs(clean_redis) if d["job_id"] == doomed.id]
+    assert dead["reason"] == "retries_exhausted" and dead["attempts"] == 4
+    assert dead["route"]["lane"] == "relaxed" and "TransientJobError" in dead["traceback"]
+    again = requeue(clean_redis, doomed.id)  # the fifth run of that prompt succeeds
+    assert again.id == doomed.id and again.get(timeout=60)["attempts"] == 1
+    assert not dead_jobs(clean_redis)
+
+
+def test_relaxed_lane_serves_light_users_first_but_never_starves_heavy_ones(cluster):
+    for i in range(12):  # make "heavy" a heavy user of this window
+        submit(f"usage {i}", tier="relaxed", account="heavy", seed=i, **SMALL).get(timeout=60)
+    _view_has(lambda v: v.levels.get("heavy", 0) >= 2)
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
+    wait_for_state(blocker)
+    heavy = [submit(f"h{i}", tier="relaxed", account="heavy", **SMALL) for i in range(4)]
+    light = [submit(f"l{i}", tier="relaxed", account="light", **SMALL) for i in range(4)]
+    open_gate(gate)
+    started = {r.id: r.get(timeout=60)["started_at"] for r in heavy + light}
+    assert max(started[r.id] for r in light) < min(started[r.id] for r in heavy)
+
+
+def test_a_heavy_users_job_runs_within_the_aging_bound(cluster):
+    for i in range(12):
+        submit(f"usage {i}", tier="relaxed", account="hog", seed=i, **SMALL).get(timeout=60)
+    _view_has(lambda v: v.levels.get("hog", 0) >= 2)
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
+    wait_for_state(blocker)
+    hog = submit("waiting", tier="relaxed", account="hog", **SMALL)
+    stream = [submit(f"s{i}", tier="relaxed", account=f"newcomer{i}", steps=40, width=256,
+                     height=256) for i in range(60)]
+    open_gate(gate)
+    out = hog.get(timeout=120)
+    finished = [r.get(timeout=120)["started_at"] for r in stream]
+    assert out["started_at"] < max(finished)  # it did not wait for the whole stream
+    assert out["queued_ms"] < (2 + 5) * 1000  # aging 2 s + a few beat rounds and one job

@@ -1,0 +1,71 @@
+"""Deadline downgrades and relax aging on real messages in the test Redis."""
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+from beat.movers import age_relaxed, enforce_deadlines
+from conftest import SMALL
+from routing.names import lane_keys
+from tasks.api import snapshot_cache
+from tasks.generate import generate
+from tasks.schema import validate
+
+BUDGETS = {"fast": 10.0, "standard": 60.0}
+
+
+def _publish(tier: str, lane: str, priority: int = 0, waited_s: float = 0.0) -> str:
+    job = validate("p", tier=tier, account="acct", model="demo", seed=1, **SMALL)
+    result = generate.apply_async(kwargs={
+        "job": job.as_dict(), "route": {"lane": lane, "requested_tier": tier},
+        "submitted_at": time.time() - waited_s}, queue=lane, priority=priority)
+    return result.id
+
+
+def _messages(client, key: str) -> list[dict]:
+    return [json.loads(raw) for raw in client.lrange(key, 0, -1)]
+
+
+def _kwargs(message: dict) -> dict:
+    return json.loads(base64.b64decode(message["body"]))[1]
+
+
+def test_jobs_past_budget_move_to_the_front_of_the_lane_below(clean_redis):
+    snapshot_cache()  # any cached view is irrelevant here: we publish directly
+    waiting = _publish("standard", "standard", waited_s=1)
+    stale = _publish("fast", "fast", waited_s=11)
+    fresh = _publish("fast", "fast", waited_s=1)
+    moved = enforce_deadlines(clean_redis, BUDGETS)
+    assert moved == {"fast": 1, "standard": 0}
+    assert [m["headers"]["id"] for m in _messages(clean_redis, "fast")] == [fresh]
+    # kombu pops from the right: the moved job is next in standard, before `waiting`
+    standard = _messages(clean_redis, "standard")
+    assert [m["headers"]["id"] for m in standard] == [waiting, stale]
+    route = _kwargs(standard[-1])["route"]
+    assert route == {"lane": "standard", "requested_tier": "fast",
+                     "downgraded_from": "fast", "downgrade_reason": "waited_past_budget"}
+    assert standard[-1]["properties"]["delivery_info"]["routing_key"] == "standard"
+
+
+def test_relaxed_is_never_moved_and_nothing_is_lost(clean_redis):
+    for _ in range(3):
+        _publish("relaxed", "relaxed", waited_s=10_000)
+    ids = {_publish("standard", "standard", waited_s=61) for _ in range(5)}
+    assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 0, "standard": 5}
+    relaxed = _messages(clean_redis, "relaxed")
+    assert len(relaxed) == 8 and ids <= {m["headers"]["id"] for m in relaxed}
+
+
+def test_old_relaxed_jobs_climb_a_level_per_round(clean_redis):
+    heavy_keys = lane_keys("relaxed")
+    old = _publish("relaxed", "relaxed", priority=9, waited_s=100)
+    young = _publish("relaxed", "relaxed", priority=9, waited_s=1)
+    assert clean_redis.llen(heavy_keys[3]) == 2
+    for level in (2, 1, 0):
+        assert age_relaxed(clean_redis, aging_s=60) == 1
+        (message,) = _messages(clean_redis, heavy_keys[level])
+        assert message["headers"]["id"] == old
+        assert message["properties"]["priority"] == (0, 3, 6, 9)[level]
+    assert age_relaxed(clean_redis, aging_s=60) == 0
+    assert [m["headers"]["id"] for m in _messages(clean_redis, heavy_keys[3])] == [young]
