@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from functools import lru_cache
 from typing import Any
 
 import redis
@@ -22,8 +21,7 @@ from routing.names import (FAST, FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAP
                            STANDARD, STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys,
                            usage_key)
 from routing.policy import relax_levels
-from routing.store import connect
-from tasks.celeryapp import app
+from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
@@ -48,11 +46,6 @@ def ask_workers(timeout_s: float) -> dict[str, dict]:
     answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s)
     return {host: reply for answer in answers or [] for host, reply in answer.items()
             if isinstance(reply, dict) and "error" not in reply}
-
-
-@lru_cache(maxsize=1)
-def redis_client() -> redis.Redis:
-    return connect(app.conf.broker_url)
 
 
 def lane_depths(client: redis.Redis) -> dict[str, int]:

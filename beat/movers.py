@@ -22,10 +22,9 @@ from typing import Callable
 import redis
 
 import celeryconfig as cfg
-from beat.heartbeat import redis_client
 from routing.names import FAST, MOVERS_TASK, RELAX_PRIORITIES, RELAXED, STANDARD, lane_keys
 from routing.policy import WAITED_PAST_BUDGET, next_lane
-from tasks.celeryapp import app
+from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 

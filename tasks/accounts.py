@@ -10,13 +10,11 @@ change is one atomic Lua script, so concurrent charges never lose an update.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import redis
 
 import celeryconfig as cfg
 from routing.names import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
-from routing.store import connect
 from tasks.errors import InvalidJob
 from tasks.schema import check_account
 
@@ -32,11 +30,10 @@ return tostring(left)
 """
 
 
-@lru_cache(maxsize=1)
 def _client() -> redis.Redis:
-    from tasks.celeryapp import app
+    from tasks.celeryapp import redis_client  # the app is built on first use only
 
-    return connect(app.conf.broker_url)
+    return redis_client()
 
 
 def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
@@ -69,3 +66,8 @@ def fast_seconds_left(account: str) -> float:
 def balances() -> dict[str, float]:
     """Every account with a recorded balance."""
     return {account: float(left) for account, left in _client().hgetall(FAST_BALANCE_KEY).items()}
+
+
+def exhausted_accounts() -> set[str]:
+    """Accounts whose fast time is spent (their fast jobs run in relaxed)."""
+    return set(_client().smembers(FAST_EXHAUSTED_KEY))

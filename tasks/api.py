@@ -47,14 +47,19 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
                    steps=steps, width=width, height=height, downgradable=downgradable)
+    return enqueue(job.as_dict(), str(uuid.uuid4()))
+
+
+def enqueue(job: dict, job_id: str) -> AsyncResult:
+    """Route a validated job dict with the cached view and publish it under ``job_id``."""
     cache = snapshot_cache()
     view = cache.view()
-    where = plain_route(job.tier) if view is None else \
-        decide(job.tier, job.account, job.downgradable, view)
+    where = plain_route(job["tier"]) if view is None else \
+        decide(job["tier"], job["account"], job["downgradable"], view)
     if where is None:
         raise LaneFull(RELAXED, view.retry_after_s)
     result = generate.apply_async(
-        kwargs={"job": job.as_dict(), "route": where.as_dict(), "submitted_at": time.time()},
-        queue=where.lane, priority=where.priority, task_id=str(uuid.uuid4()))
+        kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
+        queue=where.lane, priority=where.priority, task_id=job_id)
     cache.note_sent(where.lane)
     return result

@@ -1,10 +1,20 @@
 """The Celery app: configured from ``celeryconfig``, worker hooks wired once."""
 from __future__ import annotations
 
+from functools import lru_cache
+
+import redis
 from celery import Celery
 
 from gpu_worker import hooks
+from routing.store import connect
 
 app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat", "beat.movers"])
 app.config_from_object("celeryconfig")
 hooks.install()
+
+
+@lru_cache(maxsize=1)
+def redis_client() -> redis.Redis:
+    """A redis-py client on the broker's Redis, for gpulanes' own keys."""
+    return connect(app.conf.broker_url)

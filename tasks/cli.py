@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 import click
 import redis
 
-from routing.names import FAST_EXHAUSTED_KEY, SNAPSHOT_KEY
+from routing.names import SNAPSHOT_KEY
 from routing.store import connect
 from tasks.errors import InvalidJob
 
@@ -109,10 +109,10 @@ def _balance_line(account: str, left: float, exhausted: bool) -> str:
 def accounts_list(ctx: click.Context, as_json: bool) -> None:
     """Every account with a recorded balance."""
     import celeryconfig as cfg
-    from tasks.accounts import balances
+    from tasks.accounts import balances, exhausted_accounts
 
     left = balances()
-    exhausted = _client(ctx).smembers(FAST_EXHAUSTED_KEY)
+    exhausted = exhausted_accounts()
     rows = [{"account": account, "fast_seconds_left": left[account],
              "exhausted": account in exhausted} for account in sorted(left)]
     if as_json:
@@ -134,11 +134,11 @@ def accounts_show(ctx: click.Context, account: str) -> None:
 
     An account never charged has the starting balance (GPULANES_FAST_SECONDS_DEFAULT).
     """
-    from tasks.accounts import fast_seconds_left
+    from tasks.accounts import exhausted_accounts, fast_seconds_left
     from tasks.schema import check_account
 
     check_account(account)
-    exhausted = bool(_client(ctx).sismember(FAST_EXHAUSTED_KEY, account))
+    exhausted = account in exhausted_accounts()
     click.echo(_balance_line(account, fast_seconds_left(account), exhausted))
 
 
@@ -148,10 +148,10 @@ def accounts_show(ctx: click.Context, account: str) -> None:
 @click.pass_context
 def accounts_grant(ctx: click.Context, account: str, seconds: str) -> None:
     """Add SECONDS (negative to take away) to ACCOUNT's fast time."""
-    from tasks.accounts import grant_fast_seconds
+    from tasks.accounts import exhausted_accounts, grant_fast_seconds
 
     left = grant_fast_seconds(account, _parse_seconds(seconds))
-    exhausted = bool(_client(ctx).sismember(FAST_EXHAUSTED_KEY, account))
+    exhausted = account in exhausted_accounts()
     click.echo(_balance_line(account, left, exhausted))
 
 

@@ -36,19 +36,16 @@ def dead_jobs(client: redis.Redis) -> list[dict[str, Any]]:
 
 
 def requeue(client: redis.Redis, job_id: str) -> Any:
-    """Submit a dead job again under the same id, with a fresh attempt count."""
+    """Submit a dead job again under the same id, routed like a new one
+    (policy, fast time and lane limits apply), with a fresh attempt count."""
+    from tasks.api import enqueue
     from tasks.generate import generate
 
     raw = client.hget(DEAD_KEY, job_id)
     if raw is None:
         raise KeyError(f"no dead job {job_id!r}")
-    entry = json.loads(raw)
-    tier = entry["job"]["tier"]
     client.delete(attempts_key(job_id))
     generate.AsyncResult(job_id).forget()  # else .get() would see the old failure
-    result = generate.apply_async(
-        kwargs={"job": entry["job"], "route": {"lane": tier, "requested_tier": tier},
-                "submitted_at": time.time()},
-        queue=tier, task_id=job_id)
+    result = enqueue(json.loads(raw)["job"], job_id)
     client.hdel(DEAD_KEY, job_id)
     return result

@@ -10,7 +10,6 @@ import json
 import logging
 import sys
 import time
-from functools import lru_cache
 from typing import Any, NoReturn
 
 import redis
@@ -20,10 +19,9 @@ from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
                            usage_key)
 from routing.policy import RETRY, next_lane
-from routing.store import connect
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
-from tasks.celeryapp import app
+from tasks.celeryapp import app, redis_client
 from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
 from tasks.retry import backoff_s, is_transient
@@ -31,15 +29,10 @@ from tasks.retry import backoff_s, is_transient
 log = logging.getLogger(__name__)
 
 
-@lru_cache(maxsize=1)
-def _redis() -> redis.Redis:
-    return connect(app.conf.broker_url)
-
-
 def _begin(job_id: str) -> tuple[int, dict | None]:
     """Count this run (redeliveries included) and fetch an earlier result, if any."""
     key = attempts_key(job_id)
-    with _redis().pipeline() as pipe:
+    with redis_client().pipeline() as pipe:
         pipe.incr(key).expire(key, cfg.VISIBILITY_TIMEOUT_S * 2).get(done_key(job_id))
         attempt, _, earlier = pipe.execute()
     return int(attempt), (json.loads(earlier) if earlier else None)
@@ -64,7 +57,7 @@ def _run(job: dict) -> tuple[Any, float, float | None]:
 
 def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
              attempt: int, what: str) -> NoReturn:
-    bury(_redis(), task.request.id, kwargs, reason, exc, attempt)
+    bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
     raise JobFailed(what) from exc
 
 
@@ -103,7 +96,7 @@ def _account_for(client: redis.Redis, result: dict, account: str) -> None:
 
 def _finish(job_id: str, result: dict, account: str) -> dict:
     """Store the first result of this id; a later run returns it instead of its own."""
-    client = _redis()
+    client = redis_client()
     if not client.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires):
         return json.loads(client.get(done_key(job_id)))
     _account_for(client, result, account)

@@ -43,7 +43,7 @@ class Progress:
             if len(done) + failed != last:
                 last = len(done) + failed
                 self.draw(last, failed)
-            time.sleep(0.05)
+            time.sleep(0.2)  # one GET per pending job per poll: keep it light
         return done
 
 

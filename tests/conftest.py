@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 # A short path: Unix socket paths are limited to about 100 bytes.
+from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402  reads no settings
+
 STATE_DIR = Path(tempfile.mkdtemp(prefix="gl-test-", dir="/tmp"))
 TEST_ENV = {
-    "GPULANES_BROKER_URL": f"redis+socket://{STATE_DIR}/redis.sock",
+    "GPULANES_BROKER_URL": EmbeddedRedis(STATE_DIR).url,
     "GPULANES_STATE_DIR": str(STATE_DIR),
     "GPULANES_ARTIFACT_DIR": str(STATE_DIR / "artifacts"),
     "GPULANES_MODEL_DIR": str(STATE_DIR / "models"),
@@ -30,9 +32,7 @@ TEST_ENV = {
     "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
                                                 os.environ.get("PYTHONPATH")])),
 }
-os.environ.update(TEST_ENV)
-
-from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402  after the env is set
+os.environ.update(TEST_ENV)  # before anything imports celeryconfig
 
 #: Job parameters that keep a real generation to a few milliseconds.
 SMALL = dict(steps=4, width=64, height=64)

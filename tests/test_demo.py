@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,8 +20,15 @@ def test_demo_runs_all_lanes_and_writes_pngs():
     env.update(GPULANES_STATE_DIR=str(state), GPULANES_ARTIFACT_DIR=str(state / "png"),
                GPULANES_DEVICE="cpu")
     args = ["--fast", "2", "--standard", "3", "--relaxed", "4", "--steps", "4", "--size", "64"]
-    proc = subprocess.run([sys.executable, "-m", "tasks.demo", *args], env=env,
-                          capture_output=True, text=True, timeout=240)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tasks.demo", *args], env=env,
+                              capture_output=True, text=True, timeout=150)
+        _check(proc, state)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _check(proc: subprocess.CompletedProcess, state: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("fast", "standard", "relaxed")}

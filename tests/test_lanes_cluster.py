@@ -130,7 +130,7 @@ def test_retries_walk_down_the_lanes_into_the_dead_letter_list(cluster, clean_re
 def test_relaxed_lane_serves_light_users_first_but_never_starves_heavy_ones(cluster):
     for i in range(12):  # make "heavy" a heavy user of this window
         submit(f"usage {i}", tier="relaxed", account="heavy", seed=i, **SMALL).get(timeout=60)
-    _view_has(lambda v: v.levels.get("heavy", 0) >= 2)
+    _view_has(lambda v: v.levels.get("heavy", 0) >= 1)
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
     wait_for_state(blocker)
@@ -144,7 +144,7 @@ def test_relaxed_lane_serves_light_users_first_but_never_starves_heavy_ones(clus
 def test_a_heavy_users_job_runs_within_the_aging_bound(cluster):
     for i in range(12):
         submit(f"usage {i}", tier="relaxed", account="hog", seed=i, **SMALL).get(timeout=60)
-    _view_has(lambda v: v.levels.get("hog", 0) >= 2)
+    _view_has(lambda v: v.levels.get("hog", 0) >= 1)
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
     wait_for_state(blocker)

@@ -1,0 +1,300 @@
+"""What routing costs on the submit path: ``submit()`` against a plain ``apply_async``.
+
+``python benchmarks/submit.py`` starts an embedded Redis in a short temporary
+folder (no workers, no beat: nothing consumes, we only publish) and, in one
+process, publishes the same jobs two ways:
+
+*submit*: ``tasks.api.submit(prompt, tier=...)``: validate every field, read
+the in-process lane snapshot, ``decide()`` the lane, ``apply_async``.
+*apply_async*: ``generate.apply_async(kwargs=..., queue=tier)`` with a kwargs
+dict of the same shape built inline, which is what a plain Celery user does.
+
+So that ``submit()`` really routes through ``decide()`` with a live view (not
+the tier-only fallback it takes when the snapshot is stale), a background
+thread stands in for beat: every 0.5 s it writes a realistic snapshot (lane
+depths, policy, two workers, exhausted accounts, relax levels) with a fresh
+``at`` under ``routing.names.SNAPSHOT_KEY``. The run aborts if ``submit()``
+ever sees no live view.
+
+The ``--jobs`` jobs per mode (tiers in turn: fast, standard, relaxed) run in
+``--rounds`` interleaved rounds; who goes first alternates, so machine noise
+hits both alike. Each round's AsyncResults are kept until its clock stops
+(as a caller would keep them), and the lanes are emptied between rounds so
+Redis does not grow. One unrecorded warm-up round per mode runs first.
+
+Reading the table: jobs/s per mode over all rounds (total jobs / total
+time), the median round, and the per-call time that implies; the ratio
+submit/apply_async is the headline (goal: >= 0.9x). The lower rows time the
+pure parts of ``submit()`` alone, in-process and without Redis: ``validate``,
+the snapshot ``view()``, ``decide()`` and all three in a row, in microseconds
+per call; compare their sum with the per-call gap between the two modes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script: make the project importable
+    sys.path.insert(0, str(ROOT))
+
+MODES = ("submit", "apply_async")
+TIERS = ("fast", "standard", "relaxed")
+ACCOUNT = "bench"
+PROMPT = "a lighthouse in a storm"
+STEPS, SIDE = 20, 256
+GOAL_RATIO = 0.9
+SNAPSHOT_EVERY_S = 0.5
+PURE_CALLS = 20000
+
+
+def configure_env(state_dir: Path) -> None:
+    """Point gpulanes at a private Redis in ``state_dir``; must run before importing tasks."""
+    os.environ.update({
+        "GPULANES_BROKER_URL": f"redis+socket://{state_dir}/redis.sock",
+        "GPULANES_STATE_DIR": str(state_dir),
+        "GPULANES_ARTIFACT_DIR": str(state_dir / "artifacts"),
+        "GPULANES_MODEL_DIR": str(state_dir / "models"),
+        "GPULANES_DEVICE": "cpu",
+        "GPULANES_HEARTBEAT_S": str(SNAPSHOT_EVERY_S),  # the router refreshes every 0.25 s
+    })
+
+
+# --- a stand-in for beat: a realistic snapshot with a fresh "at" --------------
+def fake_snapshot(now: float) -> dict[str, Any]:
+    """A snapshot shaped like ``beat.heartbeat.build_snapshot``'s, of a busy 2-GPU cluster."""
+    loads = {lane: {"depth": depth, "in_flight": flight, "workers": 2, "service_s": 1.8,
+                    "expected_wait_s": wait}
+             for lane, depth, flight, wait in (("fast", 1, 1, 1.8), ("standard", 12, 1, 12.6),
+                                               ("relaxed", 240, 0, 228.6))}
+    workers = {f"gpu{i}@bench": {"device": "cuda:0", "pid": 1000 + i, "at": now,
+                                 "in_flight": {"fast": 1} if i else {"standard": 1},
+                                 "service_ms": {lane: 1800.0 for lane in TIERS},
+                                 "lanes": list(TIERS), "last_seen": now, "missed": 0,
+                                 "alive": True} for i in range(2)}
+    return {"at": now, "lanes": loads, "workers": workers,
+            "policy": {"fast": {"overloaded": False, "calm_samples": 0},
+                       "standard": {"overloaded": False, "calm_samples": 0}},
+            "exhausted": ["acct-7", "acct-9"],
+            "levels": {"acct-3": 1, "acct-5": 2, "acct-11": 3}}
+
+
+class SnapshotWriter(threading.Thread):
+    """Rewrites the snapshot every ``SNAPSHOT_EVERY_S`` until ``stop()``."""
+
+    def __init__(self, client: Any) -> None:
+        super().__init__(name="fake-beat", daemon=True)
+        self.client, self.stopped = client, threading.Event()
+
+    def write(self) -> None:
+        from routing.names import SNAPSHOT_KEY
+
+        self.client.set(SNAPSHOT_KEY, json.dumps(fake_snapshot(time.time())))
+
+    def run(self) -> None:
+        while not self.stopped.wait(SNAPSHOT_EVERY_S):
+            self.write()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.join(5)
+
+
+# --- the two ways to publish -------------------------------------------------
+def send_submit(i: int) -> Any:
+    from tasks.api import submit
+
+    return submit(PROMPT, tier=TIERS[i % 3], account=ACCOUNT, seed=i,
+                  steps=STEPS, width=SIDE, height=SIDE)
+
+
+def send_plain(i: int) -> Any:
+    """What a plain Celery user writes: the same kwargs shape, queue = tier."""
+    from tasks.generate import generate
+
+    tier = TIERS[i % 3]
+    job = {"prompt": PROMPT, "tier": tier, "account": ACCOUNT, "model": "demo", "seed": i,
+           "steps": STEPS, "width": SIDE, "height": SIDE, "downgradable": tier == "standard"}
+    return generate.apply_async(kwargs={"job": job, "route": {"lane": tier, "requested_tier": tier},
+                                        "submitted_at": time.time()}, queue=tier)
+
+
+SENDERS: dict[str, Callable[[int], Any]] = {"submit": send_submit, "apply_async": send_plain}
+
+
+def assert_live_view() -> None:
+    """Fail loudly if ``submit()`` would route by tier only (stale or missing snapshot)."""
+    from tasks.api import snapshot_cache
+
+    if snapshot_cache().view() is None:
+        raise SystemExit("benchmarks/submit.py: submit() sees no fresh snapshot; "
+                         "the measurement would skip decide()")
+
+
+def timed_batch(mode: str, first: int, n: int) -> float:
+    """Seconds to publish ``n`` jobs; the results are kept until the clock stops."""
+    send, kept = SENDERS[mode], []
+    began = time.perf_counter()
+    for i in range(first, first + n):
+        kept.append(send(i))
+    elapsed = time.perf_counter() - began
+    del kept  # unsubscribing from the results happens here, off the clock
+    return elapsed
+
+
+def flush_lanes(client: Any) -> None:
+    """Empty every lane (all priority levels); kombu's bindings stay."""
+    from routing.names import LANES, lane_keys
+
+    client.delete(*[key for lane in LANES for key in lane_keys(lane)])
+
+
+def run_rounds(client: Any, jobs: int, rounds: int) -> dict[str, list[float]]:
+    """Seconds per round per mode, the order alternating; a warm-up round first."""
+    per_round = max(1, jobs // rounds)
+    for mode in MODES:
+        timed_batch(mode, 0, min(200, per_round))
+    flush_lanes(client)
+    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for r in range(rounds):
+        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            assert_live_view()
+            seconds[mode].append(timed_batch(mode, r * per_round, per_round))
+            flush_lanes(client)
+        print(f"  round {r}: " + ", ".join(f"{m} {per_round / seconds[m][-1]:7.0f} jobs/s"
+                                           for m in MODES), file=sys.stderr, flush=True)
+    return seconds
+
+
+# --- the pure parts, alone -----------------------------------------------------
+def per_call_us(fn: Callable[[int], Any], calls: int) -> float:
+    """Mean microseconds per call of ``fn(i)`` over ``calls`` calls."""
+    began = time.perf_counter()
+    for i in range(calls):
+        fn(i)
+    return (time.perf_counter() - began) * 1e6 / calls
+
+
+def time_pure(calls: int) -> dict[str, float]:
+    """µs/call of validate, the snapshot view, decide, and all three in a row."""
+    from routing.policy import decide
+    from tasks.api import snapshot_cache
+    from tasks.schema import validate
+
+    cache, view = snapshot_cache(), snapshot_cache().view()
+    job = validate(PROMPT, tier="standard", account=ACCOUNT, model="demo", seed=1,
+                   steps=STEPS, width=SIDE, height=SIDE)
+
+    def check(i: int) -> Any:
+        return validate(PROMPT, tier=TIERS[i % 3], account=ACCOUNT, model="demo", seed=i,
+                        steps=STEPS, width=SIDE, height=SIDE)
+
+    def whole(i: int) -> Any:
+        j = check(i)
+        return decide(j.tier, j.account, j.downgradable, cache.view())
+
+    return {"validate": per_call_us(check, calls),
+            "view": per_call_us(lambda i: cache.view(), calls),
+            "decide": per_call_us(lambda i: decide(TIERS[i % 3], job.account, True, view), calls),
+            "all three": per_call_us(whole, calls)}
+
+
+# --- report ----------------------------------------------------------------------
+def summary(seconds: dict[str, list[float]], per_round: int) -> dict[str, dict[str, float]]:
+    """Per mode: total jobs/s, median-round jobs/s, µs per call."""
+    out = {}
+    for mode, times in seconds.items():
+        rate = per_round * len(times) / sum(times)
+        out[mode] = {"jobs_s": rate, "median_round_jobs_s": per_round / statistics.median(times),
+                     "us_per_call": 1e6 / rate}
+    return out
+
+
+def table(modes: dict[str, dict[str, float]], pure: dict[str, float]) -> str:
+    """The markdown table printed at the end."""
+    ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
+    lines = ["| what | jobs/s (all rounds) | jobs/s (median round) | µs per call |",
+             "|---|---:|---:|---:|"]
+    for mode, label in (("submit", "`submit()` (validate + route + publish)"),
+                        ("apply_async", "plain `generate.apply_async(queue=tier)`")):
+        m = modes[mode]
+        lines.append(f"| {label} | {m['jobs_s']:.0f} | {m['median_round_jobs_s']:.0f} "
+                     f"| {m['us_per_call']:.0f} |")
+    gap = modes["submit"]["us_per_call"] - modes["apply_async"]["us_per_call"]
+    lines.append(f"| ratio submit / apply_async | {ratio:.2f}x | | gap {gap:+.0f} |")
+    for part, us in pure.items():
+        lines.append(f"| pure part: {part} | | | {us:.1f} |")
+    return "\n".join(lines)
+
+
+def verdict(modes: dict[str, dict[str, float]]) -> str:
+    ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
+    met = "met" if ratio >= GOAL_RATIO else "NOT met"
+    return (f"submit() publishes at {ratio:.2f}x the rate of a plain apply_async "
+            f"(goal >= {GOAL_RATIO:g}x: {met}).")
+
+
+def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
+    """Start Redis and the snapshot writer, run every round, stop both."""
+    from gpu_worker.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(state_dir).start()
+    writer = SnapshotWriter(server.client())
+    try:
+        writer.write()
+        writer.start()
+        seconds = run_rounds(server.client(), args.jobs, args.rounds)
+        pure = time_pure(PURE_CALLS)
+    finally:
+        writer.stop()
+        server.stop()
+    return {"modes": summary(seconds, max(1, args.jobs // args.rounds)), "pure_us": pure,
+            "seconds": seconds}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/submit.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=3000, help="jobs per mode (default: 3000)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="interleaved rounds the jobs are split into (default: 6)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.jobs < args.rounds:
+        parser.error("--rounds must be >= 1 and --jobs at least --rounds")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    began = time.monotonic()
+    state_dir = Path(tempfile.mkdtemp(prefix="gl-sub-", dir="/tmp"))  # short: socket path
+    try:
+        configure_env(state_dir)
+        report = benchmark(args, state_dir)
+    except KeyboardInterrupt:
+        print("interrupted; Redis is stopped", file=sys.stderr)
+        return 130
+    finally:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    report["wall_s"] = round(time.monotonic() - began, 1)
+    print(table(report["modes"], report["pure_us"]))
+    print(verdict(report["modes"]))
+    print(f"{args.jobs // args.rounds * args.rounds} jobs per mode in {args.rounds} rounds, "
+          f"one process, embedded Redis; total wall time {report['wall_s']:.1f}s")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
