@@ -57,7 +57,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -136,8 +135,7 @@ def send(mode: str, tier: str, account: str, seed: int, size: JobSize) -> Any:
     if mode == "gpulanes":
         return submit(PROMPT, tier=tier, account=account, seed=seed, steps=size.steps,
                       width=size.size, height=size.size)
-    return generate.apply_async(kwargs=plain_kwargs(tier, account, seed, size), queue=tier,
-                                task_id=str(uuid.uuid4()))
+    return generate.apply_async(kwargs=plain_kwargs(tier, account, seed, size), queue=tier)
 
 
 # --- capacity ------------------------------------------------------------------------
@@ -266,9 +264,9 @@ def drain(trial: Trial, limit_s: float) -> None:
 
 def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) -> Trial:
     trial = Trial(mode)
-    if mode == "gpulanes":
-        beat.start()
     try:
+        if mode == "gpulanes":
+            beat.start()
         offer(trial, plan, size)
         drain(trial, drain_s)
     finally:

@@ -5,6 +5,7 @@ that workers started by a module fixture keep consuming.
 """
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import tempfile
@@ -64,6 +65,7 @@ def new_gate() -> str:
 def redis_server():
     server = EmbeddedRedis(STATE_DIR).start()
     yield server
+    gc.collect()  # results unsubscribe while Redis still answers, not at exit
     server.stop()
     if not os.environ.get("GPULANES_TEST_KEEP"):  # set it to read the logs afterwards
         shutil.rmtree(STATE_DIR, ignore_errors=True)

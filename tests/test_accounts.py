@@ -1,0 +1,45 @@
+"""Fast-time balances: atomic under concurrency, exhausted set kept in step."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import celeryconfig as cfg
+from routing.names import FAST_EXHAUSTED_KEY
+from routing.store import connect
+from tasks.accounts import (charge_fast_seconds, exhausted_accounts, fast_seconds_left,
+                            grant_fast_seconds)
+from tasks.errors import InvalidJob
+
+
+def test_new_account_starts_with_the_default(clean_redis):
+    assert fast_seconds_left("newcomer") == cfg.FAST_SECONDS_DEFAULT
+
+
+def test_concurrent_charges_never_lose_an_update(clean_redis):
+    grant_fast_seconds("busy", 100 - cfg.FAST_SECONDS_DEFAULT)
+    clients = [connect(cfg.broker_url) for _ in range(8)]  # 8 separate connections
+
+    def charge(i: int) -> None:
+        for _ in range(50):
+            charge_fast_seconds("busy", 0.25, clients[i])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(charge, range(8)))
+    assert fast_seconds_left("busy") == pytest.approx(0.0)  # 100 - 8 * 50 * 0.25
+    assert "busy" in exhausted_accounts()
+
+
+def test_grant_clears_exhaustion_and_checks_its_input(clean_redis):
+    grant_fast_seconds("a", -cfg.FAST_SECONDS_DEFAULT - 1)
+    assert clean_redis.sismember(FAST_EXHAUSTED_KEY, "a")
+    assert grant_fast_seconds("a", 10) == pytest.approx(9.0)
+    assert "a" not in exhausted_accounts()
+    for bad in ("12", None, True, float("nan"), float("inf")):
+        with pytest.raises(InvalidJob) as caught:
+            grant_fast_seconds("a", bad)
+        assert caught.value.field == "seconds"
+    with pytest.raises(InvalidJob) as caught:
+        grant_fast_seconds("bad account", 1)
+    assert caught.value.field == "account"
