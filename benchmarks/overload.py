@@ -11,9 +11,14 @@ order), then:
    (printed), heartbeat 0.5 s.
 2. **one trial per mode** (``--repeats`` times, the order alternating): an
    open-loop generator offers jobs at ``2x`` capacity, evenly spaced, for
-   ``--duration`` seconds: 20% fast, 30% standard, 50% relaxed, from four
-   accounts, the same seeded sequence in both modes. Then it waits (at most
-   ``--drain`` seconds) for every accepted job to finish.
+   ``--duration`` seconds: by default (``--mix``) 20% fast, 30% standard, 50%
+   relaxed, from four accounts, the same seeded sequence in both modes. Then
+   it waits (at most ``--drain`` seconds) for every accepted job to finish.
+
+With the default mix, fast + standard alone offer about 1x capacity: strict
+lane order already keeps them moving, so the policy has little to do. With
+``--mix 30,40,30`` they offer 1.4x, the standard lane cannot keep up, and
+what the policy does about it (downgrades, deadline moves) shows.
 
 *gpulanes*: ``submit(...)`` with its defaults (standard may move down, fast
 may not), beat running: heartbeats, the overload policy with hysteresis, the
@@ -40,10 +45,14 @@ moment the job was published. ``within budget`` is the share of jobs of that
 tier whose latency met its lane budget (fast, standard). ``moved down``
 counts ``downgrade_reason``s; ``ran in`` the lanes jobs actually ran in.
 ``no result`` counts accepted jobs without a result when the wait ended: it
-must be 0. The second table is per mode: offered and achieved submit rates,
-jobs served per second, the mean latency over all jobs (scheduling moves
-waiting between jobs, it cannot remove it: at equal throughput this mean is
-about the same in both modes), and the drain time after the window.
+must be 0. The second table is per mode: the rate jobs were really offered,
+jobs served per second over window + drain, the mean latency over all jobs
+(scheduling moves waiting between jobs, it cannot remove it: at equal
+throughput this mean is about the same in both modes), the drain time after
+the window, the client's CPU per job offered (its threads included) and the
+CPU beat used, as a share of one core (0 in plain mode: no beat). The lines
+under the tables compare the modes; the first says how hard the pool was
+really driven, measured against what it served in plain mode.
 """
 from __future__ import annotations
 
@@ -68,13 +77,14 @@ if str(ROOT) not in sys.path:  # run as a script: make the project importable
 
 MODES = ("gpulanes", "plain")
 TIERS = ("fast", "standard", "relaxed")
-MIX = {"fast": 0.2, "standard": 0.3, "relaxed": 0.5}
+DEFAULT_MIX = "20,30,50"
 ACCOUNTS = ("acme", "globex", "initech", "umbrella")
 PROMPT = "a lighthouse in a storm"
 LOAD_FACTOR = 2.0
 FAST_BUDGET_JOBS, STANDARD_BUDGET_JOBS = 10, 60
 HEARTBEAT_S = 0.5
-CAPACITY_JOBS = 48
+CAPACITY_JOBS = 150
+WARMUP_JOBS = 12
 
 
 @dataclass(frozen=True)
@@ -152,7 +162,7 @@ def measure_capacity(size: JobSize, workers: int) -> tuple[float, float]:
     """(jobs/s of the pool, mean run_ms) from a burst through all lanes, after a warm-up."""
     from celery.result import ResultSet
 
-    warm = [send("plain", TIERS[i % 3], ACCOUNTS[0], i, size) for i in range(2 * workers)]
+    warm = [send("plain", TIERS[i % 3], ACCOUNTS[0], i, size) for i in range(WARMUP_JOBS)]
     ResultSet(warm).get(timeout=120)
     burst = [send("plain", TIERS[i % 3], ACCOUNTS[i % 4], i, size) for i in range(CAPACITY_JOBS)]
     done = ResultSet(burst).get(timeout=300)
@@ -178,7 +188,15 @@ class Beat:
                               "--loglevel", "INFO"], env=self.env, stdout=log,
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
-        wait_for_live_view(time.time(), self.process)
+        wait_for_live_view(self.client, time.time(), self.process)
+
+    def cpu_s(self) -> float:
+        """CPU seconds beat has used so far (Linux ``/proc``; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, AttributeError, IndexError):
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -191,12 +209,15 @@ class Beat:
         self.process = None
 
 
-def wait_for_live_view(since: float, process: subprocess.Popen, timeout_s: float = 60) -> None:
+def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
+                       timeout_s: float = 60) -> None:
     """Block until this process routes from a snapshot beat wrote after ``since``."""
+    from routing.names import SNAPSHOT_KEY
     from tasks.api import snapshot_cache
 
     deadline = time.monotonic() + timeout_s
-    while (view := snapshot_cache().view()) is None or view.at < since:
+    while not client.exists(SNAPSHOT_KEY) or (view := snapshot_cache().view()) is None \
+            or view.at < since:
         if process.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError("beat wrote no snapshot; see logs/beat.log")
         time.sleep(0.1)
@@ -213,12 +234,15 @@ class Trial:
     drain_s: float = 0.0
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     queued_at_deadline: int = 0
+    client_cpu_s: float = 0.0
+    beat_cpu_s: float = 0.0
 
 
-def workload(rate: float, duration_s: float, seed: int) -> list[tuple[float, str, str]]:
+def workload(rate: float, duration_s: float, mix: dict[str, float],
+             seed: int) -> list[tuple[float, str, str]]:
     """(offset s, tier, account) of every job: evenly spaced, tiers and accounts drawn."""
     rng = random.Random(seed)
-    tiers, weights = list(MIX), list(MIX.values())
+    tiers, weights = list(mix), list(mix.values())
     return [(i / rate, rng.choices(tiers, weights)[0], rng.choice(ACCOUNTS))
             for i in range(int(rate * duration_s))]
 
@@ -227,7 +251,7 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], size: JobSize) -> No
     """Open loop: each job at its time (at once when late), whatever the backlog."""
     from tasks.errors import LaneFull
 
-    began = time.monotonic()
+    began, cpu = time.monotonic(), time.process_time()
     for seed, (offset, tier, account) in enumerate(plan):
         pause = began + offset - time.monotonic()
         if pause > 0:
@@ -237,6 +261,7 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], size: JobSize) -> No
         except LaneFull:
             trial.refused[tier] += 1
     trial.offered, trial.submit_s = len(plan), time.monotonic() - began
+    trial.client_cpu_s = time.process_time() - cpu  # this process, its threads included
 
 
 def lanes_depth() -> int:
@@ -269,6 +294,7 @@ def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) 
             beat.start()
         offer(trial, plan, size)
         drain(trial, drain_s)
+        trial.beat_cpu_s = beat.cpu_s() if mode == "gpulanes" else 0.0
     finally:
         beat.stop()
     return trial
@@ -315,6 +341,9 @@ def mode_row(trials: list[Trial]) -> dict[str, Any]:
         "mean_latency_s": statistics.fmean(latency_s(r) for r in done) if done else None,
         "drain_s": statistics.fmean(t.drain_s for t in trials),
         "queued_at_deadline": sum(t.queued_at_deadline for t in trials),
+        "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
+        / max(1, sum(t.offered for t in trials)),
+        "beat_cpu_share": sum(t.beat_cpu_s for t in trials) / busy_s,
     }
 
 
@@ -350,36 +379,59 @@ def tier_table(tiers: dict[str, dict[str, dict]]) -> str:
 
 def mode_table(modes: dict[str, dict]) -> str:
     lines = ["| mode | offered jobs/s | accepted | served jobs/s | mean latency s "
-             "| drain s | still queued at deadline |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| drain s | still queued at deadline | client CPU ms/job | beat CPU (of one core) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode in MODES:
         m = modes[mode]
         lines.append(f"| {mode} | {m['offered_jobs_s']:.1f} | {m['accepted']} "
                      f"| {m['served_jobs_s']:.1f} | {fmt(m['mean_latency_s'])} "
-                     f"| {m['drain_s']:.1f} | {m['queued_at_deadline']} |")
+                     f"| {m['drain_s']:.1f} | {m['queued_at_deadline']} "
+                     f"| {m['client_cpu_ms_per_job']:.2f} | {m['beat_cpu_share']:.0%} |")
     return "\n".join(lines)
 
 
 def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:
-    """'<tier> <key> gpulanes X vs plain Y (better|worse|same)' for a lower-is-better key."""
+    """'<tier> gpulanes X vs plain Y (better|worse|same)' for a lower-is-better key."""
     g, p = tiers["gpulanes"][tier][key], tiers["plain"][tier][key]
     if g is None or p is None:
-        return f"{tier} {key}: n/a"
-    word = "same" if abs(g - p) <= 0.05 * max(p, 1e-9) else "better" if g < p else "worse"
-    return f"{tier} {key} {g:.2f} vs {p:.2f} ({word} with gpulanes)"
+        return f"{tier} n/a"
+    word = "within 5%" if abs(g - p) <= 0.05 * max(p, 1e-9) else "better" if g < p else "worse"
+    return f"{tier} {g:.2f} vs {p:.2f} ({word})"
+
+
+def load_line(report: dict[str, Any]) -> str:
+    """How hard the pool was really driven, against what plain mode actually served."""
+    served = report["summary"]["modes"]["plain"]["served_jobs_s"]
+    above = sum(report["mix"][t] for t in ("fast", "standard")) * report["offered_jobs_s"]
+    return (f"offered {report['offered_jobs_s']:.1f} jobs/s = {report['offered_jobs_s'] / served:.2f}x "
+            f"what the pool served in plain mode ({served:.1f}/s); fast+standard alone "
+            f"{above:.1f}/s = {above / served:.2f}x")
+
+
+def policy_line(tiers: dict[str, dict[str, dict]]) -> str:
+    moved = Counter()
+    for row in tiers["gpulanes"].values():
+        moved.update(row["moved"])
+    if not moved:
+        return ("the gpulanes policy never moved a job: both modes ran the same lanes in the "
+                "same order, so any gap between them is beat/submit overhead or noise")
+    return f"gpulanes moved jobs down: {counts(dict(moved))}"
 
 
 def verdict(report: dict[str, Any]) -> list[str]:
     tiers, modes = report["summary"]["tiers"], report["summary"]["modes"]
     lost = sum(r["no_result"] for m in MODES for r in tiers[m].values())
-    share = [tiers[m]["fast"]["within_budget"] for m in MODES]
-    lines = [f"fast jobs within the {report['budgets']['fast_s']:.2f}s fast budget: "
-             f"gpulanes {fmt(share[0], '{:.0%}')}, plain {fmt(share[1], '{:.0%}')}",
-             "; ".join(compare(tiers, t, "p95_s") for t in TIERS) + " (seconds, p95)",
-             f"mean latency over all jobs: gpulanes {fmt(modes['gpulanes']['mean_latency_s'])}s,"
-             f" plain {fmt(modes['plain']['mean_latency_s'])}s (policy moves waiting between "
-             "tiers; it adds no capacity)",
-             f"jobs without a result: {lost} (must be 0)"]
-    return lines
+    within = {t: [fmt(tiers[m][t]["within_budget"], "{:.0%}") for m in MODES]
+              for t in ("fast", "standard")}
+    return [load_line(report), policy_line(tiers),
+            "within budget (gpulanes / plain): " + ", ".join(
+                f"{t} {g} / {p}" for t, (g, p) in within.items()),
+            "p95 latency s, gpulanes vs plain: " + "; ".join(
+                compare(tiers, t, "p95_s") for t in TIERS),
+            f"mean latency over all jobs: gpulanes {fmt(modes['gpulanes']['mean_latency_s'])}s,"
+            f" plain {fmt(modes['plain']['mean_latency_s'])}s (a policy moves waiting between "
+            "tiers; it adds no capacity)",
+            f"jobs without a result: {lost} (must be 0)"]
 
 
 # --- driver ------------------------------------------------------------------------------
@@ -390,6 +442,7 @@ class Settings:
     drain_s: float
     repeats: int
     size: JobSize
+    mix: dict[str, float]
     seed: int
 
 
@@ -402,7 +455,7 @@ def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]
           f"{budgets.job_s * 1000:.1f} ms); offering {rate:.1f} jobs/s; budgets fast "
           f"{budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s", file=sys.stderr, flush=True)
     beat = Beat(cluster, budgets, state_dir / "logs")
-    plan, trials = workload(rate, settings.duration_s, settings.seed), []
+    plan, trials = workload(rate, settings.duration_s, settings.mix, settings.seed), []
     for repeat in range(settings.repeats):
         for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
             trials.append(run_trial(mode, beat, plan, settings.size, settings.drain_s))
@@ -411,6 +464,7 @@ def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]
                   f"refused {sum(t.refused.values())}, drained in {t.drain_s:.1f}s",
                   file=sys.stderr, flush=True)
     return {"capacity_jobs_s": capacity, "run_ms": run_ms, "offered_jobs_s": rate,
+            "mix": settings.mix,
             "budgets": asdict(budgets), "summary": summary(trials, budgets)}
 
 
@@ -442,6 +496,14 @@ def check_size(size: JobSize) -> None:
         raise SystemExit(f"benchmarks/overload.py: bad --steps/--size: {exc}") from exc
 
 
+def tier_mix(raw: str) -> dict[str, float]:
+    """``"20,30,50"`` -> {"fast": 0.2, "standard": 0.3, "relaxed": 0.5}."""
+    parts = [float(x) for x in raw.split(",")]
+    if len(parts) != len(TIERS) or min(parts) < 0 or sum(parts) <= 0:
+        raise argparse.ArgumentTypeError("expected three non-negative percentages")
+    return {tier: part / sum(parts) for tier, part in zip(TIERS, parts)}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/overload.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -453,6 +515,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=1, help="trials per mode (default: 1)")
     parser.add_argument("--steps", type=int, default=16, help="denoising steps per job")
     parser.add_argument("--size", type=int, default=128, help="image side in pixels")
+    parser.add_argument("--mix", type=tier_mix, default=tier_mix(DEFAULT_MIX),
+                        help="percent fast,standard,relaxed (default: %s)" % DEFAULT_MIX)
     parser.add_argument("--seed", type=int, default=7, help="seed of the job sequence")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     args = parser.parse_args(argv)
@@ -469,7 +533,9 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     for line in verdict(report):
         print(f"- {line}")
     b = report["budgets"]
-    print(f"{settings.workers} CPU workers, {settings.size.steps} steps at "
+    mix = "/".join(f"{settings.mix[t]:.0%}" for t in TIERS)
+    print(f"mix fast/standard/relaxed {mix}; {settings.workers} CPU workers, "
+          f"{settings.size.steps} steps at "
           f"{settings.size.size}px: capacity {report['capacity_jobs_s']:.1f} jobs/s, offered "
           f"{report['offered_jobs_s']:.1f} jobs/s for {settings.duration_s:g}s per trial, "
           f"{settings.repeats} repeat(s); budgets fast {b['fast_s']:.2f}s, standard "
@@ -479,7 +545,7 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = Settings(args.workers, args.duration, args.drain or 2 * args.duration + 30,
-                        args.repeats, JobSize(args.steps, args.size), args.seed)
+                        args.repeats, JobSize(args.steps, args.size), args.mix, args.seed)
     began = time.monotonic()
     state_dir = Path(tempfile.mkdtemp(prefix="gl-ovl-", dir="/tmp"))  # short: socket path
     try:

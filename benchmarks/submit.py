@@ -23,8 +23,11 @@ hits both alike. Each round's AsyncResults are kept until its clock stops
 Redis does not grow. One unrecorded warm-up round per mode runs first.
 
 Reading the table: jobs/s per mode over all rounds (total jobs / total
-time), the median round, and the per-call time that implies; the ratio
-submit/apply_async is the headline (goal: >= 0.9x). The lower rows time the
+time), the median round, and the per-call time that implies. Two ratios
+submit/apply_async follow: of the totals, and the median of the per-round
+ratios (each round runs both modes back to back, so a slow stretch of the
+machine hits both sides of one pair; this is the headline, goal >= 0.9x,
+and the verdict names both). The lower rows time the
 pure parts of ``submit()`` alone, in-process and without Redis: ``validate``,
 the snapshot ``view()``, ``decide()`` and all three in a row, in microseconds
 per call; compare their sum with the per-call gap between the two modes.
@@ -219,7 +222,12 @@ def summary(seconds: dict[str, list[float]], per_round: int) -> dict[str, dict[s
     return out
 
 
-def table(modes: dict[str, dict[str, float]], pure: dict[str, float]) -> str:
+def paired_ratio(seconds: dict[str, list[float]]) -> float:
+    """Median over rounds of submit's rate / apply_async's rate in the same round."""
+    return statistics.median(a / s for s, a in zip(seconds["submit"], seconds["apply_async"]))
+
+
+def table(modes: dict[str, dict[str, float]], pure: dict[str, float], paired: float) -> str:
     """The markdown table printed at the end."""
     ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
     lines = ["| what | jobs/s (all rounds) | jobs/s (median round) | µs per call |",
@@ -230,17 +238,18 @@ def table(modes: dict[str, dict[str, float]], pure: dict[str, float]) -> str:
         lines.append(f"| {label} | {m['jobs_s']:.0f} | {m['median_round_jobs_s']:.0f} "
                      f"| {m['us_per_call']:.0f} |")
     gap = modes["submit"]["us_per_call"] - modes["apply_async"]["us_per_call"]
-    lines.append(f"| ratio submit / apply_async | {ratio:.2f}x | | gap {gap:+.0f} |")
+    lines.append(f"| ratio submit / apply_async | {ratio:.3f}x | {paired:.3f}x (paired) "
+                 f"| gap {gap:+.0f} |")
     for part, us in pure.items():
         lines.append(f"| pure part: {part} | | | {us:.1f} |")
     return "\n".join(lines)
 
 
-def verdict(modes: dict[str, dict[str, float]]) -> str:
+def verdict(modes: dict[str, dict[str, float]], paired: float) -> str:
     ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
-    met = "met" if ratio >= GOAL_RATIO else "NOT met"
-    return (f"submit() publishes at {ratio:.2f}x the rate of a plain apply_async "
-            f"(goal >= {GOAL_RATIO:g}x: {met}).")
+    met = "met" if paired >= GOAL_RATIO else "NOT met"
+    return (f"submit() publishes at {paired:.3f}x the rate of a plain apply_async, median of "
+            f"paired rounds ({ratio:.3f}x over all rounds); goal >= {GOAL_RATIO:g}x: {met}.")
 
 
 def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
@@ -258,7 +267,7 @@ def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
         writer.stop()
         server.stop()
     return {"modes": summary(seconds, max(1, args.jobs // args.rounds)), "pure_us": pure,
-            "seconds": seconds}
+            "paired_ratio": paired_ratio(seconds), "seconds": seconds}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -287,8 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
     report["wall_s"] = round(time.monotonic() - began, 1)
-    print(table(report["modes"], report["pure_us"]))
-    print(verdict(report["modes"]))
+    print(table(report["modes"], report["pure_us"], report["paired_ratio"]))
+    print(verdict(report["modes"], report["paired_ratio"]))
     print(f"{args.jobs // args.rounds * args.rounds} jobs per mode in {args.rounds} rounds, "
           f"one process, embedded Redis; total wall time {report['wall_s']:.1f}s")
     if args.json:

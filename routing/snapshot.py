@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from typing import Callable, Mapping
 
 from routing.names import LANES
@@ -20,21 +21,31 @@ from routing.policy import PolicyView
 log = logging.getLogger(__name__)
 
 
-def view_from_snapshot(snapshot: dict, extra_depth: Mapping[str, int],
-                       max_depth: Mapping[str, int]) -> PolicyView:
-    """The routing view of a snapshot, counting jobs this process sent since."""
-    lanes = snapshot.get("lanes", {})
-    depth = {lane: lanes.get(lane, {}).get("depth", 0) + extra_depth.get(lane, 0)
-             for lane in LANES}
-    policy = snapshot.get("policy", {})
+def base_view(snapshot: dict) -> PolicyView:
+    """The routing view of a snapshot, lane fullness aside (built once per snapshot)."""
+    lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
     return PolicyView(
         at=snapshot["at"],
         overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
-        full=frozenset(lane for lane in LANES if depth[lane] >= max_depth[lane]),
         exhausted=frozenset(snapshot.get("exhausted", ())),
         levels=snapshot.get("levels", {}),
         retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
     )
+
+
+def full_lanes(snapshot: dict, sent: Mapping[str, int],
+               max_depth: Mapping[str, int]) -> frozenset[str]:
+    """Lanes at their maximum depth, counting jobs this process sent since the snapshot."""
+    lanes = snapshot.get("lanes", {})
+    return frozenset(lane for lane in LANES
+                     if lanes.get(lane, {}).get("depth", 0) + sent.get(lane, 0)
+                     >= max_depth[lane])
+
+
+def view_from_snapshot(snapshot: dict, sent: Mapping[str, int],
+                       max_depth: Mapping[str, int]) -> PolicyView:
+    """The full routing view of a snapshot."""
+    return replace(base_view(snapshot), full=full_lanes(snapshot, sent, max_depth))
 
 
 class SnapshotCache:
@@ -45,6 +56,7 @@ class SnapshotCache:
         self.fetch, self.refresh_s, self.stale_s = fetch, refresh_s, stale_s
         self.max_depth, self.clock = dict(max_depth), clock
         self._snapshot: dict | None = None
+        self._base: PolicyView | None = None
         self._sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -66,6 +78,7 @@ class SnapshotCache:
             with self._lock:
                 if self._snapshot is None or snapshot["at"] != self._snapshot["at"]:
                     self._snapshot, self._sent = snapshot, {}
+                    self._base = base_view(snapshot)
 
     def _loop(self) -> None:
         while True:
@@ -90,7 +103,7 @@ class SnapshotCache:
         """The current view, or None when there is no fresh snapshot."""
         self.start()
         with self._lock:
-            snapshot, sent = self._snapshot, dict(self._sent)
+            snapshot, base, sent = self._snapshot, self._base, dict(self._sent)
         age_s = None if snapshot is None else self.clock() - snapshot["at"]
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
@@ -99,4 +112,4 @@ class SnapshotCache:
                 self._warned = True
             return None
         self._warned = False
-        return view_from_snapshot(snapshot, sent, self.max_depth)
+        return replace(base, full=full_lanes(snapshot, sent, self.max_depth))
