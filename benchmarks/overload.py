@@ -1,58 +1,45 @@
 """One worker pool driven at 2x its capacity: gpulanes against plain Celery lanes.
 
-``python benchmarks/overload.py`` starts one local cluster (an embedded Redis
-and ``--workers`` CPU workers, all consuming ``fast,standard,relaxed`` in that
-order), then:
+``python benchmarks/overload.py`` starts one local cluster (an embedded Redis,
+``--workers`` CPU workers consuming ``fast,standard,relaxed`` in that order, no
+beat) and then:
 
-1. **capacity**: a burst of jobs of the chosen size (``--steps``, ``--size``)
-   through all three lanes; the pool's jobs/s is the sum over workers of one
-   over their start-to-start time. One *job-time* is ``workers / capacity``.
-   The gpulanes budgets are set from it: fast ``10`` job-times, standard ``60``
-   (printed), heartbeat 0.5 s.
-2. **one trial per mode** (``--repeats`` times, the order alternating): an
-   open-loop generator offers jobs at ``2x`` capacity, evenly spaced, for
-   ``--duration`` seconds: by default (``--mix``) 20% fast, 30% standard, 50%
-   relaxed, from four accounts, the same seeded sequence in both modes. Then
-   it waits (at most ``--drain`` seconds) for every accepted job to finish.
+1. **capacity**: a burst through all three lanes of jobs of one size
+   (``--steps``, ``--size``); the pool's jobs/s is the sum over workers of one
+   over their start-to-start time, and one *job-time* is ``workers / capacity``.
+   The gpulanes budgets follow from it (fast 10, standard 60 job-times) and are
+   printed; heartbeat 0.5 s.
+2. **a trial per mode** (``--repeats`` each, the order alternating): an open
+   loop offers evenly spaced jobs at 2x capacity for ``--duration`` s, by
+   default 20% fast, 30% standard, 50% relaxed (``--mix``) from four accounts,
+   the same seeded sequence in both modes; then it waits (at most ``--drain``
+   s) for every accepted job. With the default mix fast+standard alone offer
+   about 1x capacity; ``--mix 30,40,30`` makes them 1.4x, where the policy
+   has real work to do.
 
-With the default mix, fast + standard alone offer about 1x capacity: strict
-lane order already keeps them moving, so the policy has little to do. With
-``--mix 30,40,30`` they offer 1.4x, the standard lane cannot keep up, and
-what the policy does about it (downgrades, deadline moves) shows.
+*gpulanes*: ``submit()`` with its defaults (standard may move down, fast may
+not), beat running heartbeats, the overload policy and the deadline mover;
+``LaneFull`` refusals are counted apart (the caller is told). *plain*:
+``generate.apply_async(kwargs=..., queue=tier)`` into the same three queues,
+read in the same order by the same workers, with no policy. Beat's movers
+would move plain jobs too, and budgets "too high to matter" would still leave
+beat's CPU in the plain trial, so the cluster has no beat: this script starts
+one (fresh snapshot, fresh hysteresis) for each gpulanes trial only and stops
+it once that trial's jobs are done. In both modes accounts have ample fast
+seconds and fair-relax levels stay 0 (relaxed is FIFO): those features answer
+other questions.
 
-*gpulanes*: ``submit(...)`` with its defaults (standard may move down, fast
-may not), beat running: heartbeats, the overload policy with hysteresis, the
-queue-wait deadline mover. ``LaneFull`` refusals are counted apart: the caller
-is told, so they are refused, not lost. *plain*: ``generate.apply_async(
-kwargs=..., queue=tier)`` into the same three queues, read in the same
-priority order by the same workers, and no policy at all.
-
-Honesty of the plain mode: beat's movers would also move plain jobs that
-waited past a budget, so the plain trial must run without beat. Budgets
-"too high to matter" would still leave beat's heartbeats and CPU in the
-plain trial and make it depend on a tuning choice; instead the cluster
-itself has no beat, and this script starts a beat process (a fresh
-snapshot, fresh hysteresis) for each gpulanes trial only, and stops it once
-that trial's jobs are all done. Workers and Redis are the same processes in
-both modes. Two settings are neutralised in both modes, since they answer
-other questions: every account has ample fast seconds (no
-``fast_time_exhausted``) and fair-relax levels stay at 0 (a huge
-``GPULANES_FAIR_UNIT_S``), so relaxed is FIFO in both modes.
-
-Reading the table: one row per (requested tier, mode). Latency is what the
-worker measures, queue wait plus run time (``queued_ms + run_ms``), from the
-moment the job was published. ``within budget`` is the share of jobs of that
-tier whose latency met its lane budget (fast, standard). ``moved down``
-counts ``downgrade_reason``s; ``ran in`` the lanes jobs actually ran in.
-``no result`` counts accepted jobs without a result when the wait ended: it
-must be 0. The second table is per mode: the rate jobs were really offered,
-jobs served per second over window + drain, the mean latency over all jobs
-(scheduling moves waiting between jobs, it cannot remove it: at equal
-throughput this mean is about the same in both modes), the drain time after
-the window, the client's CPU per job offered (its threads included) and the
-CPU beat used, as a share of one core (0 in plain mode: no beat). The lines
-under the tables compare the modes; the first says how hard the pool was
-really driven, measured against what it served in plain mode.
+Reading the tables: one row per (requested tier, mode). Latency is what the
+worker measures, ``queued_ms + run_ms``, from publishing. ``within budget``:
+share of the tier's jobs whose latency met its lane budget. ``moved down``:
+``downgrade_reason`` counts, with those jobs' median latency; ``ran in``: the
+lanes they really ran in; ``no result``: accepted jobs with no result when the
+wait ended (must be 0). Per mode: the rate really offered, jobs served per
+second over window + drain, the mean latency of all jobs (scheduling moves
+waiting between jobs, it adds no capacity), the drain time, the client's CPU
+per job and beat's CPU as a share of one core. The lines below compare the
+modes; the first says how hard the pool was really driven, against what it
+served in plain mode.
 """
 from __future__ import annotations
 
@@ -292,9 +279,10 @@ def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) 
     try:
         if mode == "gpulanes":
             beat.start()
+        beat_cpu_s = beat.cpu_s()  # beat's start-up is not the trial's cost
         offer(trial, plan, size)
         drain(trial, drain_s)
-        trial.beat_cpu_s = beat.cpu_s() if mode == "gpulanes" else 0.0
+        trial.beat_cpu_s = beat.cpu_s() - beat_cpu_s
     finally:
         beat.stop()
     return trial
@@ -322,12 +310,20 @@ def tier_row(trials: list[Trial], tier: str, budgets: Budgets) -> dict[str, Any]
         "accepted": len(outs), "refused": sum(t.refused[tier] for t in trials),
         "p50_s": percentile(lat, 0.50), "p95_s": percentile(lat, 0.95),
         "within_budget": (sum(x <= budget for x in lat) / len(lat)) if budget and lat else None,
-        "moved": dict(Counter(r.get("downgrade_reason") for r in done
-                              if r.get("downgrade_reason"))),
+        "moved": moved_latency(done),
         "ran_in": dict(Counter(r["lane"] for r in done)),
         "failed": sum(o["state"] == "failed" for o in outs),
         "no_result": sum(o["state"] == "missing" for o in outs),
     }
+
+
+def moved_latency(done: list[dict]) -> dict[str, tuple[int, float]]:
+    """downgrade_reason -> (jobs, their median latency s)."""
+    by_reason: dict[str, list[float]] = {}
+    for r in done:
+        if r.get("downgrade_reason"):
+            by_reason.setdefault(r["downgrade_reason"], []).append(latency_s(r))
+    return {k: (len(v), statistics.median(v)) for k, v in sorted(by_reason.items())}
 
 
 def mode_row(trials: list[Trial]) -> dict[str, Any]:
@@ -359,8 +355,10 @@ def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
     return "-" if value is None else pattern.format(value)
 
 
-def counts(mapping: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted(mapping.items())) or "-"
+def counts(mapping: dict[str, Any]) -> str:
+    """{"a": 3} -> "a 3"; {"a": (3, 1.5)} -> "a 3 (p50 1.5s)"."""
+    return ", ".join(f"{k} {v[0]} (p50 {v[1]:.1f}s)" if isinstance(v, (tuple, list))
+                     else f"{k} {v}" for k, v in sorted(mapping.items())) or "-"
 
 
 def tier_table(tiers: dict[str, dict[str, dict]]) -> str:
@@ -403,19 +401,19 @@ def load_line(report: dict[str, Any]) -> str:
     """How hard the pool was really driven, against what plain mode actually served."""
     served = report["summary"]["modes"]["plain"]["served_jobs_s"]
     above = sum(report["mix"][t] for t in ("fast", "standard")) * report["offered_jobs_s"]
-    return (f"offered {report['offered_jobs_s']:.1f} jobs/s = {report['offered_jobs_s'] / served:.2f}x "
-            f"what the pool served in plain mode ({served:.1f}/s); fast+standard alone "
-            f"{above:.1f}/s = {above / served:.2f}x")
+    offered = report["offered_jobs_s"]
+    return (f"offered {offered:.1f} jobs/s = {offered / served:.2f}x what the pool served in "
+            f"plain mode ({served:.1f}/s); fast+standard alone {above:.1f}/s = "
+            f"{above / served:.2f}x")
 
 
 def policy_line(tiers: dict[str, dict[str, dict]]) -> str:
-    moved = Counter()
-    for row in tiers["gpulanes"].values():
-        moved.update(row["moved"])
+    moved = Counter({f"{tier} {reason}": n for tier, row in tiers["gpulanes"].items()
+                     for reason, (n, _) in row["moved"].items()})
     if not moved:
         return ("the gpulanes policy never moved a job: both modes ran the same lanes in the "
                 "same order, so any gap between them is beat/submit overhead or noise")
-    return f"gpulanes moved jobs down: {counts(dict(moved))}"
+    return f"gpulanes moved jobs down (requested tier, reason): {counts(dict(moved))}"
 
 
 def verdict(report: dict[str, Any]) -> list[str]:
@@ -464,8 +462,7 @@ def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]
                   f"refused {sum(t.refused.values())}, drained in {t.drain_s:.1f}s",
                   file=sys.stderr, flush=True)
     return {"capacity_jobs_s": capacity, "run_ms": run_ms, "offered_jobs_s": rate,
-            "mix": settings.mix,
-            "budgets": asdict(budgets), "summary": summary(trials, budgets)}
+            "mix": settings.mix, "budgets": asdict(budgets), "summary": summary(trials, budgets)}
 
 
 def benchmark(settings: Settings, state_dir: Path) -> dict[str, Any]:
@@ -511,7 +508,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration", type=float, default=30.0,
                         help="seconds of offered load per trial (default: 30)")
     parser.add_argument("--drain", type=float, default=None,
-                        help="longest wait for the backlog after a window (default: 2x duration+30)")
+                        help="longest wait for the backlog (default: 2 x duration + 30)")
     parser.add_argument("--repeats", type=int, default=1, help="trials per mode (default: 1)")
     parser.add_argument("--steps", type=int, default=16, help="denoising steps per job")
     parser.add_argument("--size", type=int, default=128, help="image side in pixels")
@@ -535,10 +532,10 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     b = report["budgets"]
     mix = "/".join(f"{settings.mix[t]:.0%}" for t in TIERS)
     print(f"mix fast/standard/relaxed {mix}; {settings.workers} CPU workers, "
-          f"{settings.size.steps} steps at "
-          f"{settings.size.size}px: capacity {report['capacity_jobs_s']:.1f} jobs/s, offered "
-          f"{report['offered_jobs_s']:.1f} jobs/s for {settings.duration_s:g}s per trial, "
-          f"{settings.repeats} repeat(s); budgets fast {b['fast_s']:.2f}s, standard "
+          f"{settings.size.steps} steps at {settings.size.size}px: capacity "
+          f"{report['capacity_jobs_s']:.1f} jobs/s, offered {report['offered_jobs_s']:.1f} "
+          f"jobs/s for {settings.duration_s:g}s per trial, {settings.repeats} repeat(s); "
+          f"budgets fast {b['fast_s']:.2f}s, standard "
           f"{b['standard_s']:.2f}s; total wall time {report['wall_s']:.1f}s")
 
 

@@ -39,12 +39,11 @@ os.environ.update(TEST_ENV)  # before anything imports celeryconfig
 SMALL = dict(steps=4, width=64, height=64)
 
 
-def wait_for_state(result, states=("STARTED",), timeout_s: float = 30.0) -> None:
-    """Poll a job's state until it is one of ``states`` (use gated jobs, so it stays)."""
-    deadline = time.monotonic() + timeout_s
-    while result.state not in states:
-        assert time.monotonic() < deadline, f"job is {result.state}, wanted {states}"
-        time.sleep(0.02)
+def wait_at_gate(result, gate: str, timeout_s: float = 30.0) -> None:
+    """Wait until a ``gate:NAME`` job runs inside the model, held at its gate."""
+    from tests.flaky_model import at_gate
+
+    wait_until(lambda: at_gate(gate), timeout_s, what=f"job {result.id} to reach its gate")
 
 
 def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):

@@ -28,7 +28,15 @@ def open_gate(name: str) -> None:
     path.touch()
 
 
+def at_gate(name: str) -> bool:
+    """Whether a job has reached gate ``name`` (it is inside the model, running)."""
+    return gate_path(name).with_suffix(".reached").exists()
+
+
 def _wait_for_gate(name: str) -> None:
+    reached = gate_path(name).with_suffix(".reached")
+    reached.parent.mkdir(parents=True, exist_ok=True)
+    reached.touch()
     deadline = time.monotonic() + GATE_TIMEOUT_S
     while not gate_path(name).exists() and time.monotonic() < deadline:
         time.sleep(0.005)

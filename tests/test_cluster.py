@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import SMALL, new_gate, wait_for_state
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from routing.names import SNAPSHOT_KEY, WORKERS_KEY
 from tasks import submit
 from tasks.errors import JobFailed
@@ -40,7 +40,7 @@ def test_result_dict_and_png(cluster):
 def test_fast_job_overtakes_relaxed_backlog_on_one_worker(cluster):
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold the worker", tier="relaxed", model="flaky", **SMALL)
-    wait_for_state(blocker)
+    wait_at_gate(blocker, gate)
     backlog = [submit(f"backlog {i}", tier="relaxed", seed=i, **SMALL) for i in range(15)]
     fast = submit("urgent", tier="fast", seed=99, **SMALL)
     open_gate(gate)
@@ -84,19 +84,21 @@ def test_bug_fails_at_once_with_a_clear_error(cluster):
 
 def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     submit("warm it", seed=1, **SMALL).get(timeout=60)
-    deadline = time.monotonic() + 15
-    while True:
-        workers = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
-        info = workers.get(cluster.hostnames[0])
-        if info and "standard" in info["service_ms"]:
-            break
-        assert time.monotonic() < deadline, f"no heartbeat with the job counted: {workers}"
-        time.sleep(0.1)
-    assert info["alive"] and info["device"] == "cpu"
+    host = cluster.hostnames[0]
+
+    def measured_snapshot():  # the first snapshot taken with the job counted
+        snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}")
+        info = snapshot.get("workers", {}).get(host)
+        return snapshot if info and info["alive"] and "standard" in info["service_ms"] else None
+
+    snapshot = wait_until(measured_snapshot, timeout_s=15, what="a heartbeat with the job")
+    info = snapshot["workers"][host]
+    assert info["device"] == "cpu" and info["missed"] == 0
     assert "demo" in info["warm_models"] and info["service_ms"]["standard"] > 0
     assert sum(info["in_flight"].values()) == 0
     assert info["lanes"] == ["fast", "standard", "relaxed"]
-    snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY))
+    stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
+    assert host in stored  # the worker record beat keeps beside the snapshot
     assert set(snapshot["lanes"]) == {"fast", "standard", "relaxed"}
     standard = snapshot["lanes"]["standard"]
     assert standard["workers"] == 1 and standard["depth"] == 0 and standard["service_s"] > 0

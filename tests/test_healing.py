@@ -8,7 +8,7 @@ import time
 import pytest
 
 import celeryconfig as cfg
-from conftest import SMALL, new_gate, wait_for_state, wait_until
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from tasks import submit
 from tests.flaky_model import open_gate
 
@@ -29,7 +29,7 @@ def _pids(app, expected: int) -> dict[str, int] | None:
 def test_killed_workers_jobs_complete_elsewhere_within_seconds(cluster, app):
     gate = new_gate()
     doomed = submit(f"gate:{gate} killed mid-job", model="flaky", tier="fast", **SMALL)
-    wait_for_state(doomed)
+    wait_at_gate(doomed, gate)
     victim = doomed.info  # STARTED meta: the worker's hostname and pid
     stream = [submit(f"stream {i}", tier=("fast", "standard", "relaxed")[i % 3], seed=i, **SMALL)
               for i in range(30)]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import SMALL, new_gate, wait_for_state, wait_until
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from routing.names import SNAPSHOT_KEY
 from tasks import submit
 from tasks.accounts import fast_seconds_left, grant_fast_seconds
@@ -42,7 +42,7 @@ def _view_has(check):
 def test_standard_overload_downgrades_new_jobs_then_recovers(cluster, clean_redis):
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
-    wait_for_state(blocker)
+    wait_at_gate(blocker, gate)
     backlog = [submit(f"backlog {i}", tier="standard", seed=i, downgradable=False, **SMALL)
                for i in range(150)]
     wait_until(lambda: _policy(clean_redis, "standard"), what="standard overloaded")
@@ -97,7 +97,7 @@ def test_full_lanes_spill_down_and_a_full_relaxed_lane_refuses(cluster, monkeypa
     monkeypatch.setattr(cache, "max_depth", {"fast": 2, "standard": 2, "relaxed": 3})
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
-    wait_for_state(blocker)
+    wait_at_gate(blocker, gate)
     started = time.time()
     try:
         _view_has(lambda v: v.at > started)  # a snapshot taken with the blocker running
@@ -133,7 +133,7 @@ def test_relaxed_lane_serves_light_users_first_but_never_starves_heavy_ones(clus
     _view_has(lambda v: v.levels.get("heavy", 0) >= 1)
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
-    wait_for_state(blocker)
+    wait_at_gate(blocker, gate)
     heavy = [submit(f"h{i}", tier="relaxed", account="heavy", **SMALL) for i in range(4)]
     light = [submit(f"l{i}", tier="relaxed", account="light", **SMALL) for i in range(4)]
     open_gate(gate)
@@ -147,7 +147,7 @@ def test_a_heavy_users_job_runs_within_the_aging_bound(cluster):
     _view_has(lambda v: v.levels.get("hog", 0) >= 1)
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
-    wait_for_state(blocker)
+    wait_at_gate(blocker, gate)
     hog = submit("waiting", tier="relaxed", account="hog", **SMALL)
     stream = [submit(f"s{i}", tier="relaxed", account=f"newcomer{i}", steps=40, width=256,
                      height=256) for i in range(60)]

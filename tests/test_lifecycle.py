@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import SMALL, new_gate, wait_for_state
+from conftest import SMALL, new_gate, wait_at_gate
 from gpu_worker.launcher import worker_command, worker_env
 from routing.names import STATS_COMMAND
 from tasks import submit
@@ -81,7 +81,7 @@ def test_sigterm_finishes_the_running_job_and_stops_cleanly(cluster_factory, app
     pids = _worker_pids(app, 2)
     gate = new_gate()
     running = submit(f"gate:{gate} finish me", model="flaky", **SMALL)
-    wait_for_state(running)
+    wait_at_gate(running, gate)
     cluster.supervisor.send_signal(signal.SIGTERM)
     _wait_for_log(cluster.log_dir / "workers.log", "Warm shutdown", count=2)
     assert running.state == "STARTED"  # still held while the workers shut down
@@ -97,7 +97,7 @@ def test_crashed_worker_is_restarted_and_its_job_runs_again(cluster_factory, app
     (host, pid), = _worker_pids(app, 1).items()
     gate = new_gate()
     doomed = submit(f"gate:{gate} killed mid-job", model="flaky", **SMALL)
-    wait_for_state(doomed)
+    wait_at_gate(doomed, gate)
     os.kill(pid, signal.SIGKILL)
     open_gate(gate)
     (new_host, new_pid), = _worker_pids(app, 1, timeout_s=60).items()
