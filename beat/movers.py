@@ -8,8 +8,8 @@ taking it at the same moment is never double-served and nothing is dropped.
   below, marked ``waited_past_budget``: fresh fast jobs can still make their
   budget, and the stale one is still served before that lane's own jobs.
 - In relaxed, heavy users' jobs sit in lower priority levels; one that
-  waited ``GPULANES_FAIR_AGING_S`` climbs a level per round to the front, so
-  light users go first and no account starves.
+  waited ``GPULANES_FAIR_AGING_S`` goes to the front of the first level, so
+  light users go first and no account waits much longer than the aging time.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Callable
 import redis
 
 import celeryconfig as cfg
-from routing.names import FAST, MOVERS_TASK, RELAX_PRIORITIES, RELAXED, STANDARD, lane_keys
+from routing.names import FAST, MOVERS_TASK, RELAXED, STANDARD, lane_keys
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
@@ -87,17 +87,17 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
 
 
 def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -> int:
-    """Lift relaxed jobs older than ``aging_s`` one priority level, to its front."""
+    """Lift relaxed jobs older than ``aging_s`` from any level to the front of level 0."""
     now = time.time() if now is None else now
     keys, moved = lane_keys(RELAXED), 0
-    for level in range(1, len(keys)):
 
-        def due(message: dict, priority=RELAX_PRIORITIES[level - 1]) -> dict | None:
-            if now - _body(message)[1]["submitted_at"] < aging_s:
-                return None
-            return {**message, "properties": {**message["properties"], "priority": priority}}
+    def due(message: dict) -> dict | None:
+        if now - _body(message)[1]["submitted_at"] < aging_s:
+            return None
+        return {**message, "properties": {**message["properties"], "priority": 0}}
 
-        moved += _move_oldest(client, keys[level], keys[level - 1], due)
+    for key in keys[1:]:
+        moved += _move_oldest(client, key, keys[0], due)
     return moved
 
 

@@ -57,15 +57,17 @@ def test_relaxed_is_never_moved_and_nothing_is_lost(clean_redis):
     assert len(relaxed) == 8 and ids <= {m["headers"]["id"] for m in relaxed}
 
 
-def test_old_relaxed_jobs_climb_a_level_per_round(clean_redis):
-    heavy_keys = lane_keys("relaxed")
+def test_old_relaxed_jobs_jump_to_the_front_of_the_first_level(clean_redis):
+    keys = lane_keys("relaxed")
+    light = _publish("relaxed", "relaxed", priority=0, waited_s=1)
     old = _publish("relaxed", "relaxed", priority=9, waited_s=100)
+    older_mid = _publish("relaxed", "relaxed", priority=3, waited_s=200)
     young = _publish("relaxed", "relaxed", priority=9, waited_s=1)
-    assert clean_redis.llen(heavy_keys[3]) == 2
-    for level in (2, 1, 0):
-        assert age_relaxed(clean_redis, aging_s=60) == 1
-        (message,) = _messages(clean_redis, heavy_keys[level])
-        assert message["headers"]["id"] == old
-        assert message["properties"]["priority"] == (0, 3, 6, 9)[level]
+    assert age_relaxed(clean_redis, aging_s=60) == 2
+    first = _messages(clean_redis, keys[0])
+    # next to run (rightmost): the aged jobs, ahead of the light user's fresh one
+    assert [m["headers"]["id"] for m in first][0] == light
+    assert {m["headers"]["id"] for m in first[1:]} == {old, older_mid}
+    assert all(m["properties"]["priority"] == 0 for m in first)
+    assert [m["headers"]["id"] for m in _messages(clean_redis, keys[3])] == [young]
     assert age_relaxed(clean_redis, aging_s=60) == 0
-    assert [m["headers"]["id"] for m in _messages(clean_redis, heavy_keys[3])] == [young]
