@@ -112,6 +112,7 @@ FAIR_UNIT_S = setting("FAIR_UNIT_S", positive(float), 60.0)
 FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)
 
 # --- beat --------------------------------------------------------------------
+# Celery beat schedules in whole seconds: periods under 1 s act as 1 s.
 HEARTBEAT_S = setting("HEARTBEAT_S", positive(float), 1.0)
 HEARTBEAT_REPLY_S = setting("HEARTBEAT_REPLY_S", positive(float), 0.5)
 #: A worker that misses this many heartbeats in a row is dead to routing.

@@ -7,6 +7,7 @@ lanes, step the lane policy, and publish it all as one snapshot in Redis.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -26,6 +27,9 @@ from tasks.celeryapp import app, redis_client
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
 FORGET_AFTER_S = 600.0
+#: One round in this many waits for every reply, to discover new workers.
+DISCOVER_EVERY = 5
+_rounds = itertools.count()
 
 
 def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
@@ -41,9 +45,14 @@ def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
     return record
 
 
-def ask_workers(timeout_s: float) -> dict[str, dict]:
-    """Broadcast the stats command; {hostname: reply} from each worker that answered."""
-    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s)
+def ask_workers(timeout_s: float, expect: int | None = None) -> dict[str, dict]:
+    """Broadcast the stats command; {hostname: reply} from each worker that answered.
+
+    With ``expect``, stop waiting once that many have answered instead of
+    always waiting out ``timeout_s``.
+    """
+    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s,
+                                    limit=expect or None)
     return {host: reply for answer in answers or [] for host, reply in answer.items()
             if isinstance(reply, dict) and "error" not in reply}
 
@@ -96,9 +105,11 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
 def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary."""
     client = redis_client()
-    replies = ask_workers(cfg.HEARTBEAT_REPLY_S)
-    now = time.time()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
+    # Every DISCOVER_EVERY rounds wait the full reply time, so new workers are found.
+    expect = None if next(_rounds) % DISCOVER_EVERY == 0 else len(previous)
+    replies = ask_workers(cfg.HEARTBEAT_REPLY_S, expect)
+    now = time.time()
     workers = merge(previous, replies, now, cfg.MISSES_ALLOWED)
     snapshot = build_snapshot(client, workers, now)
     with client.pipeline() as pipe:

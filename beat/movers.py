@@ -1,12 +1,15 @@
 """Moving queued jobs between Redis lists: queue-wait deadlines and relax aging.
 
-Both look only at the oldest message of a list (kombu pops from the right)
-and move it with one Lua script that checks it is still there, so a worker
-taking it at the same moment is never double-served and nothing is dropped.
+Both read the oldest messages of a list (kombu pops from the right) and move
+each with one Lua script that removes it only if it is still there, so a
+worker taking it at the same moment is never double-served and nothing is
+dropped.
 
-- A job that waited past its lane's budget moves to the *front* of the lane
-  below, marked ``waited_past_budget``: fresh fast jobs can still make their
-  budget, and the stale one is still served before that lane's own jobs.
+- A downgradable job that waited past its lane's budget (counted from when
+  it entered that lane) moves to the *front* of the lane below, marked
+  ``waited_past_budget``: fresh jobs can still make their budget, and the
+  stale one is served before that lane's own jobs. Jobs submitted with
+  ``downgradable=False`` (fast jobs, by default) stay where they are.
 - In relaxed, heavy users' jobs sit in lower priority levels; one that
   waited ``GPULANES_FAIR_AGING_S`` goes to the front of the first level, so
   light users go first and no account waits much longer than the aging time.
@@ -28,13 +31,14 @@ from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 
-_MOVE_OLDEST = """
-if redis.call('LINDEX', KEYS[1], -1) ~= ARGV[1] then return 0 end
-redis.call('RPOP', KEYS[1])
+_MOVE = """
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
 return 1
 """
-#: Messages moved per list per round at most: a round must stay short.
+#: Returned by a ``due`` function: this message and all younger ones stay.
+STOP: dict = {}
+#: Oldest messages looked at per list per round: a round must stay short.
 MOVES_PER_ROUND = 200
 
 
@@ -46,12 +50,12 @@ def _with_body(message: dict, body: list) -> dict:
     return {**message, "body": base64.b64encode(json.dumps(body).encode()).decode()}
 
 
-def demote(message: dict, lane: str, reason: str) -> dict:
-    """The same message, addressed to ``lane``, its route saying why it moved."""
+def demote(message: dict, lane: str, reason: str, now: float) -> dict:
+    """The same message, addressed to ``lane``, its route saying why and when it moved."""
     args, kwargs, embed = _body(message)
     route = kwargs["route"]
     kwargs["route"] = {**route, "lane": lane, "downgraded_from": route["requested_tier"],
-                       "downgrade_reason": reason}
+                       "downgrade_reason": reason, "lane_since": now}
     properties = {**message["properties"],
                   "delivery_info": {"exchange": lane, "routing_key": lane}}
     return {**_with_body(message, [args, kwargs, embed]), "properties": properties}
@@ -59,15 +63,24 @@ def demote(message: dict, lane: str, reason: str) -> dict:
 
 def _move_oldest(client: redis.Redis, source: str, target: str,
                  due: Callable[[dict], dict | None]) -> int:
-    """Move the oldest messages of ``source`` while ``due`` rewrites them."""
-    move, moved = client.register_script(_MOVE_OLDEST), 0
-    while moved < MOVES_PER_ROUND:
-        raw = client.lindex(source, -1)
-        rewritten = None if raw is None else due(json.loads(raw))
-        if rewritten is None:
+    """Move each of the oldest messages of ``source`` that ``due`` rewrites.
+
+    ``due`` returns the rewritten message, None to leave it, or ``STOP`` when
+    it and everything younger are not due yet.
+    """
+    move, moved = client.register_script(_MOVE), 0
+    for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
+        rewritten = due(json.loads(raw))
+        if rewritten is STOP:
             break
-        moved += move(keys=[source, target], args=[raw, json.dumps(rewritten)])
+        if rewritten is not None:
+            moved += move(keys=[source, target], args=[raw, json.dumps(rewritten)])
     return moved
+
+
+def _waited_s(message: dict, now: float) -> float:
+    kwargs = _body(message)[1]
+    return now - kwargs["route"].get("lane_since", kwargs["submitted_at"])
 
 
 def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
@@ -79,8 +92,11 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
         lower = next_lane(lane)
 
         def due(message: dict, lower=lower, budget_s=budget_s) -> dict | None:
-            waited_s = now - _body(message)[1]["submitted_at"]
-            return demote(message, lower, WAITED_PAST_BUDGET) if waited_s >= budget_s else None
+            if _waited_s(message, now) < budget_s:
+                return STOP
+            if not _body(message)[1]["job"].get("downgradable", True):
+                return None
+            return demote(message, lower, WAITED_PAST_BUDGET, now)
 
         moved[lane] = _move_oldest(client, lane_keys(lane)[0], lane_keys(lower)[0], due)
     return moved
@@ -92,8 +108,8 @@ def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -
     keys, moved = lane_keys(RELAXED), 0
 
     def due(message: dict) -> dict | None:
-        if now - _body(message)[1]["submitted_at"] < aging_s:
-            return None
+        if _waited_s(message, now) < aging_s:
+            return STOP
         return {**message, "properties": {**message["properties"], "priority": 0}}
 
     for key in keys[1:]:

@@ -4,9 +4,10 @@
 ``--workers`` CPU workers consuming ``fast,standard,relaxed`` in that order, no
 beat) and then:
 
-1. **capacity**: a burst through all three lanes of jobs of one size
-   (``--steps``, ``--size``); the pool's jobs/s is the sum over workers of one
-   over their start-to-start time, and one *job-time* is ``workers / capacity``.
+1. **capacity**: bursts through all three lanes of jobs of one size
+   (``--steps``, ``--size``); a burst's jobs/s is the sum over workers of one
+   over their start-to-start time; capacity is the best of three bursts (other
+   load on the machine only lowers it); one *job-time* is ``workers / capacity``.
    The gpulanes budgets follow from it (fast 10, standard 60 job-times) and are
    printed; heartbeat 0.5 s.
 2. **a trial per mode** (``--repeats`` each, the order alternating): an open
@@ -44,6 +45,7 @@ served in plain mode.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -70,7 +72,7 @@ PROMPT = "a lighthouse in a storm"
 LOAD_FACTOR = 2.0
 FAST_BUDGET_JOBS, STANDARD_BUDGET_JOBS = 10, 60
 HEARTBEAT_S = 0.5
-CAPACITY_JOBS = 150
+CAPACITY_JOBS, CAPACITY_BURSTS = 60, 3
 WARMUP_JOBS = 12
 
 
@@ -145,15 +147,20 @@ def start_to_start_rate(done: list[dict]) -> float:
     return sum(rates)
 
 
-def measure_capacity(size: JobSize, workers: int) -> tuple[float, float]:
-    """(jobs/s of the pool, mean run_ms) from a burst through all lanes, after a warm-up."""
+def measure_capacity(size: JobSize) -> tuple[float, float]:
+    """(jobs/s of the pool, mean run_ms): the best of a few bursts through all lanes,
+    after a warm-up (load from outside this benchmark can only lower a burst's rate)."""
     from celery.result import ResultSet
 
     warm = [send("plain", TIERS[i % 3], ACCOUNTS[0], i, size) for i in range(WARMUP_JOBS)]
     ResultSet(warm).get(timeout=120)
-    burst = [send("plain", TIERS[i % 3], ACCOUNTS[i % 4], i, size) for i in range(CAPACITY_JOBS)]
-    done = ResultSet(burst).get(timeout=300)
-    return start_to_start_rate(done), statistics.fmean(r["run_ms"] for r in done)
+    bursts = []
+    for _ in range(CAPACITY_BURSTS):
+        jobs = [send("plain", TIERS[i % 3], ACCOUNTS[i % 4], i, size)
+                for i in range(CAPACITY_JOBS)]
+        bursts.append(ResultSet(jobs).get(timeout=300))
+    best = max(bursts, key=start_to_start_rate)
+    return start_to_start_rate(best), statistics.fmean(r["run_ms"] for r in best)
 
 
 # --- beat, for the gpulanes trials only ------------------------------------------------
@@ -251,13 +258,13 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], size: JobSize) -> No
     trial.client_cpu_s = time.process_time() - cpu  # this process, its threads included
 
 
-def lanes_depth() -> int:
-    from beat.heartbeat import lane_depths, redis_client
+def lanes_depth(client: Any) -> int:
+    from beat.heartbeat import lane_depths
 
-    return sum(lane_depths(redis_client()).values())
+    return sum(lane_depths(client).values())
 
 
-def drain(trial: Trial, limit_s: float) -> None:
+def drain(trial: Trial, limit_s: float, client: Any) -> None:
     """Wait (at most ``limit_s``) for every accepted job; record what each became."""
     from celery.exceptions import TimeoutError as CeleryTimeout
     from celery.result import ResultSet
@@ -266,7 +273,7 @@ def drain(trial: Trial, limit_s: float) -> None:
     try:
         ResultSet([r for _, r in trial.accepted]).join_native(timeout=limit_s, propagate=False)
     except CeleryTimeout:
-        trial.queued_at_deadline = lanes_depth()
+        trial.queued_at_deadline = lanes_depth(client)
     trial.drain_s = time.monotonic() - began
     for tier, result in trial.accepted:
         state = "done" if result.successful() else "failed" if result.failed() else "missing"
@@ -281,7 +288,7 @@ def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) 
             beat.start()
         beat_cpu_s = beat.cpu_s()  # beat's start-up is not the trial's cost
         offer(trial, plan, size)
-        drain(trial, drain_s)
+        drain(trial, drain_s, beat.client)
         trial.beat_cpu_s = beat.cpu_s() - beat_cpu_s
     finally:
         beat.stop()
@@ -446,7 +453,7 @@ class Settings:
 
 def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]:
     """Capacity first, then every trial, the mode order alternating per repeat."""
-    capacity, run_ms = measure_capacity(settings.size, settings.workers)
+    capacity, run_ms = measure_capacity(settings.size)
     budgets = Budgets.from_capacity(capacity, settings.workers)
     rate = LOAD_FACTOR * capacity
     print(f"capacity {capacity:.1f} jobs/s (run {run_ms:.1f} ms, job-time "
@@ -472,13 +479,22 @@ def benchmark(settings: Settings, state_dir: Path) -> dict[str, Any]:
 
     cluster = LocalCluster(state_dir, workers=settings.workers, device="cpu", beat=False,
                            log_dir=state_dir / "logs")
+    interrupted = False
     try:
         print(f"starting embedded Redis and {settings.workers} CPU workers ...",
               file=sys.stderr, flush=True)
         cluster.start(app, fresh=True)
         return run_all(cluster, settings, state_dir)
+    except KeyboardInterrupt:
+        # Re-raised only below: leaving this block drops the traceback, so the frames
+        # holding AsyncResults go while Redis still answers (their __del__ unsubscribes;
+        # after Redis stops it would retry for ~20 s at exit).
+        interrupted = True
     finally:
+        if interrupted:
+            gc.collect()
         cluster.stop()
+    raise KeyboardInterrupt
 
 
 def check_size(size: JobSize) -> None:

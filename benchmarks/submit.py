@@ -13,8 +13,8 @@ So that ``submit()`` really routes through ``decide()`` with a live view (not
 the tier-only fallback it takes when the snapshot is stale), a background
 thread stands in for beat: every 0.5 s it writes a realistic snapshot (lane
 depths, policy, two workers, exhausted accounts, relax levels) with a fresh
-``at`` under ``routing.names.SNAPSHOT_KEY``. The run aborts if ``submit()``
-ever sees no live view.
+``at`` under ``routing.names.SNAPSHOT_KEY``. Before every round the run
+checks that ``submit()`` has a live view, and aborts if not.
 
 The ``--jobs`` jobs per mode (tiers in turn: fast, standard, relaxed) run in
 ``--rounds`` interleaved rounds; who goes first alternates, so machine noise
@@ -23,14 +23,17 @@ hits both alike. Each round's AsyncResults are kept until its clock stops
 Redis does not grow. One unrecorded warm-up round per mode runs first.
 
 Reading the table: jobs/s per mode over all rounds (total jobs / total
-time), the median round, and the per-call time that implies. Two ratios
+time), the median round, the wall time per call that implies and the CPU
+time this process spent per call (less sensitive to other load on the
+machine than wall time; it includes the snapshot threads). Two ratios
 submit/apply_async follow: of the totals, and the median of the per-round
 ratios (each round runs both modes back to back, so a slow stretch of the
 machine hits both sides of one pair; this is the headline, goal >= 0.9x,
-and the verdict names both). The lower rows time the
-pure parts of ``submit()`` alone, in-process and without Redis: ``validate``,
-the snapshot ``view()``, ``decide()`` and all three in a row, in microseconds
-per call; compare their sum with the per-call gap between the two modes.
+and the verdict names both). The lower rows time the pure parts of
+``submit()`` alone, in memory with no Redis call: ``validate``, building the
+message body (``Job.as_dict()``), the snapshot ``view()``, ``decide()`` and
+all four in a row, in microseconds per call; compare the last with the
+per-call gaps between the two modes.
 """
 from __future__ import annotations
 
@@ -143,15 +146,15 @@ def assert_live_view() -> None:
                          "the measurement would skip decide()")
 
 
-def timed_batch(mode: str, first: int, n: int) -> float:
-    """Seconds to publish ``n`` jobs; the results are kept until the clock stops."""
+def timed_batch(mode: str, first: int, n: int) -> tuple[float, float]:
+    """(wall s, this process's CPU s) to publish ``n`` jobs; results kept until the clocks stop."""
     send, kept = SENDERS[mode], []
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for i in range(first, first + n):
         kept.append(send(i))
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     del kept  # unsubscribing from the results happens here, off the clock
-    return elapsed
+    return elapsed, cpu
 
 
 def flush_lanes(client: Any) -> None:
@@ -161,19 +164,19 @@ def flush_lanes(client: Any) -> None:
     client.delete(*[key for lane in LANES for key in lane_keys(lane)])
 
 
-def run_rounds(client: Any, jobs: int, rounds: int) -> dict[str, list[float]]:
-    """Seconds per round per mode, the order alternating; a warm-up round first."""
+def run_rounds(client: Any, jobs: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """(wall s, CPU s) per round per mode, the order alternating; a warm-up round first."""
     per_round = max(1, jobs // rounds)
     for mode in MODES:
         timed_batch(mode, 0, min(200, per_round))
     flush_lanes(client)
-    seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
+    seconds: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     for r in range(rounds):
         for mode in (MODES if r % 2 == 0 else MODES[::-1]):
             assert_live_view()
             seconds[mode].append(timed_batch(mode, r * per_round, per_round))
             flush_lanes(client)
-        print(f"  round {r}: " + ", ".join(f"{m} {per_round / seconds[m][-1]:7.0f} jobs/s"
+        print(f"  round {r}: " + ", ".join(f"{m} {per_round / seconds[m][-1][0]:7.0f} jobs/s"
                                            for m in MODES), file=sys.stderr, flush=True)
     return seconds
 
@@ -187,61 +190,70 @@ def per_call_us(fn: Callable[[int], Any], calls: int) -> float:
     return (time.perf_counter() - began) * 1e6 / calls
 
 
-def time_pure(calls: int) -> dict[str, float]:
-    """µs/call of validate, the snapshot view, decide, and all three in a row."""
+def pure_parts() -> dict[str, Callable[[int], Any]]:
+    """The in-memory steps of ``submit()``, each as ``fn(i)``; imports done once, here."""
     from routing.policy import decide
     from tasks.api import snapshot_cache
     from tasks.schema import validate
 
     cache, view = snapshot_cache(), snapshot_cache().view()
-    job = validate(PROMPT, tier="standard", account=ACCOUNT, model="demo", seed=1,
-                   steps=STEPS, width=SIDE, height=SIDE)
 
     def check(i: int) -> Any:
         return validate(PROMPT, tier=TIERS[i % 3], account=ACCOUNT, model="demo", seed=i,
                         steps=STEPS, width=SIDE, height=SIDE)
 
-    def whole(i: int) -> Any:
-        j = check(i)
-        return decide(j.tier, j.account, j.downgradable, cache.view())
+    def routed(i: int) -> Any:
+        job = check(i)
+        return job.as_dict(), decide(job.tier, job.account, job.downgradable, cache.view())
 
-    return {"validate": per_call_us(check, calls),
-            "view": per_call_us(lambda i: cache.view(), calls),
-            "decide": per_call_us(lambda i: decide(TIERS[i % 3], job.account, True, view), calls),
-            "all three": per_call_us(whole, calls)}
+    job = check(1)
+    return {"validate": check, "job.as_dict() (message body)": lambda i: job.as_dict(),
+            "view": lambda i: cache.view(),
+            "decide": lambda i: decide(TIERS[i % 3], job.account, True, view),
+            "all four in a row": routed}
+
+
+def time_pure(calls: int) -> dict[str, float]:
+    """µs/call of validate, the message body, the snapshot view, decide, and all in a row."""
+    return {name: per_call_us(fn, calls) for name, fn in pure_parts().items()}
 
 
 # --- report ----------------------------------------------------------------------
-def summary(seconds: dict[str, list[float]], per_round: int) -> dict[str, dict[str, float]]:
-    """Per mode: total jobs/s, median-round jobs/s, µs per call."""
+def summary(seconds: dict[str, list[tuple[float, float]]],
+            per_round: int) -> dict[str, dict[str, float]]:
+    """Per mode: total jobs/s, median-round jobs/s, wall and CPU µs per call."""
     out = {}
-    for mode, times in seconds.items():
-        rate = per_round * len(times) / sum(times)
-        out[mode] = {"jobs_s": rate, "median_round_jobs_s": per_round / statistics.median(times),
-                     "us_per_call": 1e6 / rate}
+    for mode, rounds in seconds.items():
+        walls, cpus = [w for w, _ in rounds], [c for _, c in rounds]
+        rate = per_round * len(walls) / sum(walls)
+        out[mode] = {"jobs_s": rate, "median_round_jobs_s": per_round / statistics.median(walls),
+                     "us_per_call": 1e6 / rate,
+                     "cpu_us_per_call": 1e6 * sum(cpus) / (per_round * len(cpus))}
     return out
 
 
-def paired_ratio(seconds: dict[str, list[float]]) -> float:
+def paired_ratio(seconds: dict[str, list[tuple[float, float]]]) -> float:
     """Median over rounds of submit's rate / apply_async's rate in the same round."""
-    return statistics.median(a / s for s, a in zip(seconds["submit"], seconds["apply_async"]))
+    return statistics.median(a[0] / s[0] for s, a in zip(seconds["submit"],
+                                                          seconds["apply_async"]))
 
 
 def table(modes: dict[str, dict[str, float]], pure: dict[str, float], paired: float) -> str:
     """The markdown table printed at the end."""
     ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
-    lines = ["| what | jobs/s (all rounds) | jobs/s (median round) | µs per call |",
-             "|---|---:|---:|---:|"]
+    lines = ["| what | jobs/s (all rounds) | jobs/s (median round) | µs per call "
+             "| client CPU µs per call |", "|---|---:|---:|---:|---:|"]
     for mode, label in (("submit", "`submit()` (validate + route + publish)"),
                         ("apply_async", "plain `generate.apply_async(queue=tier)`")):
         m = modes[mode]
         lines.append(f"| {label} | {m['jobs_s']:.0f} | {m['median_round_jobs_s']:.0f} "
-                     f"| {m['us_per_call']:.0f} |")
-    gap = modes["submit"]["us_per_call"] - modes["apply_async"]["us_per_call"]
+                     f"| {m['us_per_call']:.0f} | {m['cpu_us_per_call']:.0f} |")
+    s, a = modes["submit"], modes["apply_async"]
     lines.append(f"| ratio submit / apply_async | {ratio:.3f}x | {paired:.3f}x (paired) "
-                 f"| gap {gap:+.0f} |")
+                 f"| gap {s['us_per_call'] - a['us_per_call']:+.0f} "
+                 f"| gap {s['cpu_us_per_call'] - a['cpu_us_per_call']:+.0f} |")
     for part, us in pure.items():
-        lines.append(f"| pure part: {part} | | | {us:.1f} |")
+        lines.append(f"| pure part: {part} | | | {us:.1f} | |")
     return "\n".join(lines)
 
 
@@ -257,15 +269,21 @@ def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
     from gpu_worker.redis_server import EmbeddedRedis
 
     server = EmbeddedRedis(state_dir).start()
-    writer = SnapshotWriter(server.client())
+    writer, interrupted = SnapshotWriter(server.client()), False
     try:
         writer.write()
         writer.start()
         seconds = run_rounds(server.client(), args.jobs, args.rounds)
         pure = time_pure(PURE_CALLS)
+    except KeyboardInterrupt:
+        # Re-raised below: leaving this block drops the frames that hold AsyncResults
+        # while Redis still answers (after it stops, their __del__ retries for ~20 s).
+        interrupted = True
     finally:
         writer.stop()
         server.stop()
+    if interrupted:
+        raise KeyboardInterrupt
     return {"modes": summary(seconds, max(1, args.jobs // args.rounds)), "pure_us": pure,
             "paired_ratio": paired_ratio(seconds), "seconds": seconds}
 
@@ -274,8 +292,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/submit.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=3000, help="jobs per mode (default: 3000)")
-    parser.add_argument("--rounds", type=int, default=6,
-                        help="interleaved rounds the jobs are split into (default: 6)")
+    parser.add_argument("--rounds", type=int, default=20,
+                        help="interleaved rounds the jobs are split into (default: 20; short "
+                             "rounds keep a slow stretch of a shared machine from landing "
+                             "on one mode)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < args.rounds:

@@ -58,8 +58,9 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
         decide(job["tier"], job["account"], job["downgradable"], view)
     if where is None:
         raise LaneFull(RELAXED, view.retry_after_s)
+    options = {"priority": where.priority} if where.priority else {}
     result = generate.apply_async(
         kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
-        queue=where.lane, priority=where.priority, task_id=job_id)
+        queue=where.lane, task_id=job_id, **options)
     cache.note_sent(where.lane)
     return result

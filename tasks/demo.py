@@ -39,16 +39,20 @@ def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int
         print(f"starting embedded Redis, {workers} GPU worker(s) on {device} and beat ...")
         cluster.start(app, fresh=True)
         began = time.monotonic()
-        results = [submit(prompt, tier=tier, account=f"user{i % 7}", steps=steps,
-                          width=size, height=size, seed=i)
-                   for i, (tier, prompt) in enumerate(workload(counts, seed=7))]
-        done = Progress(len(results)).wait(results, timeout_s=cfg.MAX_JOB_S * 2)
+        done, total = _drive(workload(counts, seed=7), steps, size)
         print(lane_table(done))
         print(f"{len(done)} jobs in {time.monotonic() - began:.1f}s; "
               f"PNGs in {cfg.ARTIFACT_DIR}")
-        return 0 if len(done) == len(results) else 1
+        return 0 if len(done) == total else 1
     finally:
         cluster.stop()
+
+
+def _drive(jobs: list[tuple[str, str]], steps: int, size: int) -> tuple[list[dict], int]:
+    """Submit and wait; the AsyncResults die here, while Redis still answers them."""
+    results = [submit(prompt, tier=tier, account=f"user{i % 7}", steps=steps,
+                      width=size, height=size, seed=i) for i, (tier, prompt) in enumerate(jobs)]
+    return Progress(len(results)).wait(results, timeout_s=cfg.MAX_JOB_S * 2), len(results)
 
 
 def main(argv: list[str] | None = None) -> int:

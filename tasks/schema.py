@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import celeryconfig as cfg
@@ -29,7 +29,7 @@ class Job:
     downgradable: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self.__dict__)  # flat fields: no deep copy on the submit path
 
 
 def _integer(field: str, value: Any, low: int, high: int) -> int:

@@ -26,7 +26,7 @@ TEST_ENV = {
     "GPULANES_MODEL_DIR": str(STATE_DIR / "models"),
     "GPULANES_MODELS": "demo=gpu_worker.demo_model:load,flaky=tests.flaky_model:load",
     "GPULANES_DEVICE": "cpu",
-    "GPULANES_HEARTBEAT_S": "0.5",
+    "GPULANES_HEARTBEAT_S": "1",
     "GPULANES_HEARTBEAT_REPLY_S": "0.3",
     "GPULANES_RETRY_BASE_S": "0.2",
     "GPULANES_RETRY_CAP_S": "1",

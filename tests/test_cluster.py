@@ -86,16 +86,16 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     submit("warm it", seed=1, **SMALL).get(timeout=60)
     host = cluster.hostnames[0]
 
-    def measured_snapshot():  # the first snapshot taken with the job counted
+    def settled_snapshot():  # a snapshot with the job counted and nothing running
         snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}")
-        info = snapshot.get("workers", {}).get(host)
-        return snapshot if info and info["alive"] and "standard" in info["service_ms"] else None
+        info = snapshot.get("workers", {}).get(host, {})
+        settled = info.get("alive") and info["missed"] == 0 and "standard" in info["service_ms"]
+        return snapshot if settled and not sum(info["in_flight"].values()) else None
 
-    snapshot = wait_until(measured_snapshot, timeout_s=15, what="a heartbeat with the job")
+    snapshot = wait_until(settled_snapshot, timeout_s=20, what=f"a settled heartbeat of {host}")
     info = snapshot["workers"][host]
-    assert info["device"] == "cpu" and info["missed"] == 0
-    assert "demo" in info["warm_models"] and info["service_ms"]["standard"] > 0
-    assert sum(info["in_flight"].values()) == 0
+    assert info["device"] == "cpu" and info["service_ms"]["standard"] > 0
+    assert "demo" in info["warm_models"]
     assert info["lanes"] == ["fast", "standard", "relaxed"]
     stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
     assert host in stored  # the worker record beat keeps beside the snapshot

@@ -5,6 +5,8 @@ import base64
 import json
 import time
 
+import pytest
+
 from beat.movers import age_relaxed, enforce_deadlines
 from conftest import SMALL
 from routing.names import lane_keys
@@ -15,8 +17,10 @@ from tasks.schema import validate
 BUDGETS = {"fast": 10.0, "standard": 60.0}
 
 
-def _publish(tier: str, lane: str, priority: int = 0, waited_s: float = 0.0) -> str:
-    job = validate("p", tier=tier, account="acct", model="demo", seed=1, **SMALL)
+def _publish(tier: str, lane: str, priority: int = 0, waited_s: float = 0.0,
+             downgradable: bool = True) -> str:
+    job = validate("p", tier=tier, account="acct", model="demo", seed=1,
+                   downgradable=downgradable, **SMALL)
     result = generate.apply_async(kwargs={
         "job": job.as_dict(), "route": {"lane": lane, "requested_tier": tier},
         "submitted_at": time.time() - waited_s}, queue=lane, priority=priority)
@@ -43,9 +47,20 @@ def test_jobs_past_budget_move_to_the_front_of_the_lane_below(clean_redis):
     standard = _messages(clean_redis, "standard")
     assert [m["headers"]["id"] for m in standard] == [waiting, stale]
     route = _kwargs(standard[-1])["route"]
+    assert route.pop("lane_since") == pytest.approx(time.time(), abs=5)
     assert route == {"lane": "standard", "requested_tier": "fast",
                      "downgraded_from": "fast", "downgrade_reason": "waited_past_budget"}
     assert standard[-1]["properties"]["delivery_info"]["routing_key"] == "standard"
+    # in its new lane the budget starts again: it is not moved on at once
+    assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 0, "standard": 0}
+
+
+def test_jobs_that_may_not_be_downgraded_stay_without_blocking_others(clean_redis):
+    stuck = _publish("fast", "fast", waited_s=30, downgradable=False)
+    movable = _publish("fast", "fast", waited_s=20)
+    assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 1, "standard": 0}
+    assert [m["headers"]["id"] for m in _messages(clean_redis, "fast")] == [stuck]
+    assert [m["headers"]["id"] for m in _messages(clean_redis, "standard")] == [movable]
 
 
 def test_relaxed_is_never_moved_and_nothing_is_lost(clean_redis):
