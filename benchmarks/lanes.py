@@ -28,29 +28,26 @@ warm-up trial per mode runs first.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import (PROMPT, JobSize, check_size, markdown_table,  # noqa: E402
+                               plain_kwargs, run_private, write_json)
 
 MODES = ("fifo", "gpulanes")
 FIFO_QUEUE = "standard"
 GATE_MODEL = "gate"
 GATE_TIMEOUT_S = 60.0
 ACCOUNT = "bench"
-PROMPT = "a lighthouse in a storm"
 GOAL_RATIO = 20.0
+MODELS = f"demo=gpu_worker.demo_model:load,{GATE_MODEL}=benchmarks.lanes:load_gate"
 
 
 # --- worker side: the gated blocker model ------------------------------------
@@ -65,6 +62,7 @@ class GatedModel:
 
     def generate(self, prompt: str, *, seed: int, steps: int, width: int, height: int,
                  on_step: Any = None) -> Any:
+        """Wait for this prompt's gate (at most ``GATE_TIMEOUT_S``), then generate."""
         gate = self.gate_dir / prompt.split()[-1]
         deadline = time.monotonic() + GATE_TIMEOUT_S  # never hang the worker for good
         while not gate.exists() and time.monotonic() < deadline:
@@ -83,38 +81,6 @@ def load_gate(*, name: str, device: str, model_dir: Path) -> GatedModel:
 
 
 # --- client side ---------------------------------------------------------------
-@dataclass(frozen=True)
-class JobSize:
-    steps: int
-    size: int
-
-
-def configure_env(state_dir: Path) -> None:
-    """Point gpulanes at a private Redis in ``state_dir``; must run before importing tasks."""
-    os.environ.update({
-        "GPULANES_BROKER_URL": f"redis+socket://{state_dir}/redis.sock",
-        "GPULANES_STATE_DIR": str(state_dir),
-        "GPULANES_ARTIFACT_DIR": str(state_dir / "artifacts"),
-        "GPULANES_MODEL_DIR": str(state_dir / "models"),
-        "GPULANES_DEVICE": "cpu",
-        "GPULANES_MODELS": (f"demo=gpu_worker.demo_model:load,"
-                            f"{GATE_MODEL}=benchmarks.lanes:load_gate"),
-        "GPULANES_WARM_MODELS": f"demo,{GATE_MODEL}",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    })
-
-
-def fifo_kwargs(tier: str, prompt: str, model: str, seed: int, size: JobSize) -> dict[str, Any]:
-    """The task kwargs exactly as ``submit`` builds them."""
-    from routing.lanes import route
-    from tasks.schema import validate
-
-    job = validate(prompt, tier=tier, account=ACCOUNT, model=model, seed=seed,
-                   steps=size.steps, width=size.size, height=size.size)
-    return {"job": job.as_dict(), "route": route(job.tier).as_dict(),
-            "submitted_at": time.time()}
-
-
 def send(mode: str, tier: str, size: JobSize, seed: int, *, model: str = "demo",
          prompt: str = PROMPT) -> Any:
     """Publish one job: through gpulanes' ``submit``, or to the one FIFO queue."""
@@ -124,7 +90,7 @@ def send(mode: str, tier: str, size: JobSize, seed: int, *, model: str = "demo",
     if mode == "gpulanes":
         return submit(prompt, tier=tier, account=ACCOUNT, model=model, seed=seed,
                       steps=size.steps, width=size.size, height=size.size)
-    return generate.apply_async(kwargs=fifo_kwargs(tier, prompt, model, seed, size),
+    return generate.apply_async(kwargs=plain_kwargs(prompt, tier, ACCOUNT, seed, size, model),
                                 queue=FIFO_QUEUE, task_id=str(uuid.uuid4()))
 
 
@@ -192,6 +158,7 @@ def run_all(backlogs: list[int], repeats: int, size: JobSize, gate_dir: Path) ->
 
 
 def median_of(rows: list[dict], key: str) -> float | None:
+    """The median of ``key`` over ``rows``, skipping None; None when nothing is left."""
     values = [r[key] for r in rows if r[key] is not None]
     return statistics.median(values) if values else None
 
@@ -216,16 +183,14 @@ def summary(trials: list[dict], backlogs: list[int]) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table printed at the end."""
-    lines = ["| backlog | plain Celery FIFO wait (ms, median) | gpulanes wait (ms, median) "
-             "| ratio FIFO/gpulanes | fast job position (FIFO / gpulanes) "
-             "| mean job run ms | service ms/job |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        service = "-" if r["service_ms"] is None else f"{r['service_ms']:.1f}"
-        lines.append(f"| {r['backlog']} | {r['fifo_wait_ms']:.1f} | {r['gpulanes_wait_ms']:.1f} "
-                     f"| {r['ratio']:.1f}x | {r['fifo_position']:g} / {r['gpulanes_position']:g} "
-                     f"| {r['run_ms']:.1f} | {service} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["backlog", "plain Celery FIFO wait (ms, median)", "gpulanes wait (ms, median)",
+         "ratio FIFO/gpulanes", "fast job position (FIFO / gpulanes)", "mean job run ms",
+         "service ms/job"],
+        [[r["backlog"], f"{r['fifo_wait_ms']:.1f}", f"{r['gpulanes_wait_ms']:.1f}",
+          f"{r['ratio']:.1f}x", f"{r['fifo_position']:g} / {r['gpulanes_position']:g}",
+          f"{r['run_ms']:.1f}", "-" if r["service_ms"] is None else f"{r['service_ms']:.1f}"]
+         for r in rows], align="r" * 7)
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
@@ -237,32 +202,19 @@ def verdict(rows: list[dict[str, Any]]) -> str:
             f"with gpulanes (goal >= {GOAL_RATIO:g}x: {met}); {lanes}.")
 
 
-def check_size(size: JobSize) -> None:
-    """Fail on a bad --steps/--size before any process starts."""
-    from tasks.errors import InvalidJob
-    from tasks.schema import validate
-
-    try:
-        validate(PROMPT, tier="fast", account=ACCOUNT, model="demo", seed=0,
-                 steps=size.steps, width=size.size, height=size.size)
-    except InvalidJob as exc:
-        raise SystemExit(f"benchmarks/lanes.py: bad --steps/--size: {exc}") from exc
-
-
-def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
+def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Start the cluster, run every trial, stop the cluster; the JSON report."""
     from tasks import app
     from tasks.cluster import LocalCluster
 
     size = JobSize(args.steps, args.size)
-    check_size(size)
-    (state_dir / "gates").mkdir(parents=True, exist_ok=True)
-    cluster = LocalCluster(state_dir, workers=1, device="cpu", beat=False,
-                           log_dir=state_dir / "logs")
+    check_size("lanes.py", size, ACCOUNT)
+    (state / "gates").mkdir(parents=True, exist_ok=True)
+    cluster = LocalCluster(state, workers=1, device="cpu", beat=False, log_dir=state / "logs")
     try:
         print("starting embedded Redis and one worker (cpu) ...", file=sys.stderr, flush=True)
         cluster.start(app)
-        trials = run_all(args.backlogs, args.repeats, size, state_dir / "gates")
+        trials = run_all(args.backlogs, args.repeats, size, state / "gates")
     finally:
         cluster.stop()
     return {"config": {"backlogs": args.backlogs, "repeats": args.repeats, **asdict(size),
@@ -276,6 +228,7 @@ def backlog_sizes(raw: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; backlogs non-negative, at least one repeat."""
     parser = argparse.ArgumentParser(prog="python benchmarks/lanes.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backlogs", default="0,25,50,100,200",
@@ -292,24 +245,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table and the verdict; 130 after Ctrl-C."""
     args = parse_args(argv)
-    began = time.monotonic()
-    state_dir = Path(tempfile.mkdtemp(prefix="gl-bench-", dir="/tmp"))  # short: socket path
-    try:
-        configure_env(state_dir)
-        report = benchmark(args, state_dir)
-    except KeyboardInterrupt:
-        print("interrupted; the cluster is stopped", file=sys.stderr)
+    report = run_private("gl-bench-", lambda state: benchmark(args, state),
+                         "the cluster is stopped", MODELS=MODELS, WARM_MODELS=f"demo,{GATE_MODEL}")
+    if report is None:
         return 130
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    report["wall_s"] = round(time.monotonic() - began, 1)
     print(table(report["summary"]))
     print(verdict(report["summary"]))
     print(f"{args.steps} steps at {args.size}x{args.size}, {args.repeats} repeat(s), "
           f"one CPU worker; total wall time {report['wall_s']:.1f}s")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     return 0
 
 

@@ -9,7 +9,8 @@ beat) and then:
    over their start-to-start time; capacity is the best of three bursts (other
    load on the machine only lowers it); one *job-time* is ``workers / capacity``.
    The gpulanes budgets follow from it (fast 10, standard 60 job-times) and are
-   printed; heartbeat 0.5 s.
+   printed; heartbeat 1 s (``GPULANES_HEARTBEAT_S=1``; it was 0.5, but beat
+   works in whole seconds, where a setting below 1 acts as 1).
 2. **a trial per mode** (``--repeats`` each, the order alternating): an open
    loop offers evenly spaced jobs at 2x capacity for ``--duration`` s, by
    default 20% fast, 30% standard, 50% relaxed (``--mix``) from four accounts,
@@ -46,50 +47,46 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import (PROMPT, TIERS, JobSize, check_size, plain_kwargs,  # noqa: E402
+                               run_private, write_json)
+from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
 
-MODES = ("gpulanes", "plain")
-TIERS = ("fast", "standard", "relaxed")
 DEFAULT_MIX = "20,30,50"
 ACCOUNTS = ("acme", "globex", "initech", "umbrella")
-PROMPT = "a lighthouse in a storm"
 LOAD_FACTOR = 2.0
 FAST_BUDGET_JOBS, STANDARD_BUDGET_JOBS = 10, 60
-HEARTBEAT_S = 0.5
+HEARTBEAT_S = 1  # beat works in whole seconds; below 1 acts as 1
 CAPACITY_JOBS, CAPACITY_BURSTS = 60, 3
 WARMUP_JOBS = 12
-
-
-@dataclass(frozen=True)
-class JobSize:
-    steps: int
-    size: int
+# fast-time accounting never interferes; every account stays at relax level 0 (FIFO)
+CLUSTER_ENV = {"HEARTBEAT_S": HEARTBEAT_S, "HEARTBEAT_REPLY_S": "0.3",
+            "FAST_SECONDS_DEFAULT": "1e9", "FAIR_UNIT_S": "1e9"}
 
 
 @dataclass(frozen=True)
 class Budgets:
+    """One job-time and the fast and standard lane budgets, in seconds."""
+
     job_s: float
     fast_s: float
     standard_s: float
 
     @classmethod
     def from_capacity(cls, capacity: float, workers: int) -> "Budgets":
+        """Budgets in job-times of a pool of ``workers`` serving ``capacity`` jobs/s."""
         job_s = workers / capacity
         return cls(job_s, FAST_BUDGET_JOBS * job_s, STANDARD_BUDGET_JOBS * job_s)
 
@@ -100,32 +97,7 @@ class Budgets:
                 "GPULANES_DEFAULT_SERVICE_S": f"{self.job_s:.4f}"}
 
 
-def configure_env(state_dir: Path) -> None:
-    """Point gpulanes at a private Redis in ``state_dir``; must run before importing tasks."""
-    os.environ.update({
-        "GPULANES_BROKER_URL": f"redis+socket://{state_dir}/redis.sock",
-        "GPULANES_STATE_DIR": str(state_dir),
-        "GPULANES_ARTIFACT_DIR": str(state_dir / "artifacts"),
-        "GPULANES_MODEL_DIR": str(state_dir / "models"),
-        "GPULANES_DEVICE": "cpu",
-        "GPULANES_HEARTBEAT_S": str(HEARTBEAT_S),
-        "GPULANES_HEARTBEAT_REPLY_S": "0.3",
-        "GPULANES_FAST_SECONDS_DEFAULT": "1e9",  # fast-time accounting never interferes
-        "GPULANES_FAIR_UNIT_S": "1e9",  # every account stays at relax level 0: FIFO
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    })
-
-
 # --- publishing ----------------------------------------------------------------------
-def plain_kwargs(tier: str, account: str, seed: int, size: JobSize) -> dict[str, Any]:
-    """The kwargs a plain Celery user sends: the same shape ``submit`` builds."""
-    job = {"prompt": PROMPT, "tier": tier, "account": account, "model": "demo", "seed": seed,
-           "steps": size.steps, "width": size.size, "height": size.size,
-           "downgradable": tier == "standard"}
-    return {"job": job, "route": {"lane": tier, "requested_tier": tier},
-            "submitted_at": time.time()}
-
-
 def send(mode: str, tier: str, account: str, seed: int, size: JobSize) -> Any:
     """Publish one job; in gpulanes mode this may raise ``LaneFull``."""
     from tasks.api import submit
@@ -134,7 +106,8 @@ def send(mode: str, tier: str, account: str, seed: int, size: JobSize) -> Any:
     if mode == "gpulanes":
         return submit(PROMPT, tier=tier, account=account, seed=seed, steps=size.steps,
                       width=size.size, height=size.size)
-    return generate.apply_async(kwargs=plain_kwargs(tier, account, seed, size), queue=tier)
+    return generate.apply_async(kwargs=plain_kwargs(PROMPT, tier, account, seed, size),
+                                queue=tier)
 
 
 # --- capacity ------------------------------------------------------------------------
@@ -169,10 +142,12 @@ class Beat:
 
     def __init__(self, cluster: Any, budgets: Budgets, log_dir: Path) -> None:
         self.env = {**cluster.env, **budgets.env()}
-        self.log_dir, self.process = log_dir, None
+        self.log_dir = log_dir
+        self.process: subprocess.Popen | None = None
         self.client = cluster.redis.client()
 
     def start(self) -> None:
+        """Start beat on an empty snapshot and wait until this process routes from its own."""
         from gpu_worker.processes import spawn
         from routing.names import SNAPSHOT_KEY, WORKERS_KEY
 
@@ -193,6 +168,7 @@ class Beat:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
+        """Terminate beat (kill it after 10 s); a no-op when it is not running."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -220,6 +196,8 @@ def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
 # --- one trial ------------------------------------------------------------------------
 @dataclass
 class Trial:
+    """What one trial offered, what was accepted or refused, and what each job became."""
+
     mode: str
     offered: int = 0
     accepted: list[tuple[str, Any]] = field(default_factory=list)
@@ -259,6 +237,7 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], size: JobSize) -> No
 
 
 def lanes_depth(client: Any) -> int:
+    """Jobs waiting in all lanes together."""
     from beat.heartbeat import lane_depths
 
     return sum(lane_depths(client).values())
@@ -281,7 +260,9 @@ def drain(trial: Trial, limit_s: float, client: Any) -> None:
                                "result": result.result if state == "done" else None})
 
 
-def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) -> Trial:
+def run_trial(mode: str, beat: Beat, plan: list[tuple[float, str, str]], size: JobSize,
+              drain_s: float) -> Trial:
+    """Offer ``plan`` in ``mode`` and drain it; beat runs for the gpulanes mode only."""
     trial = Trial(mode)
     try:
         if mode == "gpulanes":
@@ -295,153 +276,11 @@ def run_trial(mode: str, beat: Beat, plan: list, size: JobSize, drain_s: float) 
     return trial
 
 
-# --- figures ---------------------------------------------------------------------------
-def latency_s(result: dict) -> float:
-    return (result["queued_ms"] + result["run_ms"]) / 1000
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-def tier_row(trials: list[Trial], tier: str, budgets: Budgets) -> dict[str, Any]:
-    """One (mode, tier) row over every repeat of that mode."""
-    outs = [o for t in trials for o in t.outcomes if o["tier"] == tier]
-    done = [o["result"] for o in outs if o["state"] == "done"]
-    lat = [latency_s(r) for r in done]
-    budget = {"fast": budgets.fast_s, "standard": budgets.standard_s}.get(tier)
-    return {
-        "accepted": len(outs), "refused": sum(t.refused[tier] for t in trials),
-        "p50_s": percentile(lat, 0.50), "p95_s": percentile(lat, 0.95),
-        "within_budget": (sum(x <= budget for x in lat) / len(lat)) if budget and lat else None,
-        "moved": moved_latency(done),
-        "ran_in": dict(Counter(r["lane"] for r in done)),
-        "failed": sum(o["state"] == "failed" for o in outs),
-        "no_result": sum(o["state"] == "missing" for o in outs),
-    }
-
-
-def moved_latency(done: list[dict]) -> dict[str, tuple[int, float]]:
-    """downgrade_reason -> (jobs, their median latency s)."""
-    by_reason: dict[str, list[float]] = {}
-    for r in done:
-        if r.get("downgrade_reason"):
-            by_reason.setdefault(r["downgrade_reason"], []).append(latency_s(r))
-    return {k: (len(v), statistics.median(v)) for k, v in sorted(by_reason.items())}
-
-
-def mode_row(trials: list[Trial]) -> dict[str, Any]:
-    """Per mode: rates, served jobs/s, mean latency, drain time."""
-    done = [o["result"] for t in trials for o in t.outcomes if o["state"] == "done"]
-    busy_s = sum(t.submit_s + t.drain_s for t in trials)
-    return {
-        "offered_jobs_s": sum(t.offered for t in trials) / sum(t.submit_s for t in trials),
-        "accepted": sum(len(t.accepted) for t in trials),
-        "served_jobs_s": len(done) / busy_s,
-        "mean_latency_s": statistics.fmean(latency_s(r) for r in done) if done else None,
-        "drain_s": statistics.fmean(t.drain_s for t in trials),
-        "queued_at_deadline": sum(t.queued_at_deadline for t in trials),
-        "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
-        / max(1, sum(t.offered for t in trials)),
-        "beat_cpu_share": sum(t.beat_cpu_s for t in trials) / busy_s,
-    }
-
-
-def summary(trials: list[Trial], budgets: Budgets) -> dict[str, Any]:
-    by_mode = {m: [t for t in trials if t.mode == m] for m in MODES}
-    return {"tiers": {m: {tier: tier_row(ts, tier, budgets) for tier in TIERS}
-                      for m, ts in by_mode.items()},
-            "modes": {m: mode_row(ts) for m, ts in by_mode.items()}}
-
-
-# --- report ----------------------------------------------------------------------------
-def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
-    return "-" if value is None else pattern.format(value)
-
-
-def counts(mapping: dict[str, Any]) -> str:
-    """{"a": 3} -> "a 3"; {"a": (3, 1.5)} -> "a 3 (p50 1.5s)"."""
-    return ", ".join(f"{k} {v[0]} (p50 {v[1]:.1f}s)" if isinstance(v, (tuple, list))
-                     else f"{k} {v}" for k, v in sorted(mapping.items())) or "-"
-
-
-def tier_table(tiers: dict[str, dict[str, dict]]) -> str:
-    lines = ["| tier | mode | accepted | LaneFull | p50 s | p95 s | within budget "
-             "| moved down (reason n) | ran in | failed | no result |",
-             "|---|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
-    for tier in TIERS:
-        for mode in MODES:
-            r = tiers[mode][tier]
-            lines.append(f"| {tier} | {mode} | {r['accepted']} | {r['refused']} "
-                         f"| {fmt(r['p50_s'])} | {fmt(r['p95_s'])} "
-                         f"| {fmt(r['within_budget'], '{:.0%}')} | {counts(r['moved'])} "
-                         f"| {counts(r['ran_in'])} | {r['failed']} | {r['no_result']} |")
-    return "\n".join(lines)
-
-
-def mode_table(modes: dict[str, dict]) -> str:
-    lines = ["| mode | offered jobs/s | accepted | served jobs/s | mean latency s "
-             "| drain s | still queued at deadline | client CPU ms/job | beat CPU (of one core) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for mode in MODES:
-        m = modes[mode]
-        lines.append(f"| {mode} | {m['offered_jobs_s']:.1f} | {m['accepted']} "
-                     f"| {m['served_jobs_s']:.1f} | {fmt(m['mean_latency_s'])} "
-                     f"| {m['drain_s']:.1f} | {m['queued_at_deadline']} "
-                     f"| {m['client_cpu_ms_per_job']:.2f} | {m['beat_cpu_share']:.0%} |")
-    return "\n".join(lines)
-
-
-def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:
-    """'<tier> gpulanes X vs plain Y (better|worse|same)' for a lower-is-better key."""
-    g, p = tiers["gpulanes"][tier][key], tiers["plain"][tier][key]
-    if g is None or p is None:
-        return f"{tier} n/a"
-    word = "within 5%" if abs(g - p) <= 0.05 * max(p, 1e-9) else "better" if g < p else "worse"
-    return f"{tier} {g:.2f} vs {p:.2f} ({word})"
-
-
-def load_line(report: dict[str, Any]) -> str:
-    """How hard the pool was really driven, against what plain mode actually served."""
-    served = report["summary"]["modes"]["plain"]["served_jobs_s"]
-    above = sum(report["mix"][t] for t in ("fast", "standard")) * report["offered_jobs_s"]
-    offered = report["offered_jobs_s"]
-    return (f"offered {offered:.1f} jobs/s = {offered / served:.2f}x what the pool served in "
-            f"plain mode ({served:.1f}/s); fast+standard alone {above:.1f}/s = "
-            f"{above / served:.2f}x")
-
-
-def policy_line(tiers: dict[str, dict[str, dict]]) -> str:
-    moved = Counter({f"{tier} {reason}": n for tier, row in tiers["gpulanes"].items()
-                     for reason, (n, _) in row["moved"].items()})
-    if not moved:
-        return ("the gpulanes policy never moved a job: both modes ran the same lanes in the "
-                "same order, so any gap between them is beat/submit overhead or noise")
-    return f"gpulanes moved jobs down (requested tier, reason): {counts(dict(moved))}"
-
-
-def verdict(report: dict[str, Any]) -> list[str]:
-    tiers, modes = report["summary"]["tiers"], report["summary"]["modes"]
-    lost = sum(r["no_result"] for m in MODES for r in tiers[m].values())
-    within = {t: [fmt(tiers[m][t]["within_budget"], "{:.0%}") for m in MODES]
-              for t in ("fast", "standard")}
-    return [load_line(report), policy_line(tiers),
-            "within budget (gpulanes / plain): " + ", ".join(
-                f"{t} {g} / {p}" for t, (g, p) in within.items()),
-            "p95 latency s, gpulanes vs plain: " + "; ".join(
-                compare(tiers, t, "p95_s") for t in TIERS),
-            f"mean latency over all jobs: gpulanes {fmt(modes['gpulanes']['mean_latency_s'])}s,"
-            f" plain {fmt(modes['plain']['mean_latency_s'])}s (a policy moves waiting between "
-            "tiers; it adds no capacity)",
-            f"jobs without a result: {lost} (must be 0)"]
-
-
 # --- driver ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Settings:
+    """The command line, resolved."""
+
     workers: int
     duration_s: float
     drain_s: float
@@ -451,7 +290,7 @@ class Settings:
     seed: int
 
 
-def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]:
+def run_all(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:
     """Capacity first, then every trial, the mode order alternating per repeat."""
     capacity, run_ms = measure_capacity(settings.size)
     budgets = Budgets.from_capacity(capacity, settings.workers)
@@ -459,7 +298,7 @@ def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]
     print(f"capacity {capacity:.1f} jobs/s (run {run_ms:.1f} ms, job-time "
           f"{budgets.job_s * 1000:.1f} ms); offering {rate:.1f} jobs/s; budgets fast "
           f"{budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s", file=sys.stderr, flush=True)
-    beat = Beat(cluster, budgets, state_dir / "logs")
+    beat = Beat(cluster, budgets, state / "logs")
     plan, trials = workload(rate, settings.duration_s, settings.mix, settings.seed), []
     for repeat in range(settings.repeats):
         for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
@@ -472,19 +311,20 @@ def run_all(cluster: Any, settings: Settings, state_dir: Path) -> dict[str, Any]
             "mix": settings.mix, "budgets": asdict(budgets), "summary": summary(trials, budgets)}
 
 
-def benchmark(settings: Settings, state_dir: Path) -> dict[str, Any]:
+def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
     """Start the cluster (no beat), run everything, stop the cluster."""
     from tasks import app
     from tasks.cluster import LocalCluster
 
-    cluster = LocalCluster(state_dir, workers=settings.workers, device="cpu", beat=False,
-                           log_dir=state_dir / "logs")
+    check_size("overload.py", settings.size, ACCOUNTS[0])
+    cluster = LocalCluster(state, workers=settings.workers, device="cpu", beat=False,
+                           log_dir=state / "logs")
     interrupted = False
     try:
         print(f"starting embedded Redis and {settings.workers} CPU workers ...",
               file=sys.stderr, flush=True)
         cluster.start(app, fresh=True)
-        return run_all(cluster, settings, state_dir)
+        return run_all(cluster, settings, state)
     except KeyboardInterrupt:
         # Re-raised only below: leaving this block drops the traceback, so the frames
         # holding AsyncResults go while Redis still answers (their __del__ unsubscribes;
@@ -497,18 +337,6 @@ def benchmark(settings: Settings, state_dir: Path) -> dict[str, Any]:
     raise KeyboardInterrupt
 
 
-def check_size(size: JobSize) -> None:
-    """Fail on a bad --steps/--size before any process starts."""
-    from tasks.errors import InvalidJob
-    from tasks.schema import validate
-
-    try:
-        validate(PROMPT, tier="fast", account=ACCOUNTS[0], model="demo", seed=0,
-                 steps=size.steps, width=size.size, height=size.size)
-    except InvalidJob as exc:
-        raise SystemExit(f"benchmarks/overload.py: bad --steps/--size: {exc}") from exc
-
-
 def tier_mix(raw: str) -> dict[str, float]:
     """``"20,30,50"`` -> {"fast": 0.2, "standard": 0.3, "relaxed": 0.5}."""
     parts = [float(x) for x in raw.split(",")]
@@ -518,6 +346,7 @@ def tier_mix(raw: str) -> dict[str, float]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; at least one worker and repeat, a positive duration."""
     parser = argparse.ArgumentParser(prog="python benchmarks/overload.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=2, help="CPU workers (default: 2)")
@@ -538,42 +367,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def print_report(report: dict[str, Any], settings: Settings) -> None:
-    print(tier_table(report["summary"]["tiers"]))
-    print()
-    print(mode_table(report["summary"]["modes"]))
-    print()
-    for line in verdict(report):
-        print(f"- {line}")
-    b = report["budgets"]
-    mix = "/".join(f"{settings.mix[t]:.0%}" for t in TIERS)
-    print(f"mix fast/standard/relaxed {mix}; {settings.workers} CPU workers, "
-          f"{settings.size.steps} steps at {settings.size.size}px: capacity "
-          f"{report['capacity_jobs_s']:.1f} jobs/s, offered {report['offered_jobs_s']:.1f} "
-          f"jobs/s for {settings.duration_s:g}s per trial, {settings.repeats} repeat(s); "
-          f"budgets fast {b['fast_s']:.2f}s, standard "
-          f"{b['standard_s']:.2f}s; total wall time {report['wall_s']:.1f}s")
-
-
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its report; 130 after Ctrl-C."""
     args = parse_args(argv)
     settings = Settings(args.workers, args.duration, args.drain or 2 * args.duration + 30,
                         args.repeats, JobSize(args.steps, args.size), args.mix, args.seed)
-    began = time.monotonic()
-    state_dir = Path(tempfile.mkdtemp(prefix="gl-ovl-", dir="/tmp"))  # short: socket path
-    try:
-        configure_env(state_dir)
-        check_size(settings.size)
-        report = benchmark(settings, state_dir)
-    except KeyboardInterrupt:
-        print("interrupted; the cluster is stopped", file=sys.stderr)
+    report = run_private("gl-ovl-", lambda state: benchmark(settings, state),
+                         "the cluster is stopped", **CLUSTER_ENV)
+    if report is None:
         return 130
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    report["wall_s"] = round(time.monotonic() - began, 1)
     print_report(report, settings)
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json(args.json, report)
     return 0
 
 

@@ -7,13 +7,17 @@ process, publishes the same jobs two ways:
 *submit*: ``tasks.api.submit(prompt, tier=...)``: validate every field, read
 the in-process lane snapshot, ``decide()`` the lane, ``apply_async``.
 *apply_async*: ``generate.apply_async(kwargs=..., queue=tier)`` with a kwargs
-dict of the same shape built inline, which is what a plain Celery user does.
+dict of the same shape built by hand (``benchmarks.common.plain_kwargs``, no
+validation, no routing), which is what a plain Celery user does.
 
 So that ``submit()`` really routes through ``decide()`` with a live view (not
 the tier-only fallback it takes when the snapshot is stale), a background
-thread stands in for beat: every 0.5 s it writes a realistic snapshot (lane
-depths, policy, two workers, exhausted accounts, relax levels) with a fresh
-``at`` under ``routing.names.SNAPSHOT_KEY``. Before every round the run
+thread stands in for beat: every heartbeat it writes a realistic snapshot
+(lane depths, policy, two workers, exhausted accounts, relax levels) with a
+fresh ``at`` under ``routing.names.SNAPSHOT_KEY``. The heartbeat is 1 s
+(``GPULANES_HEARTBEAT_S=1``; it was 0.5): beat works in whole seconds, where
+a setting below 1 acts as 1, so the stand-in writes at the pace a real beat
+does; the router refreshes its view every 0.5 s. Before every round the run
 checks that ``submit()`` has a live view, and aborts if not.
 
 The ``--jobs`` jobs per mode (tiers in turn: fast, standard, relaxed) run in
@@ -39,40 +43,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(ROOT))
+if not __package__:  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import (PROMPT, TIERS, JobSize, markdown_table, plain_kwargs,  # noqa: E402
+                               run_private, write_json)
 
 MODES = ("submit", "apply_async")
-TIERS = ("fast", "standard", "relaxed")
 ACCOUNT = "bench"
-PROMPT = "a lighthouse in a storm"
-STEPS, SIDE = 20, 256
+SIZE = JobSize(steps=20, size=256)
 GOAL_RATIO = 0.9
-SNAPSHOT_EVERY_S = 0.5
+HEARTBEAT_S = 1  # beat works in whole seconds; the router refreshes every HEARTBEAT_S / 2
 PURE_CALLS = 20000
-
-
-def configure_env(state_dir: Path) -> None:
-    """Point gpulanes at a private Redis in ``state_dir``; must run before importing tasks."""
-    os.environ.update({
-        "GPULANES_BROKER_URL": f"redis+socket://{state_dir}/redis.sock",
-        "GPULANES_STATE_DIR": str(state_dir),
-        "GPULANES_ARTIFACT_DIR": str(state_dir / "artifacts"),
-        "GPULANES_MODEL_DIR": str(state_dir / "models"),
-        "GPULANES_DEVICE": "cpu",
-        "GPULANES_HEARTBEAT_S": str(SNAPSHOT_EVERY_S),  # the router refreshes every 0.25 s
-    })
 
 
 # --- a stand-in for beat: a realistic snapshot with a fresh "at" --------------
@@ -95,32 +83,35 @@ def fake_snapshot(now: float) -> dict[str, Any]:
 
 
 class SnapshotWriter(threading.Thread):
-    """Rewrites the snapshot every ``SNAPSHOT_EVERY_S`` until ``stop()``."""
+    """Rewrites the snapshot every ``HEARTBEAT_S``, as beat would, until ``stop()``."""
 
     def __init__(self, client: Any) -> None:
         super().__init__(name="fake-beat", daemon=True)
         self.client, self.stopped = client, threading.Event()
 
     def write(self) -> None:
+        """Write one fresh snapshot now."""
         from routing.names import SNAPSHOT_KEY
 
         self.client.set(SNAPSHOT_KEY, json.dumps(fake_snapshot(time.time())))
 
     def run(self) -> None:
-        while not self.stopped.wait(SNAPSHOT_EVERY_S):
+        while not self.stopped.wait(HEARTBEAT_S):
             self.write()
 
     def stop(self) -> None:
+        """Stop rewriting and wait (at most 5 s) for the thread to end."""
         self.stopped.set()
         self.join(5)
 
 
 # --- the two ways to publish -------------------------------------------------
 def send_submit(i: int) -> Any:
+    """Publish job ``i`` through gpulanes' ``submit()``."""
     from tasks.api import submit
 
     return submit(PROMPT, tier=TIERS[i % 3], account=ACCOUNT, seed=i,
-                  steps=STEPS, width=SIDE, height=SIDE)
+                  steps=SIZE.steps, width=SIZE.size, height=SIZE.size)
 
 
 def send_plain(i: int) -> Any:
@@ -128,10 +119,7 @@ def send_plain(i: int) -> Any:
     from tasks.generate import generate
 
     tier = TIERS[i % 3]
-    job = {"prompt": PROMPT, "tier": tier, "account": ACCOUNT, "model": "demo", "seed": i,
-           "steps": STEPS, "width": SIDE, "height": SIDE, "downgradable": tier == "standard"}
-    return generate.apply_async(kwargs={"job": job, "route": {"lane": tier, "requested_tier": tier},
-                                        "submitted_at": time.time()}, queue=tier)
+    return generate.apply_async(kwargs=plain_kwargs(PROMPT, tier, ACCOUNT, i, SIZE), queue=tier)
 
 
 SENDERS: dict[str, Callable[[int], Any]] = {"submit": send_submit, "apply_async": send_plain}
@@ -200,7 +188,7 @@ def pure_parts() -> dict[str, Callable[[int], Any]]:
 
     def check(i: int) -> Any:
         return validate(PROMPT, tier=TIERS[i % 3], account=ACCOUNT, model="demo", seed=i,
-                        steps=STEPS, width=SIDE, height=SIDE)
+                        steps=SIZE.steps, width=SIZE.size, height=SIZE.size)
 
     def routed(i: int) -> Any:
         job = check(i)
@@ -240,35 +228,32 @@ def paired_ratio(seconds: dict[str, list[tuple[float, float]]]) -> float:
 
 def table(modes: dict[str, dict[str, float]], pure: dict[str, float], paired: float) -> str:
     """The markdown table printed at the end."""
-    ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
-    lines = ["| what | jobs/s (all rounds) | jobs/s (median round) | µs per call "
-             "| client CPU µs per call |", "|---|---:|---:|---:|---:|"]
-    for mode, label in (("submit", "`submit()` (validate + route + publish)"),
-                        ("apply_async", "plain `generate.apply_async(queue=tier)`")):
-        m = modes[mode]
-        lines.append(f"| {label} | {m['jobs_s']:.0f} | {m['median_round_jobs_s']:.0f} "
-                     f"| {m['us_per_call']:.0f} | {m['cpu_us_per_call']:.0f} |")
     s, a = modes["submit"], modes["apply_async"]
-    lines.append(f"| ratio submit / apply_async | {ratio:.3f}x | {paired:.3f}x (paired) "
-                 f"| gap {s['us_per_call'] - a['us_per_call']:+.0f} "
-                 f"| gap {s['cpu_us_per_call'] - a['cpu_us_per_call']:+.0f} |")
-    for part, us in pure.items():
-        lines.append(f"| pure part: {part} | | | {us:.1f} | |")
-    return "\n".join(lines)
+    rows = [[label, f"{m['jobs_s']:.0f}", f"{m['median_round_jobs_s']:.0f}",
+             f"{m['us_per_call']:.0f}", f"{m['cpu_us_per_call']:.0f}"]
+            for m, label in ((s, "`submit()` (validate + route + publish)"),
+                             (a, "plain `generate.apply_async(queue=tier)`"))]
+    rows.append(["ratio submit / apply_async", f"{s['jobs_s'] / a['jobs_s']:.3f}x",
+                 f"{paired:.3f}x (paired)", f"gap {s['us_per_call'] - a['us_per_call']:+.0f}",
+                 f"gap {s['cpu_us_per_call'] - a['cpu_us_per_call']:+.0f}"])
+    rows += [[f"pure part: {part}", "", "", f"{us:.1f}", ""] for part, us in pure.items()]
+    return markdown_table(["what", "jobs/s (all rounds)", "jobs/s (median round)",
+                           "µs per call", "client CPU µs per call"], rows)
 
 
 def verdict(modes: dict[str, dict[str, float]], paired: float) -> str:
+    """One line on the goal, stated for the paired ratio."""
     ratio = modes["submit"]["jobs_s"] / modes["apply_async"]["jobs_s"]
     met = "met" if paired >= GOAL_RATIO else "NOT met"
     return (f"submit() publishes at {paired:.3f}x the rate of a plain apply_async, median of "
             f"paired rounds ({ratio:.3f}x over all rounds); goal >= {GOAL_RATIO:g}x: {met}.")
 
 
-def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
+def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Start Redis and the snapshot writer, run every round, stop both."""
     from gpu_worker.redis_server import EmbeddedRedis
 
-    server = EmbeddedRedis(state_dir).start()
+    server = EmbeddedRedis(state).start()
     writer, interrupted = SnapshotWriter(server.client()), False
     try:
         writer.write()
@@ -289,6 +274,7 @@ def benchmark(args: argparse.Namespace, state_dir: Path) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--jobs`` must be at least ``--rounds``."""
     parser = argparse.ArgumentParser(prog="python benchmarks/submit.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=3000, help="jobs per mode (default: 3000)")
@@ -304,24 +290,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark, print the table and the verdict; 130 after Ctrl-C."""
     args = parse_args(argv)
-    began = time.monotonic()
-    state_dir = Path(tempfile.mkdtemp(prefix="gl-sub-", dir="/tmp"))  # short: socket path
-    try:
-        configure_env(state_dir)
-        report = benchmark(args, state_dir)
-    except KeyboardInterrupt:
-        print("interrupted; Redis is stopped", file=sys.stderr)
+    report = run_private("gl-sub-", lambda state: benchmark(args, state), "Redis is stopped",
+                         HEARTBEAT_S=HEARTBEAT_S)
+    if report is None:
         return 130
-    finally:
-        shutil.rmtree(state_dir, ignore_errors=True)
-    report["wall_s"] = round(time.monotonic() - began, 1)
     print(table(report["modes"], report["pure_us"], report["paired_ratio"]))
     print(verdict(report["modes"], report["paired_ratio"]))
     print(f"{args.jobs // args.rounds * args.rounds} jobs per mode in {args.rounds} rounds, "
           f"one process, embedded Redis; total wall time {report['wall_s']:.1f}s")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     return 0
 
 

@@ -55,8 +55,9 @@ class SnapshotCache:
                  max_depth: Mapping[str, int], clock: Callable[[], float] = time.time) -> None:
         self.fetch, self.refresh_s, self.stale_s = fetch, refresh_s, stale_s
         self.max_depth, self.clock = dict(max_depth), clock
-        self._snapshot: dict | None = None
-        self._base: PolicyView | None = None
+        # (snapshot, its base view), swapped whole by refresh(): view() reads it
+        # without a lock, as one attribute.
+        self._state: tuple[dict, PolicyView] | None = None
         self._sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -76,9 +77,8 @@ class SnapshotCache:
         if raw:
             snapshot = json.loads(raw)
             with self._lock:
-                if self._snapshot is None or snapshot["at"] != self._snapshot["at"]:
-                    self._snapshot, self._sent = snapshot, {}
-                    self._base = base_view(snapshot)
+                if self._state is None or snapshot["at"] != self._state[0]["at"]:
+                    self._state, self._sent = (snapshot, base_view(snapshot)), {}
 
     def _loop(self) -> None:
         while True:
@@ -102,9 +102,8 @@ class SnapshotCache:
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
         self.start()
-        with self._lock:
-            snapshot, base, sent = self._snapshot, self._base, dict(self._sent)
-        age_s = None if snapshot is None else self.clock() - snapshot["at"]
+        state = self._state
+        age_s = None if state is None else self.clock() - state[0]["at"]
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
                 log.warning("no fresh lane snapshot (age %s s): routing by tier only",
@@ -112,4 +111,6 @@ class SnapshotCache:
                 self._warned = True
             return None
         self._warned = False
-        return replace(base, full=full_lanes(snapshot, sent, self.max_depth))
+        snapshot, base = state
+        full = full_lanes(snapshot, self._sent, self.max_depth)
+        return replace(base, full=full) if full else base

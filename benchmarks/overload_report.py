@@ -1,0 +1,174 @@
+"""Figures and tables for ``benchmarks/overload.py``: from the trials to what it prints.
+
+A trial leaves one outcome per accepted job (its requested tier, ``done``,
+``failed`` or ``missing``, and the worker's result dict); :func:`summary`
+reduces them to a row per (mode, requested tier) and one per mode, and
+:func:`print_report` prints both tables and the verdict lines.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.common import TIERS, markdown_table, percentile
+
+if TYPE_CHECKING:
+    from benchmarks.overload import Budgets, Settings, Trial
+
+MODES = ("gpulanes", "plain")  # the two modes compared, in the order the tables list them
+
+
+# --- figures ---------------------------------------------------------------------------
+def latency_s(result: dict) -> float:
+    """Submit to finish in seconds, as the worker measured it: queued plus run time."""
+    return (result["queued_ms"] + result["run_ms"]) / 1000
+
+
+def tier_row(trials: list[Trial], tier: str, budgets: Budgets) -> dict[str, Any]:
+    """One (mode, tier) row over every repeat of that mode."""
+    outs = [o for t in trials for o in t.outcomes if o["tier"] == tier]
+    done = [o["result"] for o in outs if o["state"] == "done"]
+    lat = [latency_s(r) for r in done]
+    budget = {"fast": budgets.fast_s, "standard": budgets.standard_s}.get(tier)
+    return {
+        "accepted": len(outs), "refused": sum(t.refused[tier] for t in trials),
+        "p50_s": percentile(lat, 0.50), "p95_s": percentile(lat, 0.95),
+        "within_budget": (sum(x <= budget for x in lat) / len(lat)) if budget and lat else None,
+        "moved": moved_latency(done),
+        "ran_in": dict(Counter(r["lane"] for r in done)),
+        "failed": sum(o["state"] == "failed" for o in outs),
+        "no_result": sum(o["state"] == "missing" for o in outs),
+    }
+
+
+def moved_latency(done: list[dict]) -> dict[str, tuple[int, float]]:
+    """downgrade_reason -> (jobs, their median latency s)."""
+    by_reason: dict[str, list[float]] = {}
+    for r in done:
+        if r.get("downgrade_reason"):
+            by_reason.setdefault(r["downgrade_reason"], []).append(latency_s(r))
+    return {k: (len(v), statistics.median(v)) for k, v in sorted(by_reason.items())}
+
+
+def mode_row(trials: list[Trial]) -> dict[str, Any]:
+    """Per mode: rates, served jobs/s, mean latency, drain time."""
+    done = [o["result"] for t in trials for o in t.outcomes if o["state"] == "done"]
+    busy_s = sum(t.submit_s + t.drain_s for t in trials)
+    return {
+        "offered_jobs_s": sum(t.offered for t in trials) / sum(t.submit_s for t in trials),
+        "accepted": sum(len(t.accepted) for t in trials),
+        "served_jobs_s": len(done) / busy_s,
+        "mean_latency_s": statistics.fmean(latency_s(r) for r in done) if done else None,
+        "drain_s": statistics.fmean(t.drain_s for t in trials),
+        "queued_at_deadline": sum(t.queued_at_deadline for t in trials),
+        "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
+        / max(1, sum(t.offered for t in trials)),
+        "beat_cpu_share": sum(t.beat_cpu_s for t in trials) / busy_s,
+    }
+
+
+def summary(trials: list[Trial], budgets: Budgets) -> dict[str, Any]:
+    """Per mode: a row per tier and one for the mode as a whole."""
+    by_mode = {m: [t for t in trials if t.mode == m] for m in MODES}
+    return {"tiers": {m: {tier: tier_row(ts, tier, budgets) for tier in TIERS}
+                      for m, ts in by_mode.items()},
+            "modes": {m: mode_row(ts) for m, ts in by_mode.items()}}
+
+
+# --- report ----------------------------------------------------------------------------
+def fmt(value: float | None, pattern: str = "{:.2f}") -> str:
+    """``value`` formatted with ``pattern``, or "-" when None."""
+    return "-" if value is None else pattern.format(value)
+
+
+def counts(mapping: dict[str, Any]) -> str:
+    """{"a": 3} -> "a 3"; {"a": (3, 1.5)} -> "a 3 (p50 1.5s)"."""
+    return ", ".join(f"{k} {v[0]} (p50 {v[1]:.1f}s)" if isinstance(v, (tuple, list))
+                     else f"{k} {v}" for k, v in sorted(mapping.items())) or "-"
+
+
+def tier_table(tiers: dict[str, dict[str, dict]]) -> str:
+    """One row per (requested tier, mode): counts, latency, budget share, moves."""
+    rows = [[tier, mode, r["accepted"], r["refused"], fmt(r["p50_s"]), fmt(r["p95_s"]),
+             fmt(r["within_budget"], "{:.0%}"), counts(r["moved"]), counts(r["ran_in"]),
+             r["failed"], r["no_result"]]
+            for tier in TIERS for mode in MODES for r in [tiers[mode][tier]]]
+    return markdown_table(["tier", "mode", "accepted", "LaneFull", "p50 s", "p95 s",
+                           "within budget", "moved down (reason n)", "ran in", "failed",
+                           "no result"], rows, align="llrrrrrllrr")
+
+
+def mode_table(modes: dict[str, dict]) -> str:
+    """One row per mode: rates, latency, drain time, CPU."""
+    rows = [[mode, f"{m['offered_jobs_s']:.1f}", m["accepted"], f"{m['served_jobs_s']:.1f}",
+             fmt(m["mean_latency_s"]), f"{m['drain_s']:.1f}", m["queued_at_deadline"],
+             f"{m['client_cpu_ms_per_job']:.2f}", f"{m['beat_cpu_share']:.0%}"]
+            for mode in MODES for m in [modes[mode]]]
+    return markdown_table(["mode", "offered jobs/s", "accepted", "served jobs/s",
+                           "mean latency s", "drain s", "still queued at deadline",
+                           "client CPU ms/job", "beat CPU (of one core)"], rows)
+
+
+def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:
+    """'<tier> gpulanes X vs plain Y (better|worse|same)' for a lower-is-better key."""
+    g, p = tiers["gpulanes"][tier][key], tiers["plain"][tier][key]
+    if g is None or p is None:
+        return f"{tier} n/a"
+    word = "within 5%" if abs(g - p) <= 0.05 * max(p, 1e-9) else "better" if g < p else "worse"
+    return f"{tier} {g:.2f} vs {p:.2f} ({word})"
+
+
+def load_line(report: dict[str, Any]) -> str:
+    """How hard the pool was really driven, against what plain mode actually served."""
+    served = report["summary"]["modes"]["plain"]["served_jobs_s"]
+    above = sum(report["mix"][t] for t in ("fast", "standard")) * report["offered_jobs_s"]
+    offered = report["offered_jobs_s"]
+    return (f"offered {offered:.1f} jobs/s = {offered / served:.2f}x what the pool served in "
+            f"plain mode ({served:.1f}/s); fast+standard alone {above:.1f}/s = "
+            f"{above / served:.2f}x")
+
+
+def policy_line(tiers: dict[str, dict[str, dict]]) -> str:
+    """What the gpulanes policy moved down, by requested tier and reason."""
+    moved = Counter({f"{tier} {reason}": n for tier, row in tiers["gpulanes"].items()
+                     for reason, (n, _) in row["moved"].items()})
+    if not moved:
+        return ("the gpulanes policy never moved a job: both modes ran the same lanes in the "
+                "same order, so any gap between them is beat/submit overhead or noise")
+    return f"gpulanes moved jobs down (requested tier, reason): {counts(dict(moved))}"
+
+
+def verdict(report: dict[str, Any]) -> list[str]:
+    """The lines under the tables: load, policy, budgets, p95, mean latency, lost jobs."""
+    tiers, modes = report["summary"]["tiers"], report["summary"]["modes"]
+    lost = sum(r["no_result"] for m in MODES for r in tiers[m].values())
+    within = {t: [fmt(tiers[m][t]["within_budget"], "{:.0%}") for m in MODES]
+              for t in ("fast", "standard")}
+    return [load_line(report), policy_line(tiers),
+            "within budget (gpulanes / plain): " + ", ".join(
+                f"{t} {g} / {p}" for t, (g, p) in within.items()),
+            "p95 latency s, gpulanes vs plain: " + "; ".join(
+                compare(tiers, t, "p95_s") for t in TIERS),
+            f"mean latency over all jobs: gpulanes {fmt(modes['gpulanes']['mean_latency_s'])}s,"
+            f" plain {fmt(modes['plain']['mean_latency_s'])}s (a policy moves waiting between "
+            "tiers; it adds no capacity)",
+            f"jobs without a result: {lost} (must be 0)"]
+
+
+def print_report(report: dict[str, Any], settings: Settings) -> None:
+    """Both tables, the verdict lines and one line on the run's settings."""
+    print(tier_table(report["summary"]["tiers"]))
+    print()
+    print(mode_table(report["summary"]["modes"]))
+    print()
+    for line in verdict(report):
+        print(f"- {line}")
+    b = report["budgets"]
+    mix = "/".join(f"{settings.mix[t]:.0%}" for t in TIERS)
+    print(f"mix fast/standard/relaxed {mix}; {settings.workers} CPU workers, "
+          f"{settings.size.steps} steps at {settings.size.size}px: capacity "
+          f"{report['capacity_jobs_s']:.1f} jobs/s, offered {report['offered_jobs_s']:.1f} "
+          f"jobs/s for {settings.duration_s:g}s per trial, {settings.repeats} repeat(s); "
+          f"budgets fast {b['fast_s']:.2f}s, standard "
+          f"{b['standard_s']:.2f}s; total wall time {report['wall_s']:.1f}s")
