@@ -23,6 +23,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/lanes.py
+	$(PY) benchmarks/submit.py
+	$(PY) benchmarks/fairness.py
+	$(PY) benchmarks/overload.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info
