@@ -1,0 +1,58 @@
+"""Flower refuses to start open, and asks for the credentials it was given."""
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+
+from conftest import wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _flower(env: dict, port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                             f"--port={port}", "--address=127.0.0.1"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _status(port: int, auth: str | None = None) -> int | None:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/workers")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        return urllib.request.urlopen(request, timeout=2).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def test_flower_will_not_start_without_auth(redis_server):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
+    proc = _flower(env, _free_port())
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "without authentication" in out
+
+
+def test_flower_requires_its_credentials(redis_server):
+    port = _free_port()
+    proc = _flower({**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}, port)
+    try:
+        assert wait_until(lambda: _status(port), timeout_s=60, what="Flower to answer") == 401
+        assert _status(port, "ops:wrong") == 401
+        assert _status(port, "ops:s3cret") == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
