@@ -78,8 +78,17 @@ result_backend = setting("RESULT_BACKEND", str, broker_url)
 
 # --- devices and models ------------------------------------------------------
 DEVICE = setting("DEVICE", choice("auto", "cpu", "cuda"), "auto")
-MODELS = setting("MODELS", mapping, {"demo": "gpu_worker.demo_model:load"})
+# The built-in family: ``demo`` and ``demo-0`` ... ``demo-15``, one architecture
+# with different deterministic weights, so multi-model serving can be tried here.
+DEMO_MODELS = {name: "gpu_worker.demo_model:load"
+               for name in ["demo", *(f"demo-{i}" for i in range(16))]}
+MODELS = setting("MODELS", mapping, DEMO_MODELS)
 WARM_MODELS = setting("WARM_MODELS", names, ("demo",))
+#: Models a worker keeps loaded; the least recently used one makes room.
+MODEL_SLOTS = setting("MODEL_SLOTS", positive(int), 2)
+if len(WARM_MODELS) > MODEL_SLOTS:
+    raise ConfigError("GPULANES_WARM_MODELS", f"{len(WARM_MODELS)} models but only "
+                      f"GPULANES_MODEL_SLOTS={MODEL_SLOTS} slots")
 TORCH_THREADS = setting("TORCH_THREADS", positive(int), 1)
 
 # --- job limits (checked before anything is enqueued) ------------------------

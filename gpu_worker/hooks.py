@@ -53,7 +53,7 @@ class WarmModels(Hook):
 
         torch.set_num_threads(cfg.TORCH_THREADS)
         device = worker_device(cfg.DEVICE)
-        RUNTIME.configure(sender.hostname, device, cfg.MODELS, cfg.MODEL_DIR)
+        RUNTIME.configure(sender.hostname, device, cfg.MODELS, cfg.MODEL_DIR, cfg.MODEL_SLOTS)
         try:
             for name in cfg.WARM_MODELS:
                 RUNTIME.model(name)

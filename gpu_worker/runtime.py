@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
+from collections import OrderedDict
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,9 @@ class Runtime:
     hostname: str = "unset"
     specs: dict[str, str] = field(default_factory=dict)
     model_dir: Path = Path(".")
-    models: dict[str, ImageModel] = field(default_factory=dict)
+    #: Warm models, least recently used first; at most ``slots`` of them.
+    models: OrderedDict[str, ImageModel] = field(default_factory=OrderedDict)
+    slots: int = 1
     load_ms: dict[str, float] = field(default_factory=dict)
     in_flight: dict[str, int] = field(default_factory=dict)
     served: int = 0
@@ -38,8 +42,8 @@ class Runtime:
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def configure(self, hostname: str, device: str, specs: dict[str, str],
-                  model_dir: Path) -> None:
-        self.hostname, self.device = hostname, device
+                  model_dir: Path, slots: int) -> None:
+        self.hostname, self.device, self.slots = hostname, device, slots
         self.specs, self.model_dir = dict(specs), Path(model_dir)
 
     @property
@@ -49,16 +53,29 @@ class Runtime:
 
     def model(self, name: str) -> tuple[ImageModel, float | None]:
         """The warm model ``name`` and, if this call had to load it, its load time."""
-        model = self.models.get(name)
-        if model is not None:
-            return model, None
+        with self._lock:
+            if name in self.models:
+                self.models.move_to_end(name)
+                return self.models[name], None
         with self._load_lock:  # one loader at a time; the others then find it warm
             if name in self.models:
                 return self.models[name], None
             load_ms = self._load(name)
             return self.models[name], load_ms
 
+    def _evict_for_one_more(self) -> None:
+        # Evict before loading: a GPU may not hold slots + 1 models.
+        while len(self.models) >= self.slots:
+            with self._lock:
+                name, _ = self.models.popitem(last=False)
+                self.load_ms.pop(name, None)
+            log.info("model %s evicted (least recently used of %d slots)", name, self.slots)
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
     def _load(self, name: str) -> float:
+        self._evict_for_one_more()
         began = time.perf_counter()
         model = load_model(name, self.specs, self.device, self.model_dir)
         model.warmup()
@@ -91,7 +108,7 @@ class Runtime:
                 "incarnation": self.incarnation, "started_at": self.started_at,
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),
-                "warm_models": sorted(self.models),
+                "warm_models": list(self.models), "slots": self.slots,
                 "load_ms": dict(self.load_ms),
             }
 

@@ -24,7 +24,9 @@ TEST_ENV = {
     "GPULANES_STATE_DIR": str(STATE_DIR),
     "GPULANES_ARTIFACT_DIR": str(STATE_DIR / "artifacts"),
     "GPULANES_MODEL_DIR": str(STATE_DIR / "models"),
-    "GPULANES_MODELS": "demo=gpu_worker.demo_model:load,flaky=tests.flaky_model:load",
+    "GPULANES_MODELS": ",".join([*(f"{name}=gpu_worker.demo_model:load" for name in
+                                   ("demo", "demo-0", "demo-1", "demo-2")),
+                                 "flaky=tests.flaky_model:load"]),
     "GPULANES_DEVICE": "cpu",
     "GPULANES_HEARTBEAT_S": "1",
     "GPULANES_HEARTBEAT_REPLY_S": "0.3",

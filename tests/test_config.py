@@ -52,3 +52,16 @@ def test_delivery_guarantees(app):
     assert options["queue_order_strategy"] == "priority"
     # A job may run MAX_JOB_S and back off RETRY_CAP_S before Redis redelivers it.
     assert options["visibility_timeout"] > cfg.MAX_JOB_S + cfg.RETRY_CAP_S
+
+
+def test_more_warm_models_than_slots_is_refused():
+    env = {"GPULANES_WARM_MODELS": "demo,demo-0,demo-1", "GPULANES_MODEL_SLOTS": "2",
+           "PATH": ""}
+    proc = subprocess.run([sys.executable, "-c", "import celeryconfig"], env=env,
+                          capture_output=True, text=True, cwd=cfg.PROJECT_DIR)
+    assert proc.returncode != 0 and "GPULANES_WARM_MODELS" in proc.stderr
+
+
+def test_the_demo_family_is_built_in():
+    assert {"demo", "demo-0", "demo-15"} <= set(cfg.DEMO_MODELS)
+    assert len(cfg.DEMO_MODELS) == 17
