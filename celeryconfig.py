@@ -71,6 +71,8 @@ def names(raw: str) -> tuple[str, ...]:
 STATE_DIR = setting("STATE_DIR", Path, PROJECT_DIR / ".gpulanes")
 ARTIFACT_DIR = setting("ARTIFACT_DIR", Path, PROJECT_DIR / "artifacts")
 MODEL_DIR = setting("MODEL_DIR", Path, STATE_DIR / "models")
+#: An fsspec URL (http://, s3://, file://) to fetch checkpoints from; unset: MODEL_DIR.
+MODEL_STORE = setting("MODEL_STORE", str, None)
 # Unset: the embedded Redis that the launcher starts on this Unix socket.
 EMBEDDED_SOCKET = STATE_DIR / "redis.sock"
 broker_url = setting("BROKER_URL", str, f"redis+socket://{EMBEDDED_SOCKET}")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from gpu_worker.models import StepCallback
 from gpu_worker.shards import load_checkpoint_timed, write_checkpoint
+from gpu_worker.store import checkpoint_folder
 from tasks.errors import ModelError
 
 VOCAB_SIZE = 4096
@@ -146,12 +147,24 @@ def _step_embedding(t: float, device: torch.device) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)])
 
 
+def build_checkpoint(name: str, dest: Path) -> Path:
+    """Write model ``name``'s checkpoint (4 shards + manifest) to ``dest``."""
+    return write_checkpoint(make_weights(name), dest, N_SHARDS,
+                            metadata={"model": name, "architecture": ARCHITECTURE})
+
+
 def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
-    """Factory for ``GPULANES_MODELS``: build the checkpoint if absent, then load it."""
-    path = Path(model_dir) / name
-    if not path.exists():
-        write_checkpoint(make_weights(name), path, N_SHARDS,
-                         metadata={"model": name, "architecture": ARCHITECTURE})
+    """Factory for ``GPULANES_MODELS``: fetch or build the checkpoint, then load it.
+
+    With ``GPULANES_MODEL_STORE`` set the checkpoint comes from that store
+    (publish it there with :func:`build_checkpoint`); otherwise it is made
+    in ``model_dir`` on first use.
+    """
+    import celeryconfig as cfg
+
+    path = checkpoint_folder(name, model_dir, cfg.MODEL_STORE)
+    if not cfg.MODEL_STORE and not path.exists():
+        build_checkpoint(name, path)
     weights, load_ms = load_checkpoint_timed(path, device)
     for key, (shape, _) in WEIGHT_SPECS.items():
         if key not in weights or tuple(weights[key].shape) != shape:
