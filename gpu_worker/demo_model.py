@@ -165,7 +165,8 @@ def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
     path = checkpoint_folder(name, model_dir, cfg.MODEL_STORE)
     if not cfg.MODEL_STORE and not path.exists():
         build_checkpoint(name, path)
-    weights, load_ms = load_checkpoint_timed(path, device)
+    # a store-fetched folder was verified shard by shard a moment ago
+    weights, load_ms = load_checkpoint_timed(path, device, verify=not cfg.MODEL_STORE)
     for key, (shape, _) in WEIGHT_SPECS.items():
         if key not in weights or tuple(weights[key].shape) != shape:
             raise ModelError(f"{path}: checkpoint does not fit {ARCHITECTURE} (tensor {key!r}); "

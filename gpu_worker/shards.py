@@ -139,17 +139,19 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(path: Path, device: str, max_workers: int = 8) -> dict[str, torch.Tensor]:
+def load_checkpoint(path: Path, device: str, max_workers: int = 8,
+                    verify: bool = True) -> dict[str, torch.Tensor]:
     """Load every tensor of checkpoint ``path`` onto ``device``, shards in parallel.
 
     Raises ``ShardError`` naming the shard when anything is missing, corrupt
-    or unreadable.
+    or unreadable. ``verify=False`` skips the sha256 pass, for a folder the
+    caller has just verified (``gpu_worker.store`` does, shard by shard).
     """
-    return load_checkpoint_timed(path, device, max_workers)[0]
+    return load_checkpoint_timed(path, device, max_workers, verify)[0]
 
 
-def load_checkpoint_timed(path: Path, device: str,
-                          max_workers: int = 8) -> tuple[dict[str, torch.Tensor], float]:
+def load_checkpoint_timed(path: Path, device: str, max_workers: int = 8,
+                          verify: bool = True) -> tuple[dict[str, torch.Tensor], float]:
     """``load_checkpoint``, also returning the wall time it took in milliseconds."""
     start_s = time.perf_counter()
     path = Path(path)
@@ -157,7 +159,7 @@ def load_checkpoint_timed(path: Path, device: str,
     target = torch.device(device)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(shards) or 1)),
                             thread_name_prefix="shard-load") as pool:
-        futures = [pool.submit(_load_shard, path, shard, target) for shard in shards]
+        futures = [pool.submit(_load_shard, path, shard, target, verify) for shard in shards]
         results = [f.result() for f in futures]  # first failure raises; no partial dict
     tensors: dict[str, torch.Tensor] = {}
     for shard_tensors in results:
@@ -170,13 +172,14 @@ def load_checkpoint_timed(path: Path, device: str,
     return tensors, load_ms
 
 
-def _load_shard(folder: Path, shard: dict[str, Any], target: torch.device) -> dict[str, torch.Tensor]:
+def _load_shard(folder: Path, shard: dict[str, Any], target: torch.device,
+                verify: bool = True) -> dict[str, torch.Tensor]:
     """Verify one shard against the manifest, then load it; runs in a pool thread."""
     file_path = folder / str(shard.get("file"))
     fix = f"delete {folder} to rebuild the checkpoint"
     try:
         # Shards are immutable once published, so hashing then loading is safe.
-        actual = _sha256(file_path)
+        actual = _sha256(file_path) if verify else shard["sha256"]
         if actual != shard["sha256"]:
             raise ShardError(f"{file_path}: sha256 {actual} does not match the manifest's "
                              f"{shard['sha256']}; the shard is corrupt, {fix}")
