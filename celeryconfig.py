@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from routing.names import LANES
+from routing.names import LANES, RELAX_PRIORITIES
 from tasks.errors import ConfigError
 
 T = TypeVar("T")
@@ -112,6 +112,8 @@ RETRY_CAP_S = setting("RETRY_CAP_S", positive(float), 30.0)
 # --- lane policy (see routing.policy) -----------------------------------------
 MAX_WAIT_FAST_S = setting("MAX_WAIT_FAST_S", positive(float), 10.0)
 MAX_WAIT_STANDARD_S = setting("MAX_WAIT_STANDARD_S", positive(float), 60.0)
+#: The lanes with a wait budget (relaxed has none: it takes what is left).
+MAX_WAIT_S = {"fast": MAX_WAIT_FAST_S, "standard": MAX_WAIT_STANDARD_S}
 RELEASE_RATIO = setting("RELEASE_RATIO", positive(float), 0.9)
 RELEASE_SAMPLES = setting("RELEASE_SAMPLES", positive(int), 3)
 MAX_DEPTH = {lane: setting(f"MAX_DEPTH_{lane.upper()}", positive(int), default)
@@ -168,7 +170,7 @@ broker_transport_options = {
     "queue_order_strategy": "priority",  # honour the -Q order: fast first
     # Lanes do priority; message priority only orders accounts inside relaxed
     # (fast and standard always use step 0, so lane order holds).
-    "priority_steps": [0, 3, 6, 9],
+    "priority_steps": list(RELAX_PRIORITIES),
     "visibility_timeout": VISIBILITY_TIMEOUT_S,
     # sweep for abandoned jobs every few seconds, not every 100 s
     "unacked_restore_interval": max(1, min(10, VISIBILITY_TIMEOUT_S // 4)),

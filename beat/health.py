@@ -1,50 +1,74 @@
 """Health checks that heal: put a dead worker's jobs back in their lanes at once.
 
-Workers record the broker messages they hold (``gpu_worker.hooks.HeldJobs``).
-When a worker incarnation is dead (it missed its heartbeats, or a newer
-process took over its name) its messages go back to the front of their lanes
-through kombu's own restore, long before Redis' visibility timeout would.
+Workers record which incarnation holds each broker message
+(``gpu_worker.hooks.HeldJobs``). When an incarnation is dead (it missed its
+heartbeats, or a newer process took over its name) each message it still
+holds goes back to the front of its lane, long before Redis' visibility
+timeout would return it. The move is one Redis transaction that re-checks
+the holder, so a message that meanwhile went to another worker stays there.
 """
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
-from routing.names import INCARNATIONS_KEY, held_key
+import redis
+from kombu.utils.json import loads
+
+from routing.names import HOLDERS_KEY, lease_key
 
 log = logging.getLogger(__name__)
 
 
-def dead_incarnations(incarnations: Mapping[str, float],
-                      workers: Mapping[str, dict]) -> list[str]:
-    """Incarnations ("host/pid" -> start time) whose jobs must be put back (pure)."""
-    dead = []
-    for incarnation, started_at in incarnations.items():
-        worker = workers.get(incarnation.rsplit("/", 1)[0])
+def _parts(incarnation: str) -> tuple[str, float]:
+    host, _pid, started_at = incarnation.rsplit("/", 2)
+    return host, float(started_at)
+
+
+def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict]) -> set[str]:
+    """Incarnations ("host/pid/start") whose jobs must be put back (pure)."""
+    dead = set()
+    for incarnation in set(incarnations):
+        host, started_at = _parts(incarnation)
+        worker = workers.get(host)
         if worker is None:
             continue  # not heard from yet: too new to judge
         if worker.get("incarnation") == incarnation:
             if not worker["alive"]:
-                dead.append(incarnation)
-        elif worker.get("alive") and worker.get("started_at", 0) > float(started_at):
-            dead.append(incarnation)  # restarted under the same name
+                dead.add(incarnation)
+        elif worker.get("alive") and worker.get("started_at", 0) > started_at:
+            dead.add(incarnation)  # restarted under the same name
     return dead
 
 
-def requeue_dead(app, client, workers: Mapping[str, dict]) -> int:
-    """Restore every message a dead incarnation held; returns how many."""
-    incarnations = client.hgetall(INCARNATIONS_KEY)
-    restored = 0
-    for incarnation in dead_incarnations(incarnations, workers):
-        tags = client.hkeys(held_key(incarnation))
-        if tags:
-            with app.connection_for_write() as conn:
-                qos = conn.default_channel.qos
-                for tag in tags:
-                    qos.restore_by_tag(tag)
-        client.delete(held_key(incarnation))
-        client.hdel(INCARNATIONS_KEY, incarnation)
-        restored += len(tags)
-        log.warning("worker %s is dead: %d job(s) put back in their lanes",
-                    incarnation, len(tags))
+def restore_if_held(channel: Any, client: redis.Redis, tag: str, incarnation: str) -> bool:
+    """Put message ``tag`` back in its lane if ``incarnation`` still holds it."""
+    qos = channel.qos
+
+    def move(pipe: redis.client.Pipeline) -> bool:
+        if pipe.hget(HOLDERS_KEY, tag) != incarnation:
+            return False
+        raw = pipe.hget(qos.unacked_key, tag)
+        pipe.multi()
+        pipe.hdel(HOLDERS_KEY, tag).zrem(qos.unacked_index_key, tag).hdel(qos.unacked_key, tag)
+        if raw:
+            message, exchange, routing_key = loads(raw)
+            pipe.delete(lease_key(message["headers"]["id"]))  # its runner is gone
+            channel._do_restore_message(message, exchange, routing_key, pipe)
+        return bool(raw)
+
+    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
+
+
+def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict]) -> int:
+    """Restore every message a dead incarnation holds; returns how many."""
+    holders = client.hgetall(HOLDERS_KEY)
+    dead = dead_incarnations(holders.values(), workers)
+    if not dead:
+        return 0
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        restored = sum(restore_if_held(channel, client, tag, who)
+                       for tag, who in holders.items() if who in dead)
+    log.warning("dead worker(s) %s: %d job(s) put back in their lanes", sorted(dead), restored)
     return restored

@@ -7,7 +7,6 @@ lanes, step the lane policy, and publish it all as one snapshot in Redis.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import time
@@ -18,18 +17,14 @@ import redis
 import celeryconfig as cfg
 from beat.health import requeue_dead
 from beat.snapshot import lane_loads, next_policy
-from routing.names import (FAST, FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAPSHOT_KEY,
-                           STANDARD, STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys,
-                           usage_key)
+from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAPSHOT_KEY,
+                           STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys, usage_key)
 from routing.policy import relax_levels
 from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
 FORGET_AFTER_S = 600.0
-#: One round in this many waits for every reply, to discover new workers.
-DISCOVER_EVERY = 5
-_rounds = itertools.count()
 
 
 def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
@@ -45,14 +40,9 @@ def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
     return record
 
 
-def ask_workers(timeout_s: float, expect: int | None = None) -> dict[str, dict]:
-    """Broadcast the stats command; {hostname: reply} from each worker that answered.
-
-    With ``expect``, stop waiting once that many have answered instead of
-    always waiting out ``timeout_s``.
-    """
-    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s,
-                                    limit=expect or None)
+def ask_workers(timeout_s: float) -> dict[str, dict]:
+    """Broadcast the stats command; {hostname: reply} from each worker that answered."""
+    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s)
     return {host: reply for answer in answers or [] for host, reply in answer.items()
             if isinstance(reply, dict) and "error" not in reply}
 
@@ -92,11 +82,13 @@ def _log_changes(previous: dict, policy: dict, loads: dict) -> None:
 def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, Any]:
     """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
+    measured_at = time.time()  # routers count their own sends from here on
     loads = lane_loads(workers, lane_depths(client), cfg.DEFAULT_SERVICE_S)
-    budgets = {FAST: cfg.MAX_WAIT_FAST_S, STANDARD: cfg.MAX_WAIT_STANDARD_S}
-    policy = next_policy(previous, loads, budgets, cfg.RELEASE_RATIO, cfg.RELEASE_SAMPLES)
+    policy = next_policy(previous, loads, cfg.MAX_WAIT_S, cfg.RELEASE_RATIO,
+                         cfg.RELEASE_SAMPLES)
     _log_changes(previous, policy, loads)
-    return {"at": now, "lanes": loads, "policy": policy, "workers": workers,
+    return {"at": now, "measured_at": measured_at, "lanes": loads, "policy": policy,
+            "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
             "levels": relax_levels(recent_usage(client, now), cfg.FAIR_UNIT_S)}
 
@@ -106,9 +98,7 @@ def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary."""
     client = redis_client()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
-    # Every DISCOVER_EVERY rounds wait the full reply time, so new workers are found.
-    expect = None if next(_rounds) % DISCOVER_EVERY == 0 else len(previous)
-    replies = ask_workers(cfg.HEARTBEAT_REPLY_S, expect)
+    replies = ask_workers(cfg.HEARTBEAT_REPLY_S)
     now = time.time()
     workers = merge(previous, replies, now, cfg.MISSES_ALLOWED)
     snapshot = build_snapshot(client, workers, now)

@@ -20,12 +20,13 @@ import base64
 import json
 import logging
 import time
-from typing import Callable
+from functools import lru_cache
+from typing import Any, Callable
 
 import redis
 
 import celeryconfig as cfg
-from routing.names import FAST, MOVERS_TASK, RELAXED, STANDARD, lane_keys
+from routing.names import MOVERS_TASK, RELAXED, lane_keys
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
@@ -61,21 +62,34 @@ def demote(message: dict, lane: str, reason: str, now: float) -> dict:
     return {**_with_body(message, [args, kwargs, embed]), "properties": properties}
 
 
+@lru_cache(maxsize=4)
+def _mover(client: redis.Redis) -> Any:
+    return client.register_script(_MOVE)
+
+
 def _move_oldest(client: redis.Redis, source: str, target: str,
                  due: Callable[[dict], dict | None]) -> int:
     """Move each of the oldest messages of ``source`` that ``due`` rewrites.
 
     ``due`` returns the rewritten message, None to leave it, or ``STOP`` when
-    it and everything younger are not due yet.
+    it and everything younger are not due yet. Moved messages keep their
+    order at the front of ``target``: the oldest is served first.
     """
-    move, moved = client.register_script(_MOVE), 0
+    batch = []
     for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
         rewritten = due(json.loads(raw))
         if rewritten is STOP:
             break
         if rewritten is not None:
-            moved += move(keys=[source, target], args=[raw, json.dumps(rewritten)])
-    return moved
+            batch.append((raw, json.dumps(rewritten)))
+    move = _mover(client)
+    return sum(move(keys=[source, target], args=[raw, new]) for raw, new in reversed(batch))
+
+
+def _not_yet(message: dict) -> dict | None:
+    """A message that is not due: STOP in arrival order; skip one moved in out of
+    order (it sits at the front with its own clock) so it blocks nobody."""
+    return None if "lane_since" in _body(message)[1]["route"] else STOP
 
 
 def _waited_s(message: dict, now: float) -> float:
@@ -93,7 +107,7 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
 
         def due(message: dict, lower=lower, budget_s=budget_s) -> dict | None:
             if _waited_s(message, now) < budget_s:
-                return STOP
+                return _not_yet(message)
             if not _body(message)[1]["job"].get("downgradable", True):
                 return None
             return demote(message, lower, WAITED_PAST_BUDGET, now)
@@ -109,7 +123,7 @@ def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -
 
     def due(message: dict) -> dict | None:
         if _waited_s(message, now) < aging_s:
-            return STOP
+            return _not_yet(message)
         return {**message, "properties": {**message["properties"], "priority": 0}}
 
     for key in keys[1:]:
@@ -121,8 +135,7 @@ def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -
 def move_queued() -> str:
     """One round of deadline downgrades and relax aging."""
     client = redis_client()
-    budgets = {FAST: cfg.MAX_WAIT_FAST_S, STANDARD: cfg.MAX_WAIT_STANDARD_S}
-    moved = enforce_deadlines(client, budgets)
+    moved = enforce_deadlines(client, cfg.MAX_WAIT_S)
     lifted = age_relaxed(client, cfg.FAIR_AGING_S)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)

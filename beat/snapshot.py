@@ -4,11 +4,9 @@ from __future__ import annotations
 from statistics import mean
 from typing import Any, Mapping
 
-from routing.names import FAST, LANES, STANDARD
+from routing.names import LANES
 from routing.policy import Hysteresis, expected_waits, next_state
 
-#: Lanes with a wait budget; relaxed has none, it takes what is left.
-BUDGETED = (FAST, STANDARD)
 
 
 def _service_s(healthy: list[dict], lane: str) -> float | None:
@@ -25,7 +23,8 @@ def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
     fallback = mean(known) if known else default_service_s
     service_s = {lane: measured[lane] or fallback for lane in LANES}
     in_flight = {lane: sum(w.get("in_flight", {}).get(lane, 0) for w in healthy) for lane in LANES}
-    waits = expected_waits(depths, service_s, sum(in_flight.values()), len(healthy))
+    slots = sum(w.get("concurrency", 1) for w in healthy)  # jobs the pool runs at once
+    waits = expected_waits(depths, service_s, sum(in_flight.values()), slots)
     return {lane: {"depth": depths.get(lane, 0), "in_flight": in_flight[lane],
                    "workers": sum(lane in w.get("lanes", LANES) for w in healthy),
                    "service_s": round(service_s[lane], 4),
@@ -41,7 +40,7 @@ def next_policy(previous: Mapping[str, dict], loads: Mapping[str, dict],
     moving work down would not help), so its state is kept as it was.
     """
     policy = {}
-    for lane in BUDGETED:
+    for lane in budgets_s:
         state = Hysteresis(**previous.get(lane, {"overloaded": False, "calm_samples": 0}))
         if loads[lane].get("workers", 1):
             state = next_state(state, loads[lane]["expected_wait_s"], budgets_s[lane],

@@ -14,4 +14,5 @@ def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
     """gpulanes load figures: device, in-flight jobs, service time, warm models."""
     reply = RUNTIME.stats()
     reply["lanes"] = [q.name for q in state.consumer.task_consumer.queues]
+    reply["concurrency"] = state.consumer.controller.concurrency
     return reply

@@ -19,7 +19,7 @@ import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, INCARNATIONS_KEY, held_key
+from routing.names import GENERATE_TASK, HOLDERS_KEY
 from routing.store import connect
 
 log = logging.getLogger(__name__)
@@ -65,71 +65,88 @@ class WarmModels(Hook):
 
 
 class JobStats(Hook):
-    """Count in-flight jobs and measure service time for the heartbeat."""
+    """Count in-flight jobs and measure service time for the heartbeat.
+
+    Keyed by pool thread: prerun and postrun of one run share a thread, while
+    two copies of one job id may run at once on different threads.
+    """
 
     def __init__(self) -> None:
-        self._began: dict[str, tuple[str, float]] = {}
+        self._began: dict[int, tuple[str, float]] = {}
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
 
-    def on_prerun(self, task_id: str, task: Any, **_: Any) -> None:
+    def on_prerun(self, task: Any, **_: Any) -> None:
         if task.name == GENERATE_TASK:
             lane = task.request.delivery_info.get("routing_key") or "unknown"
-            self._began[task_id] = (lane, time.perf_counter())
+            self._began[threading.get_ident()] = (lane, time.perf_counter())
             RUNTIME.job_started(lane)
 
-    def on_postrun(self, task_id: str, task: Any, state: str | None = None, **_: Any) -> None:
-        lane, began = self._began.pop(task_id, (None, 0.0))
+    def on_postrun(self, state: str | None = None, **_: Any) -> None:
+        lane, began = self._began.pop(threading.get_ident(), (None, 0.0))
         if lane is not None:
             ok = state == "SUCCESS"
             RUNTIME.job_finished(lane, (time.perf_counter() - began) * 1000 if ok else None)
 
 
-class HeldJobs(Hook):
-    """Record in Redis which broker messages this worker incarnation holds.
+# KEYS: holders hash. ARGV: delivery tag, incarnation. Drop the entry if it is ours.
+_RELEASE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
+"""
 
-    Redis has no acks: if this process dies, beat's health check reads the
-    record and puts these messages back at once instead of after the
-    visibility timeout. Entries go when the job is done; a message is
-    acked right after, so at worst a finished job is offered again and
-    answered from its stored result.
+
+class HeldJobs(Hook):
+    """Record in Redis which worker incarnation holds each broker message.
+
+    Redis has no acks: if this process dies, beat's health check finds its
+    messages here and puts them back at once instead of after the visibility
+    timeout. An entry goes when its job is done (the message is acked right
+    after) and, on a clean shutdown, when kombu puts the message back itself.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._received: dict[str, deque[str]] = defaultdict(deque)
-        self._running: dict[str, str] = {}
+        self._running: dict[int, str] = {}
 
     @cached_property
     def _redis(self):
         return connect(cfg.broker_url)
 
+    @cached_property
+    def _release(self):
+        return self._redis.register_script(_RELEASE)
+
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
-        return {signals.task_received: self.on_received,
-                signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
+        return {signals.task_received: self.on_received, signals.task_prerun: self.on_prerun,
+                signals.task_postrun: self.on_postrun, signals.worker_shutdown: self.on_shutdown}
 
     def on_received(self, request: Any = None, **_: Any) -> None:
         tag = request.message.delivery_tag
         with self._lock:  # a retry's message (same id) may arrive before the run ends
             self._received[request.id].append(tag)
-        with self._redis.pipeline(transaction=False) as pipe:
-            pipe.hset(INCARNATIONS_KEY, RUNTIME.incarnation, RUNTIME.started_at)
-            pipe.hset(held_key(RUNTIME.incarnation), tag, request.id).execute()
+        self._redis.hset(HOLDERS_KEY, tag, RUNTIME.incarnation)
 
     def on_prerun(self, task_id: str, **_: Any) -> None:
         with self._lock:
             tags = self._received.get(task_id)
             if tags:
-                self._running[task_id] = tags.popleft()
+                self._running[threading.get_ident()] = tags.popleft()
                 if not tags:
                     del self._received[task_id]
 
-    def on_postrun(self, task_id: str, **_: Any) -> None:
+    def on_postrun(self, **_: Any) -> None:
         with self._lock:
-            tag = self._running.pop(task_id, None)
+            tag = self._running.pop(threading.get_ident(), None)
         if tag is not None:
-            self._redis.hdel(held_key(RUNTIME.incarnation), tag)
+            self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
+
+    def on_shutdown(self, **_: Any) -> None:
+        ours = [tag for tag, who in self._redis.hgetall(HOLDERS_KEY).items()
+                if who == RUNTIME.incarnation]
+        for tag in ours:
+            self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
 
 
 HOOKS: list[Hook] = [WarmModels(), JobStats(), HeldJobs()]

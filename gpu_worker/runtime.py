@@ -48,8 +48,8 @@ class Runtime:
 
     @property
     def incarnation(self) -> str:
-        """This process's identity: a restarted worker keeps its name, not its pid."""
-        return f"{self.hostname}/{os.getpid()}"
+        """This process's identity, "host/pid/start": a restarted worker keeps only its name."""
+        return f"{self.hostname}/{os.getpid()}/{self.started_at:.3f}"
 
     def model(self, name: str) -> tuple[ImageModel, float | None]:
         """The warm model ``name`` and, if this call had to load it, its load time."""

@@ -35,8 +35,8 @@ FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
 FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
-#: Hash: worker incarnation ("host/pid") that may hold jobs -> its start time.
-INCARNATIONS_KEY = f"{PREFIX}:incarnations"
+#: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
+HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.
 USAGE_BUCKET_S = 60
 
@@ -46,9 +46,9 @@ def usage_key(bucket: int) -> str:
     return f"{PREFIX}:usage:{bucket}"
 
 
-def held_key(incarnation: str) -> str:
-    """Hash: delivery tag -> job id, of messages one worker incarnation holds."""
-    return f"{PREFIX}:held:{incarnation}"
+def lease_key(job_id: str) -> str:
+    """Held while one copy of a job runs: a second copy never runs beside it."""
+    return f"{PREFIX}:lease:{job_id}"
 
 
 def done_key(job_id: str) -> str:

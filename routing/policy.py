@@ -62,7 +62,8 @@ def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
 
     Lanes are served in strict priority, FIFO within a lane: a job entering
     lane L waits for every queued job in L and the lanes above it, plus on
-    average half of each running job, spread over the healthy workers.
+    average half of each running job, spread over the healthy workers'
+    job slots (``workers``: the sum of their concurrency).
     """
     if workers <= 0:
         return {lane: NO_CAPACITY_WAIT_S for lane in LANES}

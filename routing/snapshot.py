@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Callable, Mapping
 
@@ -58,6 +59,9 @@ class SnapshotCache:
         # (snapshot, its base view), swapped whole by refresh(): view() reads it
         # without a lock, as one attribute.
         self._state: tuple[dict, PolicyView] | None = None
+        # Jobs this process sent that the snapshot may not count yet: (time, lane),
+        # and their per-lane totals.
+        self._log: deque[tuple[float, str]] = deque()
         self._sent: dict[str, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -78,7 +82,8 @@ class SnapshotCache:
             snapshot = json.loads(raw)
             with self._lock:
                 if self._state is None or snapshot["at"] != self._state[0]["at"]:
-                    self._state, self._sent = (snapshot, base_view(snapshot)), {}
+                    self._state = (snapshot, base_view(snapshot))
+                    self._forget_sent_before(snapshot.get("measured_at", snapshot["at"]))
 
     def _loop(self) -> None:
         while True:
@@ -94,9 +99,15 @@ class SnapshotCache:
                                             daemon=True)
             self._thread.start()
 
+    def _forget_sent_before(self, measured_at: float) -> None:
+        while self._log and self._log[0][0] < measured_at:
+            _, lane = self._log.popleft()
+            self._sent[lane] -= 1
+
     def note_sent(self, lane: str) -> None:
-        """Count a job sent to ``lane`` until the next snapshot includes it."""
+        """Count a job sent to ``lane`` until a snapshot measured after it."""
         with self._lock:
+            self._log.append((self.clock(), lane))
             self._sent[lane] = self._sent.get(lane, 0) + 1
 
     def view(self) -> PolicyView | None:

@@ -1,23 +1,27 @@
 """The ``generate`` task: run one job on this worker's warm model, write its PNG.
 
-A job id has one result, however often its message is delivered: the first
-run to finish stores its result under the id and every later run (a
-redelivery after a worker died, a duplicate) returns that stored result.
+A job id has one result, however often its message is delivered. One copy
+runs at a time: it holds a lease in Redis, and a copy that finds the lease
+taken steps aside (``Ignore``: acked, no state written). The first run to
+finish stores its result under the id, and a later copy returns it.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
+from functools import lru_cache
 from typing import Any, NoReturn
 
 import redis
+from celery.exceptions import Ignore
 
 import celeryconfig as cfg
 from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
-                           usage_key)
+                           lease_key, usage_key)
 from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
@@ -29,13 +33,34 @@ from tasks.retry import backoff_s, is_transient
 log = logging.getLogger(__name__)
 
 
+# KEYS: done, lease, attempts. ARGV: holder, lease ttl, attempts ttl.
+_BEGIN = """
+local done = redis.call('GET', KEYS[1])
+if done then return {'done', done} end
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then return {'busy', ''} end
+local attempt = redis.call('INCR', KEYS[3])
+redis.call('EXPIRE', KEYS[3], ARGV[3])
+return {'run', tostring(attempt)}
+"""
+# A lease outlives the longest run (MAX_JOB_S, checked between steps) and expires
+# before Redis' visibility timeout (2 x MAX_JOB_S + RETRY_CAP_S) redelivers a dead
+# runner's message; beat drops a dead runner's lease at once.
+LEASE_TTL_S = math.ceil(1.5 * cfg.MAX_JOB_S)
+
+
+@lru_cache(maxsize=1)
+def _begin_script() -> Any:
+    return redis_client().register_script(_BEGIN)
+
+
 def _begin(job_id: str) -> tuple[int, dict | None]:
-    """Count this run (redeliveries included) and fetch an earlier result, if any."""
-    key = attempts_key(job_id)
-    with redis_client().pipeline() as pipe:
-        pipe.incr(key).expire(key, cfg.VISIBILITY_TIMEOUT_S * 2).get(done_key(job_id))
-        attempt, _, earlier = pipe.execute()
-    return int(attempt), (json.loads(earlier) if earlier else None)
+    """Take the job's lease and count this run; or its earlier result; or Ignore."""
+    verdict, value = _begin_script()(
+        keys=[done_key(job_id), lease_key(job_id), attempts_key(job_id)],
+        args=[RUNTIME.incarnation, LEASE_TTL_S, cfg.VISIBILITY_TIMEOUT_S * 2])
+    if verdict == "busy":  # another copy runs now; it will store the result
+        raise Ignore()
+    return (0, json.loads(value)) if verdict == "done" else (int(value), None)
 
 
 def _deadline_guard(deadline: float):
@@ -58,6 +83,7 @@ def _run(job: dict) -> tuple[Any, float, float | None]:
 def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
              attempt: int, what: str) -> NoReturn:
     bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
+    redis_client().delete(lease_key(task.request.id))
     raise JobFailed(what) from exc
 
 
@@ -77,7 +103,9 @@ def _fail_or_retry(task: Any, exc: Exception, attempt: int, kwargs: dict) -> NoR
     if lane != route["requested_tier"]:
         route.update(lane=lane, downgraded_from=route["requested_tier"], downgrade_reason=RETRY)
     countdown = backoff_s(attempt, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S)
+    route["lane_since"] = time.time() + countdown  # its wait in the new lane starts then
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
+    redis_client().delete(lease_key(task.request.id))  # the retry is the next copy
     raise task.retry(exc=exc, countdown=countdown, max_retries=None,
                      kwargs={**kwargs, "route": route},
                      queue=lane, exchange=lane, routing_key=lane)
@@ -97,8 +125,11 @@ def _account_for(client: redis.Redis, result: dict, account: str) -> None:
 def _finish(job_id: str, result: dict, account: str) -> dict:
     """Store the first result of this id; a later run returns it instead of its own."""
     client = redis_client()
-    if not client.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires):
-        return json.loads(client.get(done_key(job_id)))
+    with client.pipeline() as pipe:
+        pipe.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires)
+        stored, _, earlier = pipe.delete(lease_key(job_id)).get(done_key(job_id)).execute()
+    if not stored:
+        return json.loads(earlier)
     _account_for(client, result, account)
     return result
 

@@ -10,7 +10,6 @@ import pytest
 from beat.movers import age_relaxed, enforce_deadlines
 from conftest import SMALL
 from routing.names import lane_keys
-from tasks.api import snapshot_cache
 from tasks.generate import generate
 from tasks.schema import validate
 
@@ -36,7 +35,6 @@ def _kwargs(message: dict) -> dict:
 
 
 def test_jobs_past_budget_move_to_the_front_of_the_lane_below(clean_redis):
-    snapshot_cache()  # any cached view is irrelevant here: we publish directly
     waiting = _publish("standard", "standard", waited_s=1)
     stale = _publish("fast", "fast", waited_s=11)
     fresh = _publish("fast", "fast", waited_s=1)
@@ -86,3 +84,22 @@ def test_old_relaxed_jobs_jump_to_the_front_of_the_first_level(clean_redis):
     assert all(m["properties"]["priority"] == 0 for m in first)
     assert [m["headers"]["id"] for m in _messages(clean_redis, keys[3])] == [young]
     assert age_relaxed(clean_redis, aging_s=60) == 0
+
+
+def test_moved_jobs_keep_their_order_and_block_nobody(clean_redis):
+    native = _publish("standard", "standard", waited_s=120)  # long past standard's budget
+    a, b = (_publish("fast", "fast", waited_s=w) for w in (30, 20))
+    enforce_deadlines(clean_redis, BUDGETS)  # a and b move to the front of standard...
+    order = [m["headers"]["id"] for m in reversed(_messages(clean_redis, "standard"))]
+    assert order[:2] == [a, b]  # ...oldest first
+    enforce_deadlines(clean_redis, BUDGETS)  # they have a fresh budget there and stay,
+    relaxed = [m["headers"]["id"] for m in _messages(clean_redis, "relaxed")]
+    assert relaxed == [native]  # but do not shield the standard job behind them
+
+
+def test_aged_jobs_keep_their_order(clean_redis):
+    old, mid, young = (_publish("relaxed", "relaxed", priority=3, waited_s=w)
+                       for w in (300, 200, 100))
+    assert age_relaxed(clean_redis, aging_s=60) == 3
+    order = [m["headers"]["id"] for m in reversed(_messages(clean_redis, lane_keys("relaxed")[0]))]
+    assert order == [old, mid, young]

@@ -200,10 +200,11 @@ def test_a_worker_is_dead_after_the_allowed_misses_and_back_when_it_answers():
 
 
 def test_dead_incarnations():
-    workers = {"gpu0@h": {"incarnation": "gpu0@h/20", "alive": True, "started_at": 50.0},
-               "gpu1@h": {"incarnation": "gpu1@h/30", "alive": False, "started_at": 10.0}}
-    incarnations = {"gpu0@h/10": 5.0,    # replaced by a newer process of the same name
-                    "gpu0@h/20": 50.0,   # the live one
-                    "gpu1@h/30": 10.0,   # missed its heartbeats
-                    "gpu9@h/40": 60.0}   # not heard from yet: left alone
-    assert sorted(dead_incarnations(incarnations, workers)) == ["gpu0@h/10", "gpu1@h/30"]
+    workers = {"gpu0@h": {"incarnation": "gpu0@h/20/50.0", "alive": True, "started_at": 50.0},
+               "gpu1@h": {"incarnation": "gpu1@h/30/10.0", "alive": False, "started_at": 10.0}}
+    holders = ["gpu0@h/10/5.0",    # replaced by a newer process of the same name
+               "gpu0@h/20/50.0",   # the live one
+               "gpu1@h/30/10.0",   # missed its heartbeats
+               "gpu9@h/40/60.0",   # not heard from yet: left alone
+               "gpu0@h/10/5.0"]    # holds two messages
+    assert dead_incarnations(holders, workers) == {"gpu0@h/10/5.0", "gpu1@h/30/10.0"}

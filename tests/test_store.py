@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import torch

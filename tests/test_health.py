@@ -1,0 +1,51 @@
+"""The health check's restore against kombu's own: a message goes back only if the
+dead worker still holds it, never while another worker does."""
+from __future__ import annotations
+
+import json
+import time
+
+from kombu import Connection
+
+import celeryconfig as cfg
+from beat.health import restore_if_held
+from routing.names import HOLDERS_KEY, lease_key
+from tasks.celeryapp import redis_client
+from tasks.generate import generate
+
+
+def _publish() -> str:
+    return generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": time.time()},
+                                queue="standard").id
+
+
+def _ids(client, key="standard") -> list[str]:
+    return [json.loads(raw)["headers"]["id"] for raw in client.lrange(key, 0, -1)]
+
+
+def _connection() -> Connection:
+    return Connection(cfg.broker_url, transport_options=cfg.broker_transport_options)
+
+
+def test_a_dead_holders_message_goes_back_to_its_lane(clean_redis):
+    job = _publish()
+    with _connection() as worker, _connection() as beat:
+        tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
+        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
+        clean_redis.set(lease_key(job), "gpu0@h/1/1.0")
+        assert restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert _ids(clean_redis) == [job]
+    assert not clean_redis.hexists(HOLDERS_KEY, tag) and not clean_redis.exists(lease_key(job))
+
+
+def test_a_message_another_worker_took_stays_with_it(clean_redis):
+    job = _publish()
+    with _connection() as a, _connection() as b, _connection() as beat:
+        channel_a = a.channel()
+        tag = channel_a.basic_get("standard", no_ack=False).delivery_tag
+        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
+        channel_a.close()  # A's warm shutdown: kombu puts the message back itself
+        assert b.channel().basic_get("standard", no_ack=False).delivery_tag == tag
+        clean_redis.hset(HOLDERS_KEY, tag, "gpu1@h/2/2.0")  # B's HeldJobs hook
+        assert not restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert job not in _ids(clean_redis)  # B keeps it: nothing runs twice
