@@ -10,6 +10,8 @@ change is one atomic Lua script, so concurrent charges never lose an update.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
+from typing import Any
 
 import redis
 
@@ -36,10 +38,16 @@ def _client() -> redis.Redis:
     return redis_client()
 
 
+@lru_cache(maxsize=8)
+def _add_script(client: redis.Redis) -> Any:
+    return client.register_script(_ADD)  # hashed once per client, not per charge
+
+
 def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
-    script = (client or _client()).register_script(_ADD)
-    left = script(keys=[FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
-                  args=[account, repr(float(seconds)), repr(cfg.FAST_SECONDS_DEFAULT)])
+    client = client or _client()
+    left = _add_script(client)(keys=[FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
+                               args=[account, repr(float(seconds)),
+                                     repr(cfg.FAST_SECONDS_DEFAULT)])
     return float(left)
 
 

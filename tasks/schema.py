@@ -11,6 +11,7 @@ from routing.names import TIERS
 from tasks.errors import InvalidJob
 
 MAX_SEED = 2**63 - 1
+MODEL_NAMES = tuple(sorted(cfg.MODELS))
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
 
 
@@ -94,7 +95,7 @@ def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
         prompt=_text("prompt", prompt, cfg.MAX_PROMPT_CHARS),
         tier=tier,
         account=check_account(account),
-        model=_choice("model", model, sorted(cfg.MODELS)),
+        model=_choice("model", model, MODEL_NAMES),
         seed=secrets.randbelow(MAX_SEED) if seed is None else _integer("seed", seed, 0, MAX_SEED),
         steps=_integer("steps", steps, 1, cfg.MAX_STEPS),
         width=_side("width", width),
