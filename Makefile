@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/submit.py
 	$(PY) benchmarks/fairness.py
 	$(PY) benchmarks/overload.py
+	$(PY) benchmarks/coldstart.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

@@ -63,6 +63,14 @@ def mapping(raw: str) -> dict[str, str]:
     return {name.strip(): spec.strip() for name, spec in pairs}
 
 
+def counts(raw: str) -> dict[str, int]:
+    """``name=2,name2=1`` -> {name: 2, name2: 1}."""
+    pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError("expected name=count[,name=count]")
+    return {name.strip(): at_least(1)(count.strip()) for name, count in pairs}
+
+
 def names(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
@@ -88,6 +96,10 @@ MODELS = setting("MODELS", mapping, DEMO_MODELS)
 WARM_MODELS = setting("WARM_MODELS", names, ("demo",))
 #: Models a worker keeps loaded; the least recently used one makes room.
 MODEL_SLOTS = setting("MODEL_SLOTS", positive(int), 2)
+#: Models beat keeps warm on at least this many workers ("demo-0=2,demo-1=1").
+MIN_REPLICAS = setting("MIN_REPLICAS", counts, {})
+if set(MIN_REPLICAS) - set(MODELS):
+    raise ConfigError("GPULANES_MIN_REPLICAS", f"unknown models {sorted(set(MIN_REPLICAS) - set(MODELS))}")
 if len(WARM_MODELS) > MODEL_SLOTS:
     raise ConfigError("GPULANES_WARM_MODELS", f"{len(WARM_MODELS)} models but only "
                       f"GPULANES_MODEL_SLOTS={MODEL_SLOTS} slots")

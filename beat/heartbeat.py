@@ -16,6 +16,7 @@ import redis
 
 import celeryconfig as cfg
 from beat.health import requeue_dead
+from beat.replicas import keep_replicas
 from beat.snapshot import lane_loads, next_policy
 from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAPSHOT_KEY,
                            STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys, usage_key)
@@ -108,6 +109,7 @@ def heartbeat() -> str:
             pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
         pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
     requeue_dead(app, client, workers)
+    keep_replicas(app, workers, cfg.MIN_REPLICAS)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(
         f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"

@@ -1,12 +1,12 @@
-"""The worker's heartbeat reply, answered by the consumer thread even mid-job."""
+"""Control commands answered by the consumer thread, even while a job runs."""
 from __future__ import annotations
 
 from typing import Any
 
-from celery.worker.control import inspect_command
+from celery.worker.control import control_command, inspect_command
 
 from gpu_worker.runtime import RUNTIME
-from routing.names import STATS_COMMAND
+from routing.names import PREWARM_COMMAND, STATS_COMMAND
 
 
 @inspect_command(name=STATS_COMMAND)
@@ -16,3 +16,12 @@ def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
     reply["lanes"] = [q.name for q in state.consumer.task_consumer.queues]
     reply["concurrency"] = state.consumer.controller.concurrency
     return reply
+
+
+@control_command(name=PREWARM_COMMAND, args=[("model", str)], signature="<model>")
+def lanes_prewarm(state: Any, model: str, **_: Any) -> dict[str, str]:
+    """Load a model ahead of traffic, in the background; replies at once."""
+    try:
+        return {"ok": RUNTIME.prewarm(model)}
+    except KeyError as exc:
+        return {"error": str(exc)}

@@ -30,6 +30,8 @@ class Runtime:
     models: OrderedDict[str, ImageModel] = field(default_factory=OrderedDict)
     slots: int = 1
     load_ms: dict[str, float] = field(default_factory=dict)
+    #: Models being loaded ahead of traffic (prewarm) in a background thread.
+    loading: set[str] = field(default_factory=set)
     in_flight: dict[str, int] = field(default_factory=dict)
     served: int = 0
     failed: int = 0
@@ -62,6 +64,27 @@ class Runtime:
                 return self.models[name], None
             load_ms = self._load(name)
             return self.models[name], load_ms
+
+    def prewarm(self, name: str) -> str:
+        """Load ``name`` in a background thread unless it is warm or loading already."""
+        with self._lock:
+            if name in self.models or name in self.loading:
+                return "warm" if name in self.models else "loading"
+            if name not in self.specs:
+                raise KeyError(f"unknown model {name!r}")
+            self.loading.add(name)
+        threading.Thread(target=self._prewarm, args=(name,), daemon=True,
+                         name=f"prewarm-{name}").start()
+        return "loading"
+
+    def _prewarm(self, name: str) -> None:
+        try:
+            self.model(name)
+        except Exception:  # noqa: BLE001  a failed prewarm must not kill the worker
+            log.exception("prewarm of %s failed", name)
+        finally:
+            with self._lock:
+                self.loading.discard(name)
 
     def _evict_for_one_more(self) -> None:
         # Evict before loading: a GPU may not hold slots + 1 models.
@@ -109,6 +132,7 @@ class Runtime:
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),
                 "warm_models": list(self.models), "slots": self.slots,
+                "loading_models": sorted(self.loading),
                 "load_ms": dict(self.load_ms),
             }
 

@@ -21,6 +21,8 @@ HEARTBEAT_TASK = "gpulanes.heartbeat"
 MOVERS_TASK = "gpulanes.move_queued"
 #: Custom worker inspect command answered by the consumer thread.
 STATS_COMMAND = "lanes_stats"
+#: Custom worker control command: load a model ahead of traffic.
+PREWARM_COMMAND = "lanes_prewarm"
 
 PREFIX = "gpulanes"
 #: Hash: worker hostname -> JSON of its last heartbeat reply.

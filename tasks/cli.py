@@ -299,3 +299,52 @@ def status(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         return _echo_json(snapshot)
     click.echo(render_status(snapshot))
+
+
+# --- prewarm ------------------------------------------------------------------
+
+def _live_workers() -> dict[str, dict]:
+    from beat.heartbeat import ask_workers
+
+    return {host: {**reply, "alive": True} for host, reply in ask_workers(1.0).items()}
+
+
+@lanes.command("prewarm")
+@click.argument("model")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="How many workers should hold MODEL warm.")
+@click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=0.0,
+              help="Seconds to wait until the replicas are warm (0: do not wait).")
+@click.pass_context
+def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> None:
+    """Load MODEL on the least busy workers ahead of traffic."""
+    import celeryconfig as cfg
+    from beat.replicas import prewarm as ask
+    from routing.placement import holders, prewarm_targets
+
+    if model not in cfg.MODELS:
+        raise click.ClickException(f"model: unknown model {model!r}; GPULANES_MODELS knows "
+                                   f"{', '.join(sorted(cfg.MODELS))}")
+    app = ctx.obj.app
+    workers = _live_workers()
+    targets = prewarm_targets(workers, model, replicas)
+    if len(holders(workers, model)) + len(targets) < replicas:
+        raise click.ClickException(f"only {len(workers)} worker(s) answered; "
+                                   f"cannot hold {replicas} replicas of {model}")
+    for answer in ask(app, model, targets, reply=True) if targets else []:
+        for host, reply in answer.items():
+            click.echo(f"{host}: {reply.get('ok') or reply.get('error')}")
+    _wait_warm(app, model, replicas, wait_s)
+
+
+def _wait_warm(app: Any, model: str, replicas: int, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        warm = [h for h, w in _live_workers().items() if model in w.get("warm_models", ())]
+        if len(warm) >= replicas or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    click.echo(f"{model} warm on {len(warm)} worker(s): {', '.join(sorted(warm)) or '-'}")
+    if wait_s and len(warm) < replicas:
+        raise click.ClickException(f"{model} is warm on {len(warm)} of {replicas} workers "
+                                   f"after {wait_s:g}s")
