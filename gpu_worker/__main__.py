@@ -7,6 +7,7 @@ import sys
 
 from gpu_worker.devices import gpu_count, resolve
 from gpu_worker.launcher import Child, Supervisor, worker_command, worker_env
+from gpu_worker.topology import cpus_for, gpus
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
 
     children = [Child(i, worker_command(i, args.concurrency, args.loglevel),
                       worker_env(i, device)) for i in range(workers)]
+    if device == "cuda":
+        known = gpus()
+        for child in children:
+            child.cpus = cpus_for(child.env["CUDA_VISIBLE_DEVICES"], known)
     with ensure_broker(cfg.STATE_DIR):
         return Supervisor(children, stop_timeout_s=cfg.MAX_JOB_S + 30).run()
 

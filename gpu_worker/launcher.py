@@ -53,15 +53,17 @@ class Child:
     index: int
     command: list[str]
     env: dict[str, str]
+    cpus: set[int] | None = None  # the GPU's NUMA node, where the host reports it
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     crashes: int = 0
     restart_at: float = 0.0
 
     def start(self) -> None:
-        self.process = spawn(self.command, env=self.env)
+        self.process = spawn(self.command, env=self.env, cpus=self.cpus)
         self.started_at = time.monotonic()
-        log.info("gpu%d started (pid %d)", self.index, self.process.pid)
+        bound = f", CPUs {sorted(self.cpus)}" if self.cpus else ""
+        log.info("gpu%d started (pid %d%s)", self.index, self.process.pid, bound)
 
 
 @dataclass

@@ -8,9 +8,10 @@ also gets SIGTERM if its parent dies, so nothing is left running.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
-from typing import Any
+from typing import Any, Iterable
 
 PR_SET_PDEATHSIG = 1
 
@@ -22,7 +23,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def spawn(args: list[str], **kwargs: Any) -> subprocess.Popen:
-    """``Popen`` in a new session, sent SIGTERM when this process dies."""
-    return subprocess.Popen(args, start_new_session=True, preexec_fn=_die_with_parent,
-                            **kwargs)
+def spawn(args: list[str], cpus: Iterable[int] | None = None,
+          **kwargs: Any) -> subprocess.Popen:
+    """``Popen`` in a new session, sent SIGTERM when this process dies, and
+    bound to ``cpus`` when given."""
+    cpus = set(cpus or ())
+
+    def prepare() -> None:
+        _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return subprocess.Popen(args, start_new_session=True, preexec_fn=prepare, **kwargs)
