@@ -257,8 +257,17 @@ def _worker_rows(snapshot: dict[str, Any]) -> list[tuple]:
     for host, worker in sorted(snapshot.get("workers", {}).items()):
         alive = "yes" if worker.get("alive") else f"NO (missed {worker.get('missed', '?')})"
         rows.append((host, alive, worker.get("device", "-"), _in_flight(worker),
-                     ", ".join(worker.get("warm_models", [])) or "-"))
+                     _warm(worker)))
     return rows
+
+
+def _warm(worker: dict[str, Any]) -> str:
+    """Warm models with the cold-start time each cost: ``demo (412ms), demo-3 (398ms)``."""
+    load_ms = worker.get("load_ms", {})
+    models = [f"{m} ({load_ms[m]:.0f}ms)" if m in load_ms else m
+              for m in worker.get("warm_models", [])]
+    models += [f"{m} (loading)" for m in worker.get("loading_models", [])]
+    return ", ".join(models) or "-"
 
 
 def _snapshot_header(snapshot: dict[str, Any]) -> str:
@@ -278,7 +287,8 @@ def render_status(snapshot: dict[str, Any]) -> str:
              table(["lane", "depth", "in flight", "workers", "service", "expected wait",
                     "overloaded"], _lane_rows(snapshot)), ""]
     workers = _worker_rows(snapshot)
-    parts.append(table(["worker", "alive", "device", "in flight", "warm models"], workers)
+    parts.append(table(["worker", "alive", "device", "in flight", "warm models (cold start)"],
+                       workers)
                  if workers else "no workers have answered a heartbeat")
     exhausted = snapshot.get("exhausted", [])
     parts += ["", "fast time exhausted: " + (", ".join(exhausted) or "none")]
