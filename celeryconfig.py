@@ -71,6 +71,13 @@ def counts(raw: str) -> dict[str, int]:
     return {name.strip(): at_least(1)(count.strip()) for name, count in pairs}
 
 
+def flag(raw: str) -> bool:
+    value = raw.lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError("expected true or false")
+    return value in ("1", "true", "yes", "on")
+
+
 def names(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
@@ -96,6 +103,10 @@ MODELS = setting("MODELS", mapping, DEMO_MODELS)
 WARM_MODELS = setting("WARM_MODELS", names, ("demo",))
 #: Models a worker keeps loaded; the least recently used one makes room.
 MODEL_SLOTS = setting("MODEL_SLOTS", positive(int), 2)
+#: Route jobs to the worker that holds their model (consistent hashing with
+#: bounded loads: a worker over (1 + epsilon) x the mean load passes jobs on).
+ROUTE_HASHING = setting("ROUTE_HASHING", flag, True)
+HASH_EPSILON = setting("HASH_EPSILON", positive(float), 0.25)
 #: Models beat keeps warm on at least this many workers ("demo-0=2,demo-1=1").
 MIN_REPLICAS = setting("MIN_REPLICAS", counts, {})
 if set(MIN_REPLICAS) - set(MODELS):

@@ -17,9 +17,11 @@ import redis
 import celeryconfig as cfg
 from beat.health import requeue_dead
 from beat.replicas import keep_replicas
+from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
-from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, SNAPSHOT_KEY,
-                           STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY, lane_keys, usage_key)
+from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, RELAX_PRIORITIES,
+                           SNAPSHOT_KEY, STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY,
+                           lane_keys, usage_key, worker_queue)
 from routing.policy import relax_levels
 from tasks.celeryapp import app, redis_client
 
@@ -48,14 +50,25 @@ def ask_workers(timeout_s: float) -> dict[str, dict]:
             if isinstance(reply, dict) and "error" not in reply}
 
 
-def lane_depths(client: redis.Redis) -> dict[str, int]:
-    """Queued jobs per lane, every priority level of it included."""
+def lane_depths(client: redis.Redis, workers: dict[str, dict]) -> dict[str, int]:
+    """Queued jobs per lane, every priority level and every worker's own queue
+    of it included; each worker record gets its own ``queued`` count."""
+    queues = [(lane, None) for lane in LANES] + [
+        (lane, host) for host in workers for lane in LANES]
     with client.pipeline(transaction=False) as pipe:
-        for lane in LANES:
-            for key in lane_keys(lane):
+        for lane, host in queues:
+            for key in lane_keys(worker_queue(lane, host) if host else lane):
                 pipe.llen(key)
         counts = iter(pipe.execute())
-    return {lane: sum(next(counts) for _ in lane_keys(lane)) for lane in LANES}
+    depths = dict.fromkeys(LANES, 0)
+    for worker in workers.values():
+        worker["queued"] = 0
+    for lane, host in queues:
+        n = sum(next(counts) for _ in RELAX_PRIORITIES)
+        depths[lane] += n
+        if host:
+            workers[host]["queued"] += n
+    return depths
 
 
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
@@ -84,7 +97,7 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
     """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
-    loads = lane_loads(workers, lane_depths(client), cfg.DEFAULT_SERVICE_S)
+    loads = lane_loads(workers, lane_depths(client, workers), cfg.DEFAULT_SERVICE_S)
     policy = next_policy(previous, loads, cfg.MAX_WAIT_S, cfg.RELEASE_RATIO,
                          cfg.RELEASE_SAMPLES)
     _log_changes(previous, policy, loads)
@@ -109,6 +122,9 @@ def heartbeat() -> str:
             pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
         pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
     requeue_dead(app, client, workers)
+    for host, worker in workers.items():
+        if not worker["alive"] and worker.get("queued"):
+            return_to_shared_lanes(client, host)
     keep_replicas(app, workers, cfg.MIN_REPLICAS)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(

@@ -21,12 +21,12 @@ import json
 import logging
 import time
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import redis
 
 import celeryconfig as cfg
-from routing.names import MOVERS_TASK, RELAXED, lane_keys
+from routing.names import MOVERS_TASK, RELAXED, WORKERS_KEY, lane_keys, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
@@ -86,6 +86,17 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
     return sum(move(keys=[source, target], args=[raw, new]) for raw, new in reversed(batch))
 
 
+def readdress(client: redis.Redis, source: str, target: str, lane: str) -> int:
+    """Move the oldest messages of ``source`` (every one, up to a round's worth) to
+    the front of ``target``, addressed to ``lane``; their route is unchanged."""
+    def due(message: dict) -> dict:
+        delivery_info = {"exchange": lane, "routing_key": lane}
+        return {**message, "properties": {**message["properties"],
+                                          "delivery_info": delivery_info}}
+
+    return _move_oldest(client, source, target, due)
+
+
 def _not_yet(message: dict) -> dict | None:
     """A message that is not due: STOP in arrival order; skip one moved in out of
     order (it sits at the front with its own clock) so it blocks nobody."""
@@ -98,9 +109,11 @@ def _waited_s(message: dict, now: float) -> float:
 
 
 def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
-                      now: float | None = None) -> dict[str, int]:
-    """Move jobs that waited past their lane's budget one lane down."""
+                      now: float | None = None, nodes: Iterable[str] = ()) -> dict[str, int]:
+    """Move jobs that waited past their lane's budget one lane down (to the shared
+    lane below), from the shared lane and from each of ``nodes``' own queues."""
     now = time.time() if now is None else now
+    nodes = list(nodes)
     moved = {}
     for lane, budget_s in budgets_s.items():
         lower = next_lane(lane)
@@ -112,22 +125,27 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
                 return None
             return demote(message, lower, WAITED_PAST_BUDGET, now)
 
-        moved[lane] = _move_oldest(client, lane_keys(lane)[0], lane_keys(lower)[0], due)
+        sources = [lane] + [worker_queue(lane, node) for node in nodes]
+        moved[lane] = sum(_move_oldest(client, lane_keys(source)[0], lane_keys(lower)[0], due)
+                          for source in sources)
     return moved
 
 
-def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -> int:
-    """Lift relaxed jobs older than ``aging_s`` from any level to the front of level 0."""
+def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None,
+                nodes: Iterable[str] = ()) -> int:
+    """Lift relaxed jobs older than ``aging_s`` from any level to the front of level
+    0, in the shared relaxed lane and in each of ``nodes``' own relaxed queue."""
     now = time.time() if now is None else now
-    keys, moved = lane_keys(RELAXED), 0
+    moved = 0
 
     def due(message: dict) -> dict | None:
         if _waited_s(message, now) < aging_s:
             return _not_yet(message)
         return {**message, "properties": {**message["properties"], "priority": 0}}
 
-    for key in keys[1:]:
-        moved += _move_oldest(client, key, keys[0], due)
+    for queue in [RELAXED] + [worker_queue(RELAXED, node) for node in nodes]:
+        keys = lane_keys(queue)
+        moved += sum(_move_oldest(client, key, keys[0], due) for key in keys[1:])
     return moved
 
 
@@ -135,8 +153,9 @@ def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -
 def move_queued() -> str:
     """One round of deadline downgrades and relax aging."""
     client = redis_client()
-    moved = enforce_deadlines(client, cfg.MAX_WAIT_S)
-    lifted = age_relaxed(client, cfg.FAIR_AGING_S)
+    nodes = client.hkeys(WORKERS_KEY)  # every worker with its own queues
+    moved = enforce_deadlines(client, cfg.MAX_WAIT_S, nodes=nodes)
+    lifted = age_relaxed(client, cfg.FAIR_AGING_S, nodes=nodes)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
     return f"deadline moves {moved}, aged {lifted}"

@@ -6,14 +6,16 @@ from typing import Any
 from celery.worker.control import control_command, inspect_command
 
 from gpu_worker.runtime import RUNTIME
-from routing.names import PREWARM_COMMAND, STATS_COMMAND
+from routing.names import PREWARM_COMMAND, STATS_COMMAND, lane_of
 
 
 @inspect_command(name=STATS_COMMAND)
 def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
     """gpulanes load figures: device, in-flight jobs, service time, warm models."""
     reply = RUNTIME.stats()
-    reply["lanes"] = [q.name for q in state.consumer.task_consumer.queues]
+    queues = [q.name for q in state.consumer.task_consumer.queues]
+    reply["queues"] = queues
+    reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
     reply["concurrency"] = state.consumer.controller.concurrency
     return reply
 

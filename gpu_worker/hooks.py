@@ -19,7 +19,7 @@ import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, HOLDERS_KEY
+from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
 from routing.store import connect
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,21 @@ class Hook:
     def connect(self) -> None:
         for signal, handler in self.handlers().items():
             signal.connect(handler, weak=False)
+
+
+class OwnQueues(Hook):
+    """Declare this worker's own lane queues (``fast.gpu0@host`` ...) before Celery
+    selects the ``-Q`` list; only the three shared lanes are in ``task_queues``."""
+
+    def handlers(self) -> dict[Signal, Callable[..., Any]]:
+        return {signals.celeryd_init: self.on_celeryd_init}
+
+    def on_celeryd_init(self, instance: Any = None, options: Any = None, **_: Any) -> None:
+        queues = instance.app.amqp.queues
+        wanted = options.get("queues") or []
+        for name in wanted.split(",") if isinstance(wanted, str) else wanted:
+            if name and name not in queues and lane_of(name) in LANES:
+                queues.add(name, exchange=name, routing_key=name)
 
 
 class WarmModels(Hook):
@@ -79,7 +94,7 @@ class JobStats(Hook):
 
     def on_prerun(self, task: Any, **_: Any) -> None:
         if task.name == GENERATE_TASK:
-            lane = task.request.delivery_info.get("routing_key") or "unknown"
+            lane = lane_of(task.request.delivery_info.get("routing_key") or "unknown")
             self._began[threading.get_ident()] = (lane, time.perf_counter())
             RUNTIME.job_started(lane)
 
@@ -149,7 +164,7 @@ class HeldJobs(Hook):
             self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
 
 
-HOOKS: list[Hook] = [WarmModels(), JobStats(), HeldJobs()]
+HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HeldJobs()]
 
 
 def install() -> None:

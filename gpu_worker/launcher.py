@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from gpu_worker.processes import spawn
-from routing.names import LANES, worker_hostname
+from routing.names import worker_hostname, worker_queues
 
 log = logging.getLogger("gpu_worker")
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
@@ -25,10 +26,12 @@ STABLE_AFTER_S = 60.0
 
 def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
     """The ``celery worker`` command line of device ``index``."""
+    node = worker_hostname(index).replace("%h", socket.gethostname())
     return [sys.executable, "-m", "celery", "-A", "tasks", "worker",
             "--pool", "threads", "--concurrency", str(concurrency),
-            "--queues", ",".join(LANES),  # priority order: fast, standard, relaxed
-            "--hostname", worker_hostname(index), "--events",
+            # priority order: its own fast queue, fast, its own standard, standard, ...
+            "--queues", ",".join(worker_queues(node)),
+            "--hostname", node, "--events",
             "--without-mingle", "--without-gossip", "--loglevel", loglevel]
 
 

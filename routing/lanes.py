@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.names import LANES
+from routing.names import LANES, worker_queue
 
 
 @dataclass(frozen=True)
@@ -16,10 +16,18 @@ class Route:
     downgrade_reason: str | None = None
     #: kombu message priority inside the lane (0 first); only relaxed uses it.
     priority: int = 0
+    #: The worker whose own queue of the lane takes the job (None: the shared lane).
+    node: str | None = None
+
+    @property
+    def queue(self) -> str:
+        """The kombu queue to publish to."""
+        return worker_queue(self.lane, self.node) if self.node else self.lane
 
     def as_dict(self) -> dict[str, str]:
         """The fields a result reports: where it ran and, if moved, why."""
-        return {k: v for k, v in self.__dict__.items() if v is not None and k != "priority"}
+        return {k: v for k, v in self.__dict__.items()
+                if v is not None and k not in ("priority", "node")}
 
 
 def lane_for(tier: str) -> str:

@@ -12,6 +12,21 @@ TIERS: tuple[str, ...] = LANES
 RELAX_PRIORITIES: tuple[int, ...] = (0, 3, 6, 9)
 
 
+def worker_queue(lane: str, node: str) -> str:
+    """A worker's own queue of ``lane``: jobs routed to it for its warm models."""
+    return f"{lane}.{node}"
+
+
+def lane_of(queue: str) -> str:
+    """The lane a queue serves: ``fast.gpu0@host`` and ``fast`` are both ``fast``."""
+    return queue.split(".", 1)[0]
+
+
+def worker_queues(node: str) -> list[str]:
+    """What a worker consumes, in order: its own queue before each shared lane."""
+    return [name for lane in LANES for name in (worker_queue(lane, node), lane)]
+
+
 def lane_keys(lane: str) -> list[str]:
     """The Redis lists that hold ``lane``, first-served first (kombu's naming)."""
     return [lane if pri == 0 else f"{lane}\x06\x16{pri}" for pri in RELAX_PRIORITIES]

@@ -1,7 +1,10 @@
 """Where models should be warm: pure choices over the worker record."""
 from __future__ import annotations
 
-from typing import Mapping
+import bisect
+import hashlib
+import math
+from typing import Iterable, Mapping
 
 
 def holders(workers: Mapping[str, dict], model: str) -> list[str]:
@@ -23,3 +26,44 @@ def prewarm_targets(workers: Mapping[str, dict], model: str, replicas: int) -> l
     candidates = [(sum(w.get("in_flight", {}).values()), len(w.get("warm_models", ())), host)
                   for host, w in workers.items() if w.get("alive") and host not in have]
     return [host for *_, host in sorted(candidates)[:missing]]
+
+
+#: Points per worker on the hash ring: enough to spread models evenly.
+VNODES = 64
+#: A worker takes at least this many jobs (one running, one waiting) before it
+#: passes work on: a cold load elsewhere costs more than one job's wait.
+MIN_CAP = 2
+
+
+def _point(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+def ring(nodes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The consistent-hash ring of ``nodes``: sorted points and their owners."""
+    points = sorted((_point(f"{node}#{v}"), node) for node in set(nodes) for v in range(VNODES))
+    return tuple(p for p, _ in points), tuple(n for _, n in points)
+
+
+def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
+         loads: Mapping[str, int], epsilon: float) -> str | None:
+    """The worker for ``model``: consistent hashing with bounded loads.
+
+    Walk the ring from the model's point; take the first worker whose load
+    (jobs running or queued for it) is under ``ceil((1 + epsilon) * mean)``,
+    counting this job (and never under ``MIN_CAP``). The same model keeps landing on the same worker (its
+    warm one) until that worker is overloaded; then the next on the ring.
+    """
+    points, owners = hash_ring
+    nodes = set(owners)
+    if not nodes:
+        return None
+    cap = max(MIN_CAP, math.ceil((1 + epsilon) * (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)))
+    start, seen = bisect.bisect(points, _point(model)), set()
+    for step in range(len(points)):
+        node = owners[(start + step) % len(points)]
+        if node not in seen:
+            seen.add(node)
+            if loads.get(node, 0) < cap:
+                return node
+    return None

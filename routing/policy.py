@@ -11,6 +11,7 @@ from typing import Mapping
 
 from routing.lanes import Route
 from routing.names import FAST, LANES, RELAX_PRIORITIES, RELAXED, STANDARD
+from routing.placement import home
 
 #: Reasons a job runs below its tier; they appear in results and metrics.
 FAST_TIME_EXHAUSTED = "fast_time_exhausted"
@@ -101,6 +102,11 @@ class PolicyView:
     exhausted: frozenset[str] = frozenset()
     levels: Mapping[str, int] = field(default_factory=dict)
     retry_after_s: float = 1.0
+    #: Healthy workers on the consistent-hash ring, and their loads (jobs
+    #: running or queued for each); empty: every job goes to the shared lanes.
+    ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
+    loads: Mapping[str, int] = field(default_factory=dict)
+    epsilon: float = 0.25
 
 
 def _moved(route: Route, lane: str, reason: str) -> Route:
@@ -108,8 +114,13 @@ def _moved(route: Route, lane: str, reason: str) -> Route:
                  downgraded_from=route.requested_tier, downgrade_reason=reason)
 
 
-def decide(tier: str, account: str, downgradable: bool, view: PolicyView) -> Route | None:
-    """Where a new job goes; None when even the relaxed lane is full."""
+def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
+           model: str | None = None) -> Route | None:
+    """Where a new job goes; None when even the relaxed lane is full.
+
+    With ``model``, the job goes to its worker's own queue of that lane
+    (consistent hashing with bounded loads), else to the shared lane.
+    """
     route = Route(lane=tier, requested_tier=tier)
     if tier == FAST and account in view.exhausted:
         route = _moved(route, RELAXED, FAST_TIME_EXHAUSTED)
@@ -125,4 +136,5 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView) -> Rou
     if route.lane == RELAXED:
         level = view.levels.get(account, 0)
         route = replace(route, priority=RELAX_PRIORITIES[level])
-    return route
+    node = home(model, view.ring, view.loads, view.epsilon) if model else None
+    return replace(route, node=node) if node else route

@@ -17,20 +17,25 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from routing.names import LANES
+from routing.placement import ring
 from routing.policy import PolicyView
 
 log = logging.getLogger(__name__)
 
 
-def base_view(snapshot: dict) -> PolicyView:
+def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
     """The routing view of a snapshot, lane fullness aside (built once per snapshot)."""
     lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
+    alive = {host: w for host, w in snapshot.get("workers", {}).items() if w.get("alive")}
     return PolicyView(
         at=snapshot["at"],
         overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
         exhausted=frozenset(snapshot.get("exhausted", ())),
         levels=snapshot.get("levels", {}),
         retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
+        ring=ring(alive), epsilon=epsilon,
+        loads={host: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
+               for host, w in alive.items()},
     )
 
 
@@ -53,16 +58,18 @@ class SnapshotCache:
     """Holds the latest snapshot; ``view()`` is a pure in-memory read."""
 
     def __init__(self, fetch: Callable[[], str | None], refresh_s: float, stale_s: float,
-                 max_depth: Mapping[str, int], clock: Callable[[], float] = time.time) -> None:
+                 max_depth: Mapping[str, int], clock: Callable[[], float] = time.time,
+                 epsilon: float = 0.25) -> None:
         self.fetch, self.refresh_s, self.stale_s = fetch, refresh_s, stale_s
-        self.max_depth, self.clock = dict(max_depth), clock
+        self.max_depth, self.clock, self.epsilon = dict(max_depth), clock, epsilon
         # (snapshot, its base view), swapped whole by refresh(): view() reads it
         # without a lock, as one attribute.
         self._state: tuple[dict, PolicyView] | None = None
-        # Jobs this process sent that the snapshot may not count yet: (time, lane),
-        # and their per-lane totals.
-        self._log: deque[tuple[float, str]] = deque()
+        # Jobs this process sent that the snapshot may not count yet:
+        # (time, lane, worker), and their totals per lane and per worker.
+        self._log: deque[tuple[float, str, str | None]] = deque()
         self._sent: dict[str, int] = {}
+        self._sent_to: dict[str | None, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -82,7 +89,7 @@ class SnapshotCache:
             snapshot = json.loads(raw)
             with self._lock:
                 if self._state is None or snapshot["at"] != self._state[0]["at"]:
-                    self._state = (snapshot, base_view(snapshot))
+                    self._state = (snapshot, base_view(snapshot, self.epsilon))
                     self._forget_sent_before(snapshot.get("measured_at", snapshot["at"]))
 
     def _loop(self) -> None:
@@ -101,14 +108,16 @@ class SnapshotCache:
 
     def _forget_sent_before(self, measured_at: float) -> None:
         while self._log and self._log[0][0] < measured_at:
-            _, lane = self._log.popleft()
+            _, lane, node = self._log.popleft()
             self._sent[lane] -= 1
+            self._sent_to[node] -= 1
 
-    def note_sent(self, lane: str) -> None:
-        """Count a job sent to ``lane`` until a snapshot measured after it."""
+    def note_sent(self, lane: str, node: str | None = None) -> None:
+        """Count a job sent to ``lane`` (and ``node``) until a snapshot measured after it."""
         with self._lock:
-            self._log.append((self.clock(), lane))
+            self._log.append((self.clock(), lane, node))
             self._sent[lane] = self._sent.get(lane, 0) + 1
+            self._sent_to[node] = self._sent_to.get(node, 0) + 1
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
@@ -124,4 +133,8 @@ class SnapshotCache:
         self._warned = False
         snapshot, base = state
         full = full_lanes(snapshot, self._sent, self.max_depth)
+        sent_to = {node: n for node, n in self._sent_to.items() if n and node in base.loads}
+        if sent_to:
+            base = replace(base, loads={node: load + sent_to.get(node, 0)
+                                        for node, load in base.loads.items()})
         return replace(base, full=full) if full else base

@@ -23,7 +23,8 @@ def snapshot_cache() -> SnapshotCache:
     """This process's copy of the lane snapshot (refreshed in the background)."""
     client = connect(cfg.broker_url, socket_timeout=1, socket_connect_timeout=1)
     return SnapshotCache(lambda: client.get(SNAPSHOT_KEY), refresh_s=cfg.HEARTBEAT_S / 2,
-                         stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH)
+                         stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH,
+                         epsilon=cfg.HASH_EPSILON)
 
 
 def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
@@ -54,13 +55,18 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     """Route a validated job dict with the cached view and publish it under ``job_id``."""
     cache = snapshot_cache()
     view = cache.view()
+    model = job["model"] if cfg.ROUTE_HASHING else None
     where = plain_route(job["tier"]) if view is None else \
-        decide(job["tier"], job["account"], job["downgradable"], view)
+        decide(job["tier"], job["account"], job["downgradable"], view, model)
     if where is None:
         raise LaneFull(RELAXED, view.retry_after_s)
     options = {"priority": where.priority} if where.priority else {}
+    if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
+        options.update(exchange=where.queue, routing_key=where.queue)
+    else:
+        options["queue"] = where.lane
     result = generate.apply_async(
         kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
-        queue=where.lane, task_id=job_id, **options)
-    cache.note_sent(where.lane)
+        task_id=job_id, **options)
+    cache.note_sent(where.lane, where.node)
     return result

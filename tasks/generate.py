@@ -21,7 +21,7 @@ from celery.exceptions import Ignore
 import celeryconfig as cfg
 from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
-                           lease_key, usage_key)
+                           lane_of, lease_key, usage_key)
 from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
@@ -154,7 +154,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         _fail_or_retry(self, exc, attempt, kwargs)
     return _finish(self.request.id, {
         **{k: v for k, v in route.items() if k != "lane_since"}, "job_id": self.request.id, "image": str(image),
-        "lane": self.request.delivery_info.get("routing_key"),
+        "lane": lane_of(self.request.delivery_info.get("routing_key") or route["lane"]),
         "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
         "queued_ms": round((started_at - submitted_at) * 1000, 1),
         "run_ms": round(run_ms, 1), "attempts": attempt, "cached": False,

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -42,9 +43,11 @@ def _gone(pid: int) -> bool:
 
 def test_workers_consume_lanes_in_priority_order():
     command = worker_command(0, 1, "INFO")
-    assert command[command.index("--queues") + 1] == "fast,standard,relaxed"
+    node = f"gpu0@{socket.gethostname()}"
+    assert command[command.index("--hostname") + 1] == node
+    assert command[command.index("--queues") + 1].split(",") == [
+        f"fast.{node}", "fast", f"standard.{node}", "standard", f"relaxed.{node}", "relaxed"]
     assert command[command.index("--pool") + 1] == "threads"
-    assert command[command.index("--hostname") + 1] == "gpu0@%h"
 
 
 def test_cuda_pinning_narrows_the_operators_mask(monkeypatch):

@@ -103,3 +103,23 @@ def test_aged_jobs_keep_their_order(clean_redis):
     assert age_relaxed(clean_redis, aging_s=60) == 3
     order = [m["headers"]["id"] for m in reversed(_messages(clean_redis, lane_keys("relaxed")[0]))]
     assert order == [old, mid, young]
+
+
+def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_redis):
+    from beat.shared import return_to_shared_lanes
+    from routing.names import worker_queue
+
+    ghost, own = "gpu9@gone", lane_keys(worker_queue("fast", "gpu9@gone"))[0]
+    waiting = _publish("fast", "fast")
+    for job in (_publish("fast", "fast"), _publish("fast", "fast")):  # queued for the ghost
+        (raw,) = [r for r in clean_redis.lrange("fast", 0, -1)
+                  if json.loads(r)["headers"]["id"] == job]
+        clean_redis.lrem("fast", 1, raw)
+        message = json.loads(raw)
+        message["properties"]["delivery_info"] = {"exchange": own, "routing_key": own}
+        clean_redis.lpush(own, json.dumps(message))
+    assert return_to_shared_lanes(clean_redis, ghost) == 2
+    shared = _messages(clean_redis, "fast")
+    assert shared[0]["headers"]["id"] == waiting  # the ghost's jobs are next, in order
+    assert all(m["properties"]["delivery_info"]["routing_key"] == "fast" for m in shared)
+    assert clean_redis.llen(own) == 0

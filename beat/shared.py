@@ -1,0 +1,22 @@
+"""A dead worker's own queues go back to the shared lanes, in order, at the front."""
+from __future__ import annotations
+
+import logging
+
+import redis
+
+from beat.movers import readdress
+from routing.names import LANES, lane_keys, worker_queue
+
+log = logging.getLogger(__name__)
+
+
+def return_to_shared_lanes(client: redis.Redis, node: str) -> int:
+    """Move every job queued for worker ``node`` to the front of its shared lane."""
+    moved = 0
+    for lane in LANES:
+        for own, shared in zip(lane_keys(worker_queue(lane, node)), lane_keys(lane)):
+            moved += readdress(client, own, shared, lane)
+    if moved:
+        log.warning("worker %s is gone: %d queued job(s) back in the shared lanes", node, moved)
+    return moved

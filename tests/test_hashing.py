@@ -1,0 +1,84 @@
+"""Route hashing: consistent hashing with bounded loads, pure and on real workers."""
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+
+from conftest import SMALL, wait_until
+from routing.names import SNAPSHOT_KEY, worker_queue
+from routing.placement import home, ring
+from routing.policy import PolicyView, decide
+from tasks import submit
+
+MODELS = [f"model-{i}" for i in range(2000)]
+
+
+def test_each_model_has_a_stable_home_spread_evenly():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    homes = [home(m, hash_ring, {}, 0.25) for m in MODELS]
+    assert homes == [home(m, hash_ring, {}, 0.25) for m in MODELS]  # deterministic
+    counts = collections.Counter(homes)
+    assert set(counts) == {"w0", "w1", "w2", "w3"}
+    assert max(counts.values()) < 1.3 * len(MODELS) / 4
+
+
+def test_a_joining_worker_takes_about_one_nth_of_the_models():
+    before = {m: home(m, ring(["w0", "w1", "w2", "w3"]), {}, 0.25) for m in MODELS}
+    after = {m: home(m, ring(["w0", "w1", "w2", "w3", "w4"]), {}, 0.25) for m in MODELS}
+    moved = [m for m in MODELS if before[m] != after[m]]
+    assert all(after[m] == "w4" for m in moved)  # only to the newcomer
+    assert 0.12 < len(moved) / len(MODELS) < 0.28  # about 1/5
+
+
+def test_an_overloaded_home_passes_jobs_to_the_next_on_the_ring():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    model = "model-7"
+    first = home(model, hash_ring, {}, 0.25)
+    busy = {first: 10}  # mean with this job: 11/4; cap ceil(1.25 * 2.75) = 4
+    second = home(model, hash_ring, busy, 0.25)
+    assert second != first
+    assert home(model, hash_ring, {first: 1}, 0.25) == first  # one job waiting: stays
+    # both at the cap (mean 7/4, cap 3): the next worker on the ring
+    assert home(model, hash_ring, {first: 3, second: 3}, 0.25) not in (first, second)
+
+
+
+def test_no_healthy_worker_means_the_shared_lane():
+    assert home("m", ring([]), {}, 0.25) is None
+    route = decide("fast", "a", False, PolicyView(), model="m")
+    assert route.node is None and route.queue == "fast"
+    routed = decide("fast", "a", False, PolicyView(ring=ring(["w0"])), model="m")
+    assert routed.node == "w0" and routed.queue == worker_queue("fast", "w0")
+    assert routed.as_dict() == {"lane": "fast", "requested_tier": "fast"}
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    return cluster_factory(workers=2, beat=True, env={"GPULANES_MODEL_SLOTS": "2"})
+
+
+def _routed_view(clean_redis, hosts):
+    def ready():
+        snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}")
+        alive = [h for h, w in snapshot.get("workers", {}).items() if w.get("alive")]
+        return sorted(alive) == sorted(hosts)
+    wait_until(ready, timeout_s=30, what="both workers in the snapshot")
+    from tasks.api import snapshot_cache
+    wait_until(lambda: (v := snapshot_cache().view()) and len(set(v.ring[1])) == 2,
+               timeout_s=10, what="the router to see both workers")
+
+
+@pytest.mark.cluster
+def test_each_models_jobs_run_on_one_warm_worker(cluster, clean_redis):
+    _routed_view(clean_redis, cluster.hostnames)
+    runs = collections.defaultdict(set)
+    cold = 0
+    for i in range(24):
+        model = ("demo", "demo-0", "demo-1", "demo-2")[i % 4]
+        out = submit(f"job {i}", model=model, seed=i, **SMALL).get(timeout=120)
+        runs[model].add(out["worker"])
+        cold += out["cold_start"]
+    assert all(len(workers) == 1 for workers in runs.values()), dict(runs)
+    assert cold <= 4  # at most one cold load per model, then warm on its worker
