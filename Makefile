@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/fairness.py
 	$(PY) benchmarks/overload.py
 	$(PY) benchmarks/coldstart.py
+	$(PY) benchmarks/affinity.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

@@ -4,7 +4,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 
 def holders(workers: Mapping[str, dict], model: str) -> list[str]:
@@ -46,24 +46,27 @@ def ring(nodes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
 
 
 def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
-         loads: Mapping[str, int], epsilon: float) -> str | None:
+         loads: Mapping[str, int], epsilon: float,
+         warm: Mapping[str, Collection[str]] | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
-    Walk the ring from the model's point; take the first worker whose load
-    (jobs running or queued for it) is under ``ceil((1 + epsilon) * mean)``,
-    counting this job (and never under ``MIN_CAP``). The same model keeps landing on the same worker (its
-    warm one) until that worker is overloaded; then the next on the ring.
+    Walk the ring from the model's point over the workers whose load (jobs
+    running or queued for them) is under ``ceil((1 + epsilon) * mean)``,
+    counting this job and never under ``MIN_CAP``; take the first that holds
+    ``model`` warm, else the first. A model keeps landing on its warm worker;
+    when that one is overloaded, on the next warm one, and only then cold.
     """
     points, owners = hash_ring
     nodes = set(owners)
     if not nodes:
         return None
-    cap = max(MIN_CAP, math.ceil((1 + epsilon) * (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)))
-    start, seen = bisect.bisect(points, _point(model)), set()
+    mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
+    cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
+    start, order = bisect.bisect(points, _point(model)), []
     for step in range(len(points)):
         node = owners[(start + step) % len(points)]
-        if node not in seen:
-            seen.add(node)
-            if loads.get(node, 0) < cap:
-                return node
-    return None
+        if node not in order:
+            order.append(node)
+    open_nodes = [node for node in order if loads.get(node, 0) < cap]
+    holding = [node for node in open_nodes if model in (warm or {}).get(node, ())]
+    return (holding or open_nodes or [None])[0]

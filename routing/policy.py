@@ -107,6 +107,8 @@ class PolicyView:
     ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
     loads: Mapping[str, int] = field(default_factory=dict)
     epsilon: float = 0.25
+    #: Models each healthy worker holds warm (or is loading).
+    warm: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
 
 def _moved(route: Route, lane: str, reason: str) -> Route:
@@ -136,5 +138,5 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
     if route.lane == RELAXED:
         level = view.levels.get(account, 0)
         route = replace(route, priority=RELAX_PRIORITIES[level])
-    node = home(model, view.ring, view.loads, view.epsilon) if model else None
+    node = home(model, view.ring, view.loads, view.epsilon, view.warm) if model else None
     return replace(route, node=node) if node else route

@@ -36,6 +36,8 @@ def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
         ring=ring(alive), epsilon=epsilon,
         loads={host: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                for host, w in alive.items()},
+        warm={host: frozenset(w.get("warm_models", ())) | frozenset(w.get("loading_models", ()))
+              for host, w in alive.items()},
     )
 
 
@@ -66,10 +68,9 @@ class SnapshotCache:
         # without a lock, as one attribute.
         self._state: tuple[dict, PolicyView] | None = None
         # Jobs this process sent that the snapshot may not count yet:
-        # (time, lane, worker), and their totals per lane and per worker.
-        self._log: deque[tuple[float, str, str | None]] = deque()
+        # (time, lane), and their totals per lane.
+        self._log: deque[tuple[float, str]] = deque()
         self._sent: dict[str, int] = {}
-        self._sent_to: dict[str | None, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -108,16 +109,14 @@ class SnapshotCache:
 
     def _forget_sent_before(self, measured_at: float) -> None:
         while self._log and self._log[0][0] < measured_at:
-            _, lane, node = self._log.popleft()
+            _, lane = self._log.popleft()
             self._sent[lane] -= 1
-            self._sent_to[node] -= 1
 
-    def note_sent(self, lane: str, node: str | None = None) -> None:
-        """Count a job sent to ``lane`` (and ``node``) until a snapshot measured after it."""
+    def note_sent(self, lane: str) -> None:
+        """Count a job sent to ``lane`` until a snapshot measured after it."""
         with self._lock:
-            self._log.append((self.clock(), lane, node))
+            self._log.append((self.clock(), lane))
             self._sent[lane] = self._sent.get(lane, 0) + 1
-            self._sent_to[node] = self._sent_to.get(node, 0) + 1
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
@@ -133,8 +132,4 @@ class SnapshotCache:
         self._warned = False
         snapshot, base = state
         full = full_lanes(snapshot, self._sent, self.max_depth)
-        sent_to = {node: n for node, n in self._sent_to.items() if n and node in base.loads}
-        if sent_to:
-            base = replace(base, loads={node: load + sent_to.get(node, 0)
-                                        for node, load in base.loads.items()})
         return replace(base, full=full) if full else base

@@ -1,0 +1,138 @@
+"""Affinity: cold model loads with route hashing vs plain shared lanes.
+
+``python benchmarks/affinity.py`` runs, for each mode, a fresh local cluster
+(embedded Redis, 4 CPU workers with 2 model slots each, beat) and a skewed
+stream of jobs over 8 models (Zipf, s = 1.1), keeping a fixed number of jobs
+in flight:
+
+- *route hashing*: ``submit()`` sends each job to its model's worker on the
+  consistent-hash ring (bounded loads);
+- *shared lanes*: the same ``submit()`` with ``GPULANES_ROUTE_HASHING`` off,
+  so any free worker takes any job, as plain Celery does.
+
+The table shows cold loads per 1,000 jobs (a job that had to load its model
+first: ``cold_start`` in its result) and the latency (queue wait + run) of
+all jobs. Goal: <= 2 % of jobs cold with hashing.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import markdown_table, percentile, run_private  # noqa: E402
+
+MODELS = [f"demo-{i}" for i in range(8)]
+
+
+def zipf_stream(jobs: int, seed: int, s: float = 1.1) -> list[str]:
+    """``jobs`` model names drawn with P(k) proportional to 1 / k**s."""
+    weights = [1 / (k + 1) ** s for k in range(len(MODELS))]
+    return random.Random(seed).choices(MODELS, weights=weights, k=jobs)
+
+
+def drive(stream: list[str], in_flight: int, steps: int, size: int) -> list[dict]:
+    """Submit the stream keeping ``in_flight`` jobs outstanding; every result."""
+    from tasks import submit
+
+    pending, done = [], []
+    for i, model in enumerate(stream):
+        pending.append(submit(f"job {i}", model=model, seed=i, steps=steps,
+                              width=size, height=size))
+        while len(pending) >= in_flight:
+            done.append(pending.pop(0).get(timeout=300))
+    done += [result.get(timeout=300) for result in pending]
+    return done
+
+
+def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, Any]:
+    """A fresh cluster, the stream, the figures."""
+    import celeryconfig as cfg
+    from tasks import app
+    from tasks.cluster import LocalCluster
+
+    cfg.ROUTE_HASHING = hashing  # read by submit() on every call
+    mode = "hashing" if hashing else "shared"
+    cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / mode,
+                           env={"GPULANES_MODEL_SLOTS": "2", "GPULANES_WARM_MODELS": "demo-0"})
+    try:
+        cluster.start(app)  # on the Redis bench() started: it stays up between modes
+        _wait_routable(args.workers)
+        began = time.monotonic()
+        results = drive(zipf_stream(args.jobs, seed=1), args.in_flight, args.steps, args.size)
+        return summarize(results, time.monotonic() - began)
+    finally:
+        cluster.stop()
+
+
+def _wait_routable(workers: int, timeout_s: float = 60.0) -> None:
+    """Until the router sees every worker on its ring (beat has a snapshot)."""
+    from tasks.api import snapshot_cache
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = snapshot_cache().view()
+        if view is not None and len(set(view.ring[1])) == workers:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the router never saw every worker")
+
+
+def summarize(results: list[dict], wall_s: float) -> dict[str, Any]:
+    latency = [r["queued_ms"] + r["run_ms"] for r in results]
+    cold = sum(r["cold_start"] for r in results)
+    return {"jobs": len(results), "cold": cold, "cold_per_1000": 1000 * cold / len(results),
+            "p50_ms": percentile(latency, 0.5), "p95_ms": percentile(latency, 0.95),
+            "jobs_per_s": len(results) / wall_s}
+
+
+def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from gpu_worker.redis_server import EmbeddedRedis
+
+    redis = EmbeddedRedis(state).start()
+    try:
+        shared = one_mode(False, args, state)
+        redis.client().flushall()  # the second cluster starts from nothing, like the first
+        return {"shared lanes": shared, "route hashing": one_mode(True, args, state)}
+    finally:
+        redis.stop()
+
+
+def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    rows = [(mode, f["jobs"], f"{f['cold_per_1000']:.1f}", f"{f['p50_ms']:.0f}",
+             f"{f['p95_ms']:.0f}", f"{f['jobs_per_s']:.1f}")
+            for mode, f in figures.items() if isinstance(f, dict)]
+    print(f"\n{len(MODELS)} models (Zipf 1.1), {args.workers} CPU workers x 2 slots, "
+          f"{args.in_flight} jobs in flight, {args.steps} steps at {args.size}px\n")
+    print(markdown_table(["mode", "jobs", "cold loads / 1000", "p50 ms", "p95 ms", "jobs/s"],
+                         rows))
+    share = figures["route hashing"]["cold_per_1000"] / 10
+    print(f"\nroute hashing: {share:.1f}% of jobs cold (goal <= 2%: "
+          f"{'met' if share <= 2 else 'NOT met'}); total wall time {figures['wall_s']:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--size", type=int, default=64)
+    args = parser.parse_args(argv)
+    figures = run_private("gl-aff-", lambda state: bench(state, args), "clusters stopped",
+                          HEARTBEAT_S=1)
+    if figures is None:
+        return 130
+    report(figures, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
