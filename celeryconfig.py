@@ -110,7 +110,8 @@ HASH_EPSILON = setting("HASH_EPSILON", positive(float), 0.25)
 #: Models beat keeps warm on at least this many workers ("demo-0=2,demo-1=1").
 MIN_REPLICAS = setting("MIN_REPLICAS", counts, {})
 if set(MIN_REPLICAS) - set(MODELS):
-    raise ConfigError("GPULANES_MIN_REPLICAS", f"unknown models {sorted(set(MIN_REPLICAS) - set(MODELS))}")
+    raise ConfigError("GPULANES_MIN_REPLICAS",
+                      f"unknown models {sorted(set(MIN_REPLICAS) - set(MODELS))}")
 if len(WARM_MODELS) > MODEL_SLOTS:
     raise ConfigError("GPULANES_WARM_MODELS", f"{len(WARM_MODELS)} models but only "
                       f"GPULANES_MODEL_SLOTS={MODEL_SLOTS} slots")

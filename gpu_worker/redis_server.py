@@ -66,7 +66,8 @@ class EmbeddedRedis:
         deadline = time.monotonic() + timeout_s
         while not self.answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise GpulanesError(f"embedded Redis did not start; see {self.data_dir / 'redis.log'}")
+                raise GpulanesError("embedded Redis did not start; "
+                                    f"see {self.data_dir / 'redis.log'}")
             time.sleep(0.05)
 
     def stop(self, timeout_s: float = 10.0) -> None:

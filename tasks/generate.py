@@ -153,7 +153,8 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, attempt, kwargs)
     return _finish(self.request.id, {
-        **{k: v for k, v in route.items() if k != "lane_since"}, "job_id": self.request.id, "image": str(image),
+        **{k: v for k, v in route.items() if k != "lane_since"},
+        "job_id": self.request.id, "image": str(image),
         "lane": lane_of(self.request.delivery_info.get("routing_key") or route["lane"]),
         "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
         "queued_ms": round((started_at - submitted_at) * 1000, 1),
