@@ -63,10 +63,12 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
     start, order = bisect.bisect(points, _point(model)), []
-    for step in range(len(points)):
+    for step in range(len(points)):  # on the submit path: stop once every node is seen
         node = owners[(start + step) % len(points)]
         if node not in order:
             order.append(node)
+            if len(order) == len(nodes):
+                break
     open_nodes = [node for node in order if loads.get(node, 0) < cap]
     holding = [node for node in open_nodes if model in (warm or {}).get(node, ())]
     return (holding or open_nodes or [None])[0]
