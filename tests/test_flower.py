@@ -21,10 +21,21 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _flower(env: dict, port: int) -> subprocess.Popen:
+def _flower(env: dict, port: int, log=subprocess.PIPE) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
                              f"--port={port}", "--address=127.0.0.1"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, as an operator's stop would send; SIGKILL if Flower lingers on its
+    own shutdown (its executor threads are joined at exit), as Docker would."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=20)
 
 
 def _status(port: int, auth: str | None = None) -> int | None:
@@ -46,13 +57,13 @@ def test_flower_will_not_start_without_auth(redis_server):
     assert proc.returncode != 0 and "without authentication" in out
 
 
-def test_flower_requires_its_credentials(redis_server):
+def test_flower_requires_its_credentials(redis_server, tmp_path):
     port = _free_port()
-    proc = _flower({**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}, port)
+    with open(tmp_path / "flower.log", "w") as log:  # a file: a pipe nobody reads can fill
+        proc = _flower({**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}, port, log)
     try:
         assert wait_until(lambda: _status(port), timeout_s=60, what="Flower to answer") == 401
         assert _status(port, "ops:wrong") == 401
         assert _status(port, "ops:s3cret") == 200
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        _stop(proc)
