@@ -45,9 +45,23 @@ def ring(nodes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
     return tuple(p for p, _ in points), tuple(n for _, n in points)
 
 
+def _ring_order(model: str, points: tuple[int, ...], owners: tuple[str, ...],
+                nodes: int) -> list[str]:
+    """Distinct workers in ring order from ``model``'s point (stops once all are seen)."""
+    start, order = bisect.bisect(points, _point(model)), []
+    for step in range(len(points)):
+        node = owners[(start + step) % len(points)]
+        if node not in order:
+            order.append(node)
+            if len(order) == nodes:
+                break
+    return order
+
+
 def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
-         loads: Mapping[str, int], epsilon: float,
-         warm: Mapping[str, Collection[str]] | None = None) -> str | None:
+         loads: Mapping[str, float], epsilon: float,
+         warm: Mapping[str, Collection[str]] | None = None,
+         drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -55,20 +69,29 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     counting this job and never under ``MIN_CAP``; take the first that holds
     ``model`` warm, else the first. A model keeps landing on its warm worker;
     when that one is overloaded, on the next warm one, and only then cold.
+
+    Delay scheduling: when every warm holder is over the cap, the job still
+    waits for the one that drains soonest if that is sooner than loading the
+    model (``cold_s``) on the first open worker and waiting there. ``drain_s``
+    is each worker's seconds per queued job; without it a job never waits.
     """
     points, owners = hash_ring
     nodes = set(owners)
     if not nodes:
         return None
+    warm = warm or {}
     mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
-    start, order = bisect.bisect(points, _point(model)), []
-    for step in range(len(points)):  # on the submit path: stop once every node is seen
-        node = owners[(start + step) % len(points)]
-        if node not in order:
-            order.append(node)
-            if len(order) == len(nodes):
-                break
+    order = _ring_order(model, points, owners, len(nodes))
     open_nodes = [node for node in order if loads.get(node, 0) < cap]
-    holding = [node for node in open_nodes if model in (warm or {}).get(node, ())]
-    return (holding or open_nodes or [None])[0]
+    holding = [node for node in order if model in warm.get(node, ())]
+    warm_open = [node for node in holding if node in open_nodes]
+    if warm_open or not open_nodes:
+        return (warm_open or holding or order)[0]
+    if holding and drain_s:
+        def wait_s(node: str) -> float:
+            return loads.get(node, 0) * drain_s.get(node, 0.0)
+        soonest = min(holding, key=wait_s)
+        if wait_s(soonest) <= cold_s + wait_s(open_nodes[0]):
+            return soonest
+    return open_nodes[0]

@@ -107,8 +107,18 @@ class PolicyView:
     ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
     loads: Mapping[str, int] = field(default_factory=dict)
     epsilon: float = 0.25
-    #: Models each healthy worker holds warm (or is loading).
-    warm: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: Models each healthy worker holds warm (or is loading), least recently used first.
+    warm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Model slots per worker, and seconds per queued job (service time / concurrency).
+    slots: Mapping[str, int] = field(default_factory=dict)
+    drain_s: Mapping[str, float] = field(default_factory=dict)
+    #: Measured cold-load seconds per model; ``cold_default_s`` for the others.
+    cold_s: Mapping[str, float] = field(default_factory=dict)
+    cold_default_s: float = 0.0
+
+    def cold_load_s(self, model: str) -> float:
+        """What loading ``model`` costs a worker that does not hold it."""
+        return self.cold_s.get(model, self.cold_default_s)
 
 
 def _moved(route: Route, lane: str, reason: str) -> Route:
@@ -138,5 +148,6 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
     if route.lane == RELAXED:
         level = view.levels.get(account, 0)
         route = replace(route, priority=RELAX_PRIORITIES[level])
-    node = home(model, view.ring, view.loads, view.epsilon, view.warm) if model else None
+    node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
+                view.cold_load_s(model)) if model else None
     return replace(route, node=node) if node else route

@@ -23,10 +23,28 @@ from routing.policy import PolicyView
 log = logging.getLogger(__name__)
 
 
+def _drain_s(worker: dict) -> float | None:
+    """Seconds per queued job on ``worker``: its mean service time over its concurrency."""
+    samples = [ms for ms in worker.get("service_ms", {}).values() if ms]
+    return sum(samples) / len(samples) / 1000 / worker.get("concurrency", 1) if samples else None
+
+
+def _cold_s(workers: Mapping[str, dict]) -> dict[str, float]:
+    """Mean measured load seconds per model over the workers that loaded it."""
+    samples: dict[str, list[float]] = {}
+    for worker in workers.values():
+        for model, load_ms in worker.get("load_ms", {}).items():
+            samples.setdefault(model, []).append(load_ms / 1000)
+    return {model: sum(s) / len(s) for model, s in samples.items()}
+
+
 def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
     """The routing view of a snapshot, lane fullness aside (built once per snapshot)."""
     lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
     alive = {host: w for host, w in snapshot.get("workers", {}).items() if w.get("alive")}
+    drain = {host: d for host, w in alive.items() if (d := _drain_s(w)) is not None}
+    known = sorted(drain.values())
+    cold = _cold_s(alive)
     return PolicyView(
         at=snapshot["at"],
         overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
@@ -36,9 +54,21 @@ def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
         ring=ring(alive), epsilon=epsilon,
         loads={host: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                for host, w in alive.items()},
-        warm={host: frozenset(w.get("warm_models", ())) | frozenset(w.get("loading_models", ()))
+        warm={host: tuple(dict.fromkeys([*w.get("warm_models", ()),
+                                         *w.get("loading_models", ())]))
               for host, w in alive.items()},
+        slots={host: w.get("slots", 1) for host, w in alive.items()},
+        # a worker not measured yet drains like the median one
+        drain_s={host: drain.get(host, known[len(known) // 2]) for host in alive} if known
+        else {},
+        cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
     )
+
+
+def touched(warm: tuple[str, ...], model: str, slots: int) -> tuple[str, ...]:
+    """A worker's warm models, least recently used first, after it runs ``model``."""
+    kept = tuple(m for m in warm if m != model) + (model,)
+    return kept[-max(1, slots):]
 
 
 def full_lanes(snapshot: dict, sent: Mapping[str, int],
@@ -68,9 +98,13 @@ class SnapshotCache:
         # without a lock, as one attribute.
         self._state: tuple[dict, PolicyView] | None = None
         # Jobs this process sent that the snapshot may not count yet:
-        # (time, lane), and their totals per lane.
-        self._log: deque[tuple[float, str]] = deque()
+        # (time, lane, worker or None, model), their totals per lane, and what
+        # they did to each worker: jobs added, models made warm. The last two
+        # are replaced whole (never changed in place): view() reads them unlocked.
+        self._log: deque[tuple[float, str, str | None, str]] = deque()
         self._sent: dict[str, int] = {}
+        self._node_sent: dict[str, int] = {}
+        self._warm: dict[str, tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -92,6 +126,7 @@ class SnapshotCache:
                 if self._state is None or snapshot["at"] != self._state[0]["at"]:
                     self._state = (snapshot, base_view(snapshot, self.epsilon))
                     self._forget_sent_before(snapshot.get("measured_at", snapshot["at"]))
+                    self._replay()
 
     def _loop(self) -> None:
         while True:
@@ -109,14 +144,31 @@ class SnapshotCache:
 
     def _forget_sent_before(self, measured_at: float) -> None:
         while self._log and self._log[0][0] < measured_at:
-            _, lane = self._log.popleft()
+            lane = self._log.popleft()[1]
             self._sent[lane] -= 1
 
-    def note_sent(self, lane: str) -> None:
-        """Count a job sent to ``lane`` until a snapshot measured after it."""
+    def _replay(self) -> None:
+        """The new snapshot's workers, with the sends it did not see applied again."""
+        base = self._state[1]
+        self._node_sent, self._warm = {}, dict(base.warm)
+        for _, _, node, model in self._log:
+            self._apply(node, model)
+
+    def _apply(self, node: str | None, model: str) -> None:
+        if node is not None and node in self._warm:
+            self._node_sent = {**self._node_sent, node: self._node_sent.get(node, 0) + 1}
+            slots = self._state[1].slots.get(node, 1)
+            self._warm = {**self._warm, node: touched(self._warm[node], model, slots)}
+
+    def note_sent(self, lane: str, node: str | None = None, model: str = "") -> None:
+        """Count a job sent to ``lane`` (``node``'s own queue of it, for ``model``)
+        until a snapshot measured after it: the lane's depth, the worker's load,
+        and the model it will make warm there."""
         with self._lock:
-            self._log.append((self.clock(), lane))
+            self._log.append((self.clock(), lane, node, model))
             self._sent[lane] = self._sent.get(lane, 0) + 1
+            if self._state is not None:
+                self._apply(node, model)
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
@@ -132,4 +184,15 @@ class SnapshotCache:
         self._warned = False
         snapshot, base = state
         full = full_lanes(snapshot, self._sent, self.max_depth)
+        if self._node_sent or base.drain_s:
+            base = replace(base, warm=self._warm, loads=self._loads_now(snapshot, base))
         return replace(base, full=full) if full else base
+
+    def _loads_now(self, snapshot: dict, base: PolicyView) -> dict[str, float]:
+        """Each worker's load as measured, plus this process's sends since, less
+        the jobs it has had time to finish since (a fluid estimate)."""
+        elapsed_s = max(0.0, self.clock() - snapshot.get("measured_at", snapshot["at"]))
+        sent = self._node_sent
+        return {node: max(0.0, load + sent.get(node, 0)
+                          - (elapsed_s / base.drain_s[node] if base.drain_s.get(node) else 0))
+                for node, load in base.loads.items()}

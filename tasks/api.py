@@ -68,5 +68,5 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     result = generate.apply_async(
         kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
         task_id=job_id, **options)
-    cache.note_sent(where.lane)
+    cache.note_sent(where.lane, where.node, job["model"])
     return result

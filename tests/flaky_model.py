@@ -2,7 +2,8 @@
 
 The prompt says how: ``transient:N ...`` raises a transient error on the
 first N runs of that (prompt, seed) in this worker; ``transient:always`` on
-every run; ``bug ...`` raises a plain bug (never retried); ``gate:NAME ...``
+every run; ``oom:N ...`` raises torch's CUDA out-of-memory error on the first N
+runs; ``bug ...`` raises a plain bug (never retried); ``gate:NAME ...``
 holds the job until the file ``$GPULANES_STATE_DIR/gates/NAME`` exists (see
 ``open_gate``), so a test can act while it runs, whatever the machine's speed.
 """
@@ -60,6 +61,10 @@ class FlakyModel:
                 how.startswith("transient:") and how != "transient:always"
                 and self.runs[(prompt, seed)] <= int(how.split(":")[1])):
             raise TransientJobError(f"simulated out-of-memory (run {self.runs[(prompt, seed)]})")
+        if how.startswith("oom:") and self.runs[(prompt, seed)] <= int(how.split(":")[1]):
+            import torch
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
+                                              "(simulated)")
         if how.startswith("gate:"):
             _wait_for_gate(how.split(":", 1)[1])
         if how == "bug":

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import SNAPSHOT_KEY, WORKERS_KEY
+from routing.names import SNAPSHOT_KEY, STATS_COMMAND, WORKERS_KEY
 from tasks import submit
 from tasks.errors import JobFailed
 from tests.flaky_model import open_gate
@@ -74,6 +74,19 @@ def test_transient_failure_gives_up_after_three_retries(cluster):
     result = submit("transient:always broken gpu", model="flaky", seed=2, **SMALL)
     with pytest.raises(JobFailed, match="gave up after 4 attempts"):
         result.get(timeout=60)
+
+
+def test_out_of_memory_is_retried_and_never_kills_the_worker(cluster):
+    from tasks import app
+
+    def pids() -> dict[str, int]:
+        answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=1.0)
+        return {host: reply["pid"] for answer in answers for host, reply in answer.items()}
+
+    before = pids()
+    out = submit("oom:2 too big for the card", model="flaky", seed=4, **SMALL).get(timeout=60)
+    assert out["attempts"] == 3 and out["image"]
+    assert pids() == before and len(before) == 1  # the same worker process, alive
 
 
 def test_bug_fails_at_once_with_a_clear_error(cluster):

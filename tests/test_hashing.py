@@ -10,6 +10,7 @@ from conftest import SMALL, wait_until
 from routing.names import SNAPSHOT_KEY, worker_queue
 from routing.placement import home, ring
 from routing.policy import PolicyView, decide
+from routing.snapshot import SnapshotCache
 from tasks import submit
 
 MODELS = [f"model-{i}" for i in range(2000)]
@@ -43,6 +44,41 @@ def test_an_overloaded_home_passes_jobs_to_the_next_on_the_ring():
     # both at the cap (mean 7/4, cap 3): the next worker on the ring
     assert home(model, hash_ring, {first: 3, second: 3}, 0.25) not in (first, second)
 
+
+
+def test_a_busy_warm_worker_keeps_the_job_while_waiting_beats_a_cold_load():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    model = "model-7"
+    first = home(model, hash_ring, {}, 0.25)
+    warm = {first: ("model-7",)}
+    busy = {first: 4}  # over the cap (mean 5/4, cap 2): 4 jobs of 0.1 s to wait for
+    drain = dict.fromkeys(["w0", "w1", "w2", "w3"], 0.1)
+    assert home(model, hash_ring, busy, 0.25, warm, drain, cold_s=2.0) == first
+    assert home(model, hash_ring, busy, 0.25, warm, drain, cold_s=0.1) != first
+    assert home(model, hash_ring, busy, 0.25, warm) != first  # no service times: no waiting
+
+
+def test_the_router_counts_its_own_sends_until_the_next_snapshot():
+    now = [100.0]
+    snapshot = {"at": 100.0, "measured_at": 100.0, "workers": {
+        host: {"alive": True, "in_flight": {}, "queued": 0, "slots": 2, "concurrency": 1,
+               "warm_models": ["a", "b"], "service_ms": {"standard": 100.0}}
+        for host in ("w0", "w1")}}
+    cache = SnapshotCache(lambda: json.dumps(snapshot), refresh_s=0.5, stale_s=3.0,
+                          max_depth={"fast": 9, "standard": 9, "relaxed": 9},
+                          clock=lambda: now[0])
+    cache._thread = object()  # refreshes by hand
+    cache.refresh()
+    for _ in range(3):
+        cache.note_sent("standard", "w0", "c")
+    view = cache.view()
+    assert view.warm["w0"] == ("b", "c") and view.warm["w1"] == ("a", "b")  # c evicted a
+    assert view.loads == {"w0": 3, "w1": 0}
+    now[0] = 100.2  # two jobs' service time later: about two of them are done
+    assert cache.view().loads["w0"] == pytest.approx(1.0)
+    snapshot.update(at=101.0, measured_at=101.0)  # a snapshot that counts them itself
+    cache.refresh()
+    assert cache.view().warm["w0"] == ("a", "b") and cache.view().loads["w0"] == 0
 
 
 def test_no_healthy_worker_means_the_shared_lane():
