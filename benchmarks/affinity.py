@@ -11,8 +11,15 @@ in flight:
   so any free worker takes any job, as plain Celery does.
 
 The table shows cold loads per 1,000 jobs (a job that had to load its model
-first: ``cold_start`` in its result) and the latency (queue wait + run) of
-all jobs. Goal: <= 2 % of jobs cold with hashing.
+first: ``cold_start`` in its result), the same less each model's first load
+(which nothing could avoid), and the latency (queue wait + run) of all jobs.
+Goal: <= 2 % of jobs cold with hashing.
+
+With 2 slots the 8 models fill every slot, and the hottest (40 % of jobs)
+needs more than one worker under bounded loads (epsilon 0.25 caps a worker
+near 31 % of the jobs), so a second copy of it takes some model's slot: the
+floor is about the share of the least wanted model (~4 %). ``--slots 3`` or
+``--epsilon 0.75`` removes that conflict.
 """
 from __future__ import annotations
 
@@ -60,8 +67,7 @@ def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, 
     cfg.ROUTE_HASHING = hashing  # read by submit() on every call
     mode = "hashing" if hashing else "shared"
     cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / mode,
-                           env={"GPULANES_MODEL_SLOTS": str(args.slots),
-                                "GPULANES_WARM_MODELS": "demo-0"})
+                           env={"GPULANES_MODEL_SLOTS": str(args.slots)})
     try:
         cluster.start(app)  # on the Redis bench() started: it stays up between modes
         _wait_routable(args.workers)
@@ -89,7 +95,10 @@ def summarize(results: list[dict], wall_s: float) -> dict[str, Any]:
     latency = [r["queued_ms"] + r["run_ms"] for r in results]
     cold = sum(r["cold_start"] for r in results)
     loads = [r["load_ms"] for r in results if r["cold_start"]]
+    # A model's first load anywhere cannot be avoided; every later one could have been.
+    firsts = len({r["model"] for r in results if r["cold_start"]})
     return {"jobs": len(results), "cold": cold, "cold_per_1000": 1000 * cold / len(results),
+            "repeat_cold_per_1000": 1000 * (cold - firsts) / len(results),
             "load_ms": sum(loads) / len(loads) if loads else 0.0,
             "run_ms": sum(r["run_ms"] for r in results) / len(results),
             "p50_ms": percentile(latency, 0.5), "p95_ms": percentile(latency, 0.95),
@@ -109,13 +118,16 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
-    rows = [(mode, f["jobs"], f"{f['cold_per_1000']:.1f}", f"{f['load_ms']:.0f}",
+    rows = [(mode, f["jobs"], f"{f['cold_per_1000']:.1f}", f"{f['repeat_cold_per_1000']:.1f}",
+             f"{f['load_ms']:.0f}",
              f"{f['run_ms']:.0f}", f"{f['p50_ms']:.0f}", f"{f['p95_ms']:.0f}",
              f"{f['jobs_per_s']:.1f}")
             for mode, f in figures.items() if isinstance(f, dict)]
     print(f"\n{len(MODELS)} models (Zipf 1.1), {args.workers} CPU workers x {args.slots} slots, "
+          f"epsilon {args.epsilon:g}, "
           f"{args.in_flight} jobs in flight, {args.steps} steps at {args.size}px\n")
-    print(markdown_table(["mode", "jobs", "cold loads / 1000", "mean load ms", "mean run ms",
+    print(markdown_table(["mode", "jobs", "cold loads / 1000", "after first loads / 1000",
+                          "mean load ms", "mean run ms",
                           "p50 ms", "p95 ms", "jobs/s"], rows))
     share = figures["route hashing"]["cold_per_1000"] / 10
     print(f"\nroute hashing: {share:.1f}% of jobs cold (goal <= 2%: "
@@ -128,12 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=2, help="model slots per worker")
+    parser.add_argument("--epsilon", type=float, default=0.25,
+                        help="bounded-loads slack (GPULANES_HASH_EPSILON)")
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--size", type=int, default=64)
     args = parser.parse_args(argv)
     figures = run_private("gl-aff-", lambda state: bench(state, args), "clusters stopped",
-                          HEARTBEAT_S=1)
+                          HEARTBEAT_S=1, HASH_EPSILON=args.epsilon)
     if figures is None:
         return 130
     report(figures, args)

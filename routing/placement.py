@@ -58,10 +58,36 @@ def _ring_order(model: str, points: tuple[int, ...], owners: tuple[str, ...],
     return order
 
 
+def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
+                 slots: Mapping[str, int],
+                 previous: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each model's first worker: consistent hashing bounded by model slots.
+
+    ``models`` in order of demand, most wanted first: each takes the first
+    worker on its ring walk that has a slot no earlier model took, so no
+    worker becomes the home of more models than it can hold warm. Models
+    left over when every slot is taken get no home (plain ring order). A
+    model keeps its ``previous`` home while that has a slot: homes move only
+    when workers or the set of wanted models change, never on noise.
+    """
+    points, owners = hash_ring
+    nodes, taken, homes = len(set(owners)), dict.fromkeys(owners, 0), {}
+    for model in models:
+        walk = _ring_order(model, points, owners, nodes)
+        if (previous or {}).get(model) in taken:
+            walk.insert(0, previous[model])
+        for node in walk:
+            if taken[node] < slots.get(node, 1):
+                homes[model], taken[node] = node, taken[node] + 1
+                break
+    return homes
+
+
 def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
          loads: Mapping[str, float], epsilon: float,
          warm: Mapping[str, Collection[str]] | None = None,
-         drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0) -> str | None:
+         drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0,
+         first: str | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -74,6 +100,9 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     waits for the one that drains soonest if that is sooner than loading the
     model (``cold_s``) on the first open worker and waiting there. ``drain_s``
     is each worker's seconds per queued job; without it a job never waits.
+
+    ``first``: the model's worker from :func:`assign_homes`, tried before the
+    rest of the ring.
     """
     points, owners = hash_ring
     nodes = set(owners)
@@ -83,6 +112,8 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
     order = _ring_order(model, points, owners, len(nodes))
+    if first in nodes:
+        order = [first] + [node for node in order if node != first]
     open_nodes = [node for node in order if loads.get(node, 0) < cap]
     holding = [node for node in order if model in warm.get(node, ())]
     warm_open = [node for node in holding if node in open_nodes]

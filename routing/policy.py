@@ -115,6 +115,8 @@ class PolicyView:
     #: Measured cold-load seconds per model; ``cold_default_s`` for the others.
     cold_s: Mapping[str, float] = field(default_factory=dict)
     cold_default_s: float = 0.0
+    #: Each model's first worker (see ``routing.placement.assign_homes``).
+    homes: Mapping[str, str] = field(default_factory=dict)
 
     def cold_load_s(self, model: str) -> float:
         """What loading ``model`` costs a worker that does not hold it."""
@@ -149,5 +151,5 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         level = view.levels.get(account, 0)
         route = replace(route, priority=RELAX_PRIORITIES[level])
     node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
-                view.cold_load_s(model)) if model else None
+                view.cold_load_s(model), view.homes.get(model)) if model else None
     return replace(route, node=node) if node else route

@@ -17,10 +17,12 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from routing.names import LANES
-from routing.placement import ring
+from routing.placement import assign_homes, ring
 from routing.policy import PolicyView
 
 log = logging.getLogger(__name__)
+#: Jobs over which a router measures each model's demand.
+DEMAND_WINDOW = 1000
 
 
 def _drain_s(worker: dict) -> float | None:
@@ -105,6 +107,10 @@ class SnapshotCache:
         self._sent: dict[str, int] = {}
         self._node_sent: dict[str, int] = {}
         self._warm: dict[str, tuple[str, ...]] = {}
+        # The models of the last DEMAND_WINDOW jobs routed, and counts of each:
+        # each snapshot assigns homes from them, most wanted first.
+        self._recent: deque[str] = deque()
+        self._demand: dict[str, int] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -124,7 +130,9 @@ class SnapshotCache:
             snapshot = json.loads(raw)
             with self._lock:
                 if self._state is None or snapshot["at"] != self._state[0]["at"]:
+                    previous = self._state and self._state[1].homes
                     self._state = (snapshot, base_view(snapshot, self.epsilon))
+                    self._rehome(previous)
                     self._forget_sent_before(snapshot.get("measured_at", snapshot["at"]))
                     self._replay()
 
@@ -146,6 +154,14 @@ class SnapshotCache:
         while self._log and self._log[0][0] < measured_at:
             lane = self._log.popleft()[1]
             self._sent[lane] -= 1
+
+    def _rehome(self, previous: Mapping[str, str] | None) -> None:
+        """Give the wanted models homes on the current workers (caller holds the lock)."""
+        snapshot, base = self._state
+        wanted = sorted((m for m, n in self._demand.items() if n),
+                        key=lambda m: (-self._demand[m], m))
+        homes = assign_homes(wanted, base.ring, base.slots, previous)
+        self._state = (snapshot, replace(base, homes=homes))
 
     def _replay(self) -> None:
         """The new snapshot's workers, with the sends it did not see applied again."""
@@ -169,6 +185,12 @@ class SnapshotCache:
             self._sent[lane] = self._sent.get(lane, 0) + 1
             if self._state is not None:
                 self._apply(node, model)
+            self._recent.append(model)
+            self._demand[model] = self._demand.get(model, 0) + 1
+            if len(self._recent) > DEMAND_WINDOW:
+                self._demand[self._recent.popleft()] -= 1
+            if self._state is not None and model not in self._state[1].homes:
+                self._rehome(self._state[1].homes)  # a newly wanted model: home it now
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SMALL, wait_until
 from routing.names import SNAPSHOT_KEY, worker_queue
-from routing.placement import home, ring
+from routing.placement import assign_homes, home, ring
 from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks import submit
@@ -31,6 +31,21 @@ def test_a_joining_worker_takes_about_one_nth_of_the_models():
     moved = [m for m in MODELS if before[m] != after[m]]
     assert all(after[m] == "w4" for m in moved)  # only to the newcomer
     assert 0.12 < len(moved) / len(MODELS) < 0.28  # about 1/5
+
+
+def test_homes_never_outnumber_a_workers_slots_and_stay_put():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    slots = dict.fromkeys(["w0", "w1", "w2", "w3"], 2)
+    wanted = [f"demo-{i}" for i in range(10)]  # most wanted first
+    homes = assign_homes(wanted, hash_ring, slots)
+    assert sorted(collections.Counter(homes.values()).values()) == [2, 2, 2, 2]
+    assert set(homes) == set(wanted[:8])  # the two least wanted get no home
+    assert homes["demo-0"] == home("demo-0", hash_ring, {}, 0.25)  # the hottest: its ring home
+    # the wanted models' demand order shuffles (noise): every one keeps its home
+    assert assign_homes(wanted[7::-1], hash_ring, slots, previous=homes) == homes
+    assert assign_homes(wanted[7::-1], hash_ring, slots) != homes  # (it would move without)
+    first = homes["demo-5"]
+    assert home("demo-5", hash_ring, {}, 0.25, first=first) == first
 
 
 def test_an_overloaded_home_passes_jobs_to_the_next_on_the_ring():
