@@ -71,6 +71,14 @@ def counts(raw: str) -> dict[str, int]:
     return {name.strip(): at_least(1)(count.strip()) for name, count in pairs}
 
 
+def fraction(raw: str) -> float:
+    """A probability strictly between 0 and 1."""
+    value = float(raw)
+    if not 0 < value < 1:
+        raise ValueError("must be between 0 and 1 (exclusive)")
+    return value
+
+
 def flag(raw: str) -> bool:
     value = raw.lower()
     if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
@@ -147,6 +155,17 @@ FAST_SECONDS_DEFAULT = setting("FAST_SECONDS_DEFAULT", float, 3600.0)
 FAIR_WINDOW_S = setting("FAIR_WINDOW_S", positive(int), 900)
 FAIR_UNIT_S = setting("FAIR_UNIT_S", positive(float), 60.0)
 FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)
+
+# --- result cache and in-flight coalescing (see tasks.cache) -------------------
+#: Seeded jobs: serve a finished identical image, or join an identical run in flight.
+CACHE = setting("CACHE", flag, True)
+#: How long a cached result is served after it entered the cache.
+CACHE_TTL_S = setting("CACHE_TTL_S", positive(int), 24 * 3600)
+#: Size budget: beyond it the least recently hit entries go.
+CACHE_MAX_ENTRIES = setting("CACHE_MAX_ENTRIES", positive(int), 100_000)
+#: Sightings (LRU-K admission, K=2) per submitting process: Bloom filter sizing.
+CACHE_BLOOM_CAPACITY = setting("CACHE_BLOOM_CAPACITY", positive(int), 100_000)
+CACHE_BLOOM_ERROR = setting("CACHE_BLOOM_ERROR", fraction, 0.001)
 
 # --- beat --------------------------------------------------------------------
 # Celery beat schedules in whole seconds: periods under 1 s act as 1 s.

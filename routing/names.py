@@ -78,6 +78,27 @@ def attempts_key(job_id: str) -> str:
     return f"{PREFIX}:attempts:{job_id}"
 
 
+#: Sorted set: result-cache entry key -> when it was last hit (unix s); LRU order.
+CACHE_LRU_KEY = f"{PREFIX}:cache:lru"
+#: A run's followers live under this prefix plus the leader's job id (see ``run_key``).
+RUN_KEY_PREFIX = f"{PREFIX}:run:"
+
+
+def cache_entry_key(digest: str) -> str:
+    """JSON of the finished result of one content digest (model, prompt, seed, steps, size)."""
+    return f"{PREFIX}:cache:entry:{digest}"
+
+
+def inflight_key(digest: str) -> str:
+    """The job id of the run now making the image of ``digest`` (queued or running)."""
+    return f"{PREFIX}:inflight:{digest}"
+
+
+def run_key(job_id: str) -> str:
+    """Hash of a coalesced run led by ``job_id``: its keys, admission, and followers."""
+    return f"{RUN_KEY_PREFIX}{job_id}"
+
+
 def worker_hostname(index: int) -> str:
     """Celery node name of the worker pinned to device ``index``."""
     return f"gpu{index}@%h"
