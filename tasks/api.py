@@ -1,4 +1,5 @@
-"""``submit()``: validate, route, enqueue. No network round trip but the publish."""
+"""``submit()``: validate, route, enqueue. No network round trip but the publish,
+plus one for a seeded job (result cache and coalescing, ``tasks.cache``)."""
 from __future__ import annotations
 
 import time
@@ -13,6 +14,7 @@ from routing.names import RELAXED, SNAPSHOT_KEY
 from routing.policy import decide
 from routing.snapshot import SnapshotCache
 from routing.store import connect
+from tasks.cache import claim, release
 from tasks.errors import LaneFull
 from tasks.generate import generate
 from tasks.schema import validate
@@ -38,6 +40,9 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     ``run_ms``, ``attempts``, ``cached`` and the job's parameters; when the
     job was moved down, also ``downgraded_from`` and ``downgrade_reason``.
     Without a ``seed`` one is drawn here, so the result can be reproduced.
+    With a ``seed``, an identical finished job may answer from the result
+    cache, or a run of it in flight may serve this call too (``cached: True``
+    in the result, no GPU run of its own; see ``tasks.cache``).
 
     ``downgradable`` (default: True for standard, False for fast) lets the
     job move down a lane while its lane is overloaded.
@@ -48,7 +53,17 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
                    steps=steps, width=width, height=height, downgradable=downgradable)
-    return enqueue(job.as_dict(), str(uuid.uuid4()))
+    body, job_id = job.as_dict(), str(uuid.uuid4())
+    if seed is None or not cfg.CACHE:  # a drawn seed is never shared: no extra round trip
+        return enqueue(body, job_id)
+    shared = claim(body, job_id)  # one round trip: a cached result, a run to join, or ours
+    if shared is not None:
+        return shared
+    try:
+        return enqueue(body, job_id)
+    except BaseException:
+        release(job_id)  # callers that joined meanwhile must not wait for a run never sent
+        raise
 
 
 def enqueue(job: dict, job_id: str) -> AsyncResult:

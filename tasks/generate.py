@@ -26,6 +26,7 @@ from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
 from tasks.celeryapp import app, redis_client
+from tasks.coalesce import close_run, fail_followers
 from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
 from tasks.retry import backoff_s, is_transient
@@ -84,6 +85,7 @@ def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
              attempt: int, what: str) -> NoReturn:
     bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
     redis_client().delete(lease_key(task.request.id))
+    fail_followers(task.request.id, what)
     raise JobFailed(what) from exc
 
 
@@ -131,6 +133,7 @@ def _finish(job_id: str, result: dict, account: str) -> dict:
     if not stored:
         return json.loads(earlier)
     _account_for(client, result, account)
+    close_run(job_id, result)  # before its caller can see it: no one joins a finished run
     return result
 
 

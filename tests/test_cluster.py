@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import celeryconfig as cfg
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from routing.names import SNAPSHOT_KEY, STATS_COMMAND, WORKERS_KEY
 from tasks import submit
@@ -54,7 +55,8 @@ def test_fast_job_overtakes_relaxed_backlog_on_one_worker(cluster):
     assert starts == sorted(starts)
 
 
-def test_same_seed_same_png_different_seed_different(cluster):
+def test_same_seed_same_png_different_seed_different(cluster, monkeypatch):
+    monkeypatch.setattr(cfg, "CACHE", False)  # two real runs, not one run shared by both
     a, b, c = (submit("tidal pools at dusk", seed=s, **SMALL) for s in (5, 5, 6))
     paths = [r.get(timeout=60)["image"] for r in (a, b, c)]
     assert paths[0] != paths[1]  # each job writes its own file...

@@ -5,6 +5,7 @@ import pytest
 from PIL import Image
 import numpy as np
 
+import celeryconfig as cfg
 from conftest import SMALL
 from routing.names import STATS_COMMAND
 from tasks import submit
@@ -15,6 +16,12 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def cluster(cluster_factory):
     return cluster_factory(workers=1, env={"GPULANES_MODEL_SLOTS": "2"})
+
+
+@pytest.fixture(autouse=True)
+def every_job_runs(monkeypatch):
+    """Repeats of one seeded job must reach the worker: cold starts are what is measured."""
+    monkeypatch.setattr(cfg, "CACHE", False)
 
 
 def _run(model: str) -> dict:

@@ -1,0 +1,177 @@
+"""The result cache and in-flight coalescing, submit side: at most one Redis round trip.
+
+A seeded job is a pure function of (model, prompt, seed, steps, width,
+height): the same six give the same PNG bit for bit. ``submit()`` hashes them
+(:func:`digest`) and one Lua script, in one round trip, either
+
+- finds a finished result under that digest (a *hit*): the caller gets a copy
+  marked ``cached: true`` that names the same PNG (artifacts are files,
+  referenced, never copied or stored twice), and no GPU is touched; a PNG
+  that has vanished is a miss and its entry is dropped;
+- finds a run of the same digest, queued or running, of a tier at least as
+  fast as the caller's: the caller *follows* it under its own job id,
+  registered in the run's hash, and the worker that closes the run writes the
+  caller's result (``tasks.coalesce``); a faster caller leads a run of its
+  own instead, so coalescing never makes a fast job wait in a slower lane; or
+- claims the digest for the caller's job, which is then published as usual.
+
+Admission is LRU-K with K=2: a result enters the cache only when its digest
+was seen before. Sightings live in a pybloom-live ``ScalableBloomFilter`` in
+the *submitting process*, not in Redis: counting a one-off prompt anywhere
+shared costs a key or a write per submit, which is what admission is there to
+avoid, while the filter costs a few bytes per distinct digest and no round
+trip, and it is only ever read where it is written. The price: sightings are
+counted per submitting process, so a digest seen once by each of two
+processes is not admitted yet, and a false positive (rate at most
+``GPULANES_CACHE_BLOOM_ERROR``) admits a one-off early. Both only move the
+moment of admission; neither can serve a wrong image. A follower's sighting
+counts too: it marks the run it joins for admission.
+
+Jobs without a seed (one is drawn at submit) are never looked up, claimed or
+admitted, and pay no round trip for it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from celery import states
+from celery.result import AsyncResult, EagerResult
+from pybloom_live import ScalableBloomFilter
+
+import celeryconfig as cfg
+from routing.names import (CACHE_LRU_KEY, GENERATE_TASK, LANES, RUN_KEY_PREFIX,
+                           cache_entry_key, inflight_key, run_key)
+from tasks.celeryapp import app, redis_client
+
+#: What decides a job's pixels, and so its content address.
+IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
+#: Fields of the run's result that describe only the run's own routing.
+_RUN_ONLY = ("downgraded_from", "downgrade_reason")
+
+# KEYS: cache entry, LRU set, in-flight pointer, the caller's run. ARGV: caller id,
+# 'a' (admit) and/or 'd' (drop the entry: its PNG is gone), follower JSON, now, tier rank.
+# A caller joins a run only if that run's tier is as fast as its own: a fast job never
+# waits in a relaxed run; it leads its own, and later callers join the faster one.
+_CLAIM = """
+if string.find(ARGV[2], 'd', 1, true) then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], KEYS[1])
+else
+  local hit = redis.call('GET', KEYS[1])
+  if hit then
+    redis.call('ZADD', KEYS[2], 'XX', ARGV[4], KEYS[1])
+    return {'hit', hit}
+  end
+end
+local admit = string.find(ARGV[2], 'a', 1, true) and '1' or '0'
+local leader = redis.call('GET', KEYS[3])
+if leader then
+  local run = '%(run_prefix)s' .. leader
+  local rank = redis.call('HGET', run, 'rank')
+  if rank and tonumber(rank) <= tonumber(ARGV[5]) then
+    redis.call('HSET', run, 'f:' .. ARGV[1], ARGV[3])
+    if admit == '1' then redis.call('HSET', run, 'admit', '1') end
+    return {'follow', leader}
+  end
+end
+redis.call('SET', KEYS[3], ARGV[1], 'EX', %(run_ttl_s)d)
+redis.call('HSET', KEYS[4], 'pointer', KEYS[3], 'entry', KEYS[1], 'admit', admit,
+           'rank', ARGV[5])
+redis.call('EXPIRE', KEYS[4], %(run_ttl_s)d)
+return {'lead', ''}
+""" % {"run_prefix": RUN_KEY_PREFIX, "run_ttl_s": cfg.result_expires}
+
+
+class Sightings:
+    """Digests this process has seen (LRU-K admission, K=2), in a scalable Bloom filter.
+
+    At ``capacity`` digests the false-positive rate is within ``error_rate``;
+    past it the filter adds a larger, tighter stage instead of degrading.
+    """
+
+    def __init__(self, capacity: int, error_rate: float) -> None:
+        self._bloom = ScalableBloomFilter(initial_capacity=capacity, error_rate=error_rate)
+        self._lock = threading.Lock()  # submit() may run on many threads
+
+    def seen_before(self, key: str) -> bool:
+        """Record a sighting of ``key``; whether it had been seen (or looks so)."""
+        with self._lock:
+            return self._bloom.add(key)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._bloom
+
+
+@lru_cache(maxsize=1)
+def sightings() -> Sightings:
+    """This process's sightings."""
+    return Sightings(cfg.CACHE_BLOOM_CAPACITY, cfg.CACHE_BLOOM_ERROR)
+
+
+def digest(job: dict[str, Any]) -> str:
+    """The content address of a job's image: blake2b of the canonical JSON of
+    ``IMAGE_FIELDS`` (tier, account and routing do not change the pixels)."""
+    canonical = json.dumps({name: job[name] for name in IMAGE_FIELDS}, sort_keys=True,
+                           separators=(",", ":"), ensure_ascii=False)
+    return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
+             **fields: Any) -> dict[str, Any]:
+    """``result`` as another caller's: its job id and tier, ``cached`` (no GPU run
+    of its own, ``attempts`` 0) and the job that made the image (``source_job_id``)."""
+    out = {k: v for k, v in result.items() if k not in _RUN_ONLY}
+    out.update(job_id=job_id, requested_tier=job["tier"], cached=True, attempts=0,
+               source_job_id=result.get("source_job_id", result["job_id"]), **fields)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _claim_script() -> Any:
+    return redis_client().register_script(_CLAIM)
+
+
+def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
+           drop: bool) -> tuple[str, str]:
+    now, rank = time.time(), LANES.index(job["tier"])
+    follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
+    return _claim_script()(
+        keys=[cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id)],
+        args=[job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank])
+
+
+def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncResult:
+    """The hit stored under ``job_id`` (anyone holding the id can read it), and returned
+    already resolved: the caller's ``.get()`` needs no further round trip."""
+    result = copy_for(cached, job, job_id, queued_ms=0.0, run_ms=0.0, cold_start=False,
+                      load_ms=0.0, started_at=time.time())
+    app.backend.store_result(job_id, result, states.SUCCESS)
+    return EagerResult(job_id, result, states.SUCCESS, name=GENERATE_TASK)
+
+
+def claim(job: dict[str, Any], job_id: str) -> AsyncResult | None:
+    """Serve a seeded ``job`` from the cache or attach it to an identical run in
+    flight, returning the caller's result; None: ``job_id`` now leads, publish it."""
+    key = digest(job)
+    admit = sightings().seen_before(key)
+    verdict, value = _claim(key, job, job_id, admit, drop=False)
+    if verdict == "hit":
+        cached = json.loads(value)
+        if Path(cached["image"]).is_file():
+            return _serve(cached, job, job_id)
+        verdict, value = _claim(key, job, job_id, admit, drop=True)  # its PNG is gone: a miss
+    return AsyncResult(job_id, app=app) if verdict == "follow" else None
+
+
+def release(job_id: str) -> None:
+    """Give up a claim whose job could not be published: its followers fail with it."""
+    from tasks.coalesce import fail_followers
+
+    fail_followers(job_id, "it could not be enqueued")
