@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/overload.py
 	$(PY) benchmarks/coldstart.py
 	$(PY) benchmarks/affinity.py
+	$(PY) benchmarks/cache.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

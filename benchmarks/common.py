@@ -45,6 +45,9 @@ def private_env(state: Path, **extra: Any) -> None:
 
     ``extra`` adds settings by name without the ``GPULANES_`` prefix, e.g.
     ``HEARTBEAT_S=1``. Child processes find the project through ``PYTHONPATH``.
+    The result cache is off unless ``CACHE="on"`` is given: the benchmarks that
+    set gpulanes against plain Celery send the same seeded jobs in every repeat,
+    and answering those from the cache would measure the cache, not the lanes.
     """
     os.environ.update({
         "GPULANES_BROKER_URL": f"redis+socket://{state}/redis.sock",
@@ -52,6 +55,7 @@ def private_env(state: Path, **extra: Any) -> None:
         "GPULANES_ARTIFACT_DIR": str(state / "artifacts"),
         "GPULANES_MODEL_DIR": str(state / "models"),
         "GPULANES_DEVICE": "cpu",
+        "GPULANES_CACHE": "off",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **{f"GPULANES_{name}": str(value) for name, value in extra.items()},
     })

@@ -4,8 +4,11 @@
 folder (no workers, no beat: nothing consumes, we only publish) and, in one
 process, publishes the same jobs two ways:
 
-*submit*: ``tasks.api.submit(prompt, tier=...)``: validate every field, read
-the in-process lane snapshot, ``decide()`` the lane, ``apply_async``.
+*submit*: ``tasks.api.submit(prompt, tier=..., seed=i)``: validate every
+field, claim the job's digest in the result cache (one Lua round trip, as
+every seeded job does; each job here is new, so each claim leads and is
+published), read the in-process lane snapshot, ``decide()`` the lane,
+``apply_async``.
 *apply_async*: ``generate.apply_async(kwargs=..., queue=tier)`` with a kwargs
 dict of the same shape built by hand (``benchmarks.common.plain_kwargs``, no
 validation, no routing), which is what a plain Celery user does.
@@ -155,8 +158,8 @@ def flush_lanes(client: Any) -> None:
 def run_rounds(client: Any, jobs: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
     """(wall s, CPU s) per round per mode, the order alternating; a warm-up round first."""
     per_round = max(1, jobs // rounds)
-    for mode in MODES:
-        timed_batch(mode, 0, min(200, per_round))
+    for mode in MODES:  # seeds past the recorded rounds: every recorded submit is a new job
+        timed_batch(mode, rounds * per_round, min(200, per_round))
     flush_lanes(client)
     seconds: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
     for r in range(rounds):
@@ -182,6 +185,7 @@ def pure_parts() -> dict[str, Callable[[int], Any]]:
     """The in-memory steps of ``submit()``, each as ``fn(i)``; imports done once, here."""
     from routing.policy import decide
     from tasks.api import snapshot_cache
+    from tasks.cache import digest, sightings
     from tasks.schema import validate
 
     cache, view = snapshot_cache(), snapshot_cache().view()
@@ -195,7 +199,9 @@ def pure_parts() -> dict[str, Callable[[int], Any]]:
         return job.as_dict(), decide(job.tier, job.account, job.downgradable, cache.view())
 
     job = check(1)
+    seen = sightings()
     return {"validate": check, "job.as_dict() (message body)": lambda i: job.as_dict(),
+            "cache digest + Bloom sighting": lambda i: seen.seen_before(digest(job.as_dict())),
             "view": lambda i: cache.view(),
             "decide": lambda i: decide(TIERS[i % 3], job.account, True, view),
             "all four in a row": routed}
@@ -282,6 +288,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="interleaved rounds the jobs are split into (default: 20; short "
                              "rounds keep a slow stretch of a shared machine from landing "
                              "on one mode)")
+    parser.add_argument("--cache", choices=("on", "off"), default="on",
+                        help="GPULANES_CACHE for submit(): off skips the claim round trip "
+                             "(default: on)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < args.rounds:
@@ -293,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark, print the table and the verdict; 130 after Ctrl-C."""
     args = parse_args(argv)
     report = run_private("gl-sub-", lambda state: benchmark(args, state), "Redis is stopped",
-                         HEARTBEAT_S=HEARTBEAT_S)
+                         HEARTBEAT_S=HEARTBEAT_S, CACHE=args.cache)
     if report is None:
         return 130
     print(table(report["modes"], report["pure_us"], report["paired_ratio"]))
