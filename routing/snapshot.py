@@ -116,6 +116,14 @@ class SnapshotCache:
         self._warned = False
         os.register_at_fork(after_in_child=self._forget_thread)
 
+    def forget(self) -> None:
+        """Drop the copy and every send counted against it, then read afresh (after
+        the snapshot in Redis was deleted: a new cluster, a flushed test Redis)."""
+        with self._lock:
+            self._state, self._sent, self._node_sent, self._warm = None, {}, {}, {}
+            self._log.clear()
+        self.refresh()
+
     def _forget_thread(self) -> None:
         self._thread, self._lock = None, threading.Lock()
 

@@ -79,6 +79,9 @@ def clean_redis(redis_server):
     keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
     if keys:
         client.delete(*keys)
+    from tasks.api import snapshot_cache
+    if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
+        snapshot_cache().forget()
     return client
 
 
