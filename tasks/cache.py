@@ -19,8 +19,9 @@ Admission is LRU-K with K=2: a result enters the cache only when its digest
 was seen before. Sightings live in a pybloom-live ``ScalableBloomFilter`` in
 the *submitting process*, not in Redis: counting a one-off prompt anywhere
 shared costs a key or a write per submit, which is what admission is there to
-avoid, while the filter costs a few bytes per distinct digest and no round
-trip, and it is only ever read where it is written. The price: sightings are
+avoid, while the filter costs a few bytes per digest (two bounded
+generations, see ``Sightings``) and no round trip, and it is only ever read
+where it is written. The price: sightings are
 counted per submitting process, so a digest seen once by each of two
 processes is not admitted yet, and a false positive (rate at most
 ``GPULANES_CACHE_BLOOM_ERROR``) admits a one-off early. Both only move the
@@ -90,24 +91,33 @@ return {'lead', ''}
 
 
 class Sightings:
-    """Digests this process has seen (LRU-K admission, K=2), in a scalable Bloom filter.
+    """Digests this process has seen lately (LRU-K admission, K=2), in Bloom filters.
 
-    At ``capacity`` digests the false-positive rate is within ``error_rate``;
-    past it the filter adds a larger, tighter stage instead of degrading.
+    Two generations of ``ScalableBloomFilter``, each built for ``capacity``
+    digests at half of ``error_rate``, so a lookup in both stays within
+    ``error_rate``. When the newer one holds ``capacity`` digests it becomes
+    the older and the oldest is dropped: memory stays bounded in a long-lived
+    process, and a sighting counts for at least ``capacity`` later ones.
     """
 
     def __init__(self, capacity: int, error_rate: float) -> None:
-        self._bloom = ScalableBloomFilter(initial_capacity=capacity, error_rate=error_rate)
+        self._capacity, self._error_rate = capacity, error_rate / 2
+        self._new, self._old = self._generation(), self._generation()
         self._lock = threading.Lock()  # submit() may run on many threads
+
+    def _generation(self) -> ScalableBloomFilter:
+        return ScalableBloomFilter(initial_capacity=self._capacity, error_rate=self._error_rate)
 
     def seen_before(self, key: str) -> bool:
         """Record a sighting of ``key``; whether it had been seen (or looks so)."""
         with self._lock:
-            return self._bloom.add(key)
+            if len(self._new) >= self._capacity:
+                self._new, self._old = self._generation(), self._new
+            return self._new.add(key) or key in self._old
 
     def __contains__(self, key: str) -> bool:
         with self._lock:
-            return key in self._bloom
+            return key in self._new or key in self._old
 
 
 @lru_cache(maxsize=1)

@@ -94,6 +94,18 @@ def test_bloom_false_positive_rate_within_its_bound_at_capacity():
     assert 0 < rate <= error_rate, rate
 
 
+def test_sightings_stay_bounded_and_last_at_least_capacity_more():
+    seen = Sightings(1000, 0.01)
+    assert not seen.seen_before("first") and seen.seen_before("first")
+    for i in range(1000):  # capacity more sightings: "first" is still remembered
+        seen.seen_before(f"other {i}")
+    assert "first" in seen
+    for i in range(1000, 3000):  # two generations later it is gone, and so is the memory
+        seen.seen_before(f"other {i}")
+    assert "first" not in seen
+    assert len(seen._new) + len(seen._old) <= 2000
+
+
 def test_bad_cache_setting_names_its_variable(monkeypatch):
     monkeypatch.setenv("GPULANES_CACHE_BLOOM_ERROR", "1.5")
     with pytest.raises(ConfigError, match="GPULANES_CACHE_BLOOM_ERROR"):
