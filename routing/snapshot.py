@@ -197,8 +197,10 @@ class SnapshotCache:
             self._demand[model] = self._demand.get(model, 0) + 1
             if len(self._recent) > DEMAND_WINDOW:
                 self._demand[self._recent.popleft()] -= 1
-            if self._state is not None and model not in self._state[1].homes:
-                self._rehome(self._state[1].homes)  # a newly wanted model: home it now
+            if self._demand[model] == 1 and self._state is not None:
+                # newly wanted: home it now (a model left without a home, all slots
+                # taken, is not re-tried on every send; the next snapshot re-homes)
+                self._rehome(self._state[1].homes)
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
