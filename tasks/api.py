@@ -14,7 +14,7 @@ from routing.names import RELAXED, SNAPSHOT_KEY
 from routing.policy import decide
 from routing.snapshot import SnapshotCache
 from routing.store import connect
-from tasks.cache import claim, release
+from tasks.cache import LEADS_RUN, claim, release
 from tasks.errors import LaneFull
 from tasks.generate import generate
 from tasks.schema import validate
@@ -60,7 +60,7 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     if shared is not None:
         return shared
     try:
-        return enqueue(body, job_id)
+        return enqueue({**body, LEADS_RUN: True}, job_id)
     except BaseException:
         release(job_id)  # callers that joined meanwhile must not wait for a run never sent
         raise

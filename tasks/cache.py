@@ -53,6 +53,9 @@ from tasks.celeryapp import app, redis_client
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
+#: Set in the job of a run that callers may join: only such a job has a run for
+#: the worker to close (others skip that round trip).
+LEADS_RUN = "leads_run"
 #: Fields of the run's result that describe only the run's own routing.
 _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 

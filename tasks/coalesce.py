@@ -38,7 +38,7 @@ from celery.worker.state import revoked as revoked_ids
 import celeryconfig as cfg
 from routing.lanes import route
 from routing.names import CACHE_LRU_KEY, GENERATE_TASK, RUN_KEY_PREFIX, run_key
-from tasks.cache import copy_for
+from tasks.cache import LEADS_RUN, copy_for
 from tasks.celeryapp import app, redis_client
 from tasks.errors import JobFailed
 
@@ -155,7 +155,8 @@ def promote(leader_id: str) -> str | None:
     from tasks.generate import generate  # here: tasks.generate imports this module
 
     where = route(entry["job"]["tier"])
-    generate.apply_async(kwargs={"job": entry["job"], "route": where.as_dict(),
+    generate.apply_async(kwargs={"job": {**entry["job"], LEADS_RUN: True},
+                                 "route": where.as_dict(),
                                  "submitted_at": entry["submitted_at"]},
                          task_id=job_id, queue=where.lane)
     log.info("job %s revoked by its caller; its run goes on as job %s", leader_id, job_id)
@@ -170,8 +171,8 @@ def _ours(sender: Any) -> bool:
 # unexpected error escaping the task, and a message revoked before it ran.
 @signals.task_failure.connect(weak=False)
 def _on_failure(sender: Any = None, task_id: str = "", exception: Any = None,
-                **_: Any) -> None:
-    if _ours(sender):
+                kwargs: dict | None = None, **_: Any) -> None:
+    if _ours(sender) and (kwargs or {}).get("job", {}).get(LEADS_RUN):
         fail_followers(task_id, f"{type(exception).__name__}: {exception}")
 
 

@@ -26,6 +26,7 @@ from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
 from tasks.celeryapp import app, redis_client
+from tasks.cache import LEADS_RUN
 from tasks.coalesce import close_run, fail_followers
 from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
@@ -85,7 +86,8 @@ def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
              attempt: int, what: str) -> NoReturn:
     bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
     redis_client().delete(lease_key(task.request.id))
-    fail_followers(task.request.id, what)
+    if kwargs["job"].get(LEADS_RUN):
+        fail_followers(task.request.id, what)
     raise JobFailed(what) from exc
 
 
@@ -124,7 +126,7 @@ def _account_for(client: redis.Redis, result: dict, account: str) -> None:
         charge_fast_seconds(account, run_s, client)
 
 
-def _finish(job_id: str, result: dict, account: str) -> dict:
+def _finish(job_id: str, result: dict, job: dict) -> dict:
     """Store the first result of this id; a later run returns it instead of its own."""
     client = redis_client()
     with client.pipeline() as pipe:
@@ -132,8 +134,9 @@ def _finish(job_id: str, result: dict, account: str) -> dict:
         stored, _, earlier = pipe.delete(lease_key(job_id)).get(done_key(job_id)).execute()
     if not stored:
         return json.loads(earlier)
-    _account_for(client, result, account)
-    close_run(job_id, result)  # before its caller can see it: no one joins a finished run
+    _account_for(client, result, job["account"])
+    if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run
+        close_run(job_id, result)
     return result
 
 
@@ -164,4 +167,4 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         "run_ms": round(run_ms, 1), "attempts": attempt, "cached": False,
         "cold_start": load_ms is not None, "load_ms": round(load_ms or 0.0, 1),
         **{k: job[k] for k in ("model", "seed", "steps", "width", "height")},
-    }, job["account"])
+    }, job)
