@@ -99,6 +99,21 @@ def run_key(job_id: str) -> str:
     return f"{RUN_KEY_PREFIX}{job_id}"
 
 
+#: Hash of cumulative job counters the workers and submitters add to and the
+#: Prometheus exporter reads: fields from ``metric_field``.
+METRICS_KEY = f"{PREFIX}:metrics"
+#: Upper bounds (seconds) of the histogram buckets of queue wait and run time.
+QUEUE_WAIT_BUCKETS_S: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
+                                           300, 600, 1800)
+RUN_BUCKETS_S: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                                    120, 300)
+
+
+def metric_field(name: str, *labels: str) -> str:
+    """A field of ``METRICS_KEY``: ``queue_wait_bucket|fast|3``, ``downgrades|lane_full``."""
+    return "|".join((name, *labels))
+
+
 def worker_hostname(index: int) -> str:
     """Celery node name of the worker pinned to device ``index``."""
     return f"gpu{index}@%h"

@@ -47,7 +47,7 @@ from celery.result import AsyncResult, EagerResult
 from pybloom_live import ScalableBloomFilter
 
 import celeryconfig as cfg
-from routing.names import (CACHE_LRU_KEY, GENERATE_TASK, LANES, RUN_KEY_PREFIX,
+from routing.names import (CACHE_LRU_KEY, GENERATE_TASK, LANES, METRICS_KEY, RUN_KEY_PREFIX,
                            cache_entry_key, inflight_key, run_key)
 from tasks.celeryapp import app, redis_client
 
@@ -59,7 +59,8 @@ LEADS_RUN = "leads_run"
 #: Fields of the run's result that describe only the run's own routing.
 _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 
-# KEYS: cache entry, LRU set, in-flight pointer, the caller's run. ARGV: caller id,
+# KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash
+# (cache_hits / cache_joins / cache_misses counted there). ARGV: caller id,
 # 'a' (admit) and/or 'd' (drop the entry: its PNG is gone), follower JSON, now, tier rank.
 # A caller joins a run only if that run's tier is as fast as its own: a fast job never
 # waits in a relaxed run; it leads its own, and later callers join the faster one.
@@ -71,6 +72,7 @@ else
   local hit = redis.call('GET', KEYS[1])
   if hit then
     redis.call('ZADD', KEYS[2], 'XX', ARGV[4], KEYS[1])
+    redis.call('HINCRBY', KEYS[5], 'cache_hits', 1)
     return {'hit', hit}
   end
 end
@@ -82,6 +84,7 @@ if leader then
   if rank and tonumber(rank) <= tonumber(ARGV[5]) then
     redis.call('HSET', run, 'f:' .. ARGV[1], ARGV[3])
     if admit == '1' then redis.call('HSET', run, 'admit', '1') end
+    redis.call('HINCRBY', KEYS[5], 'cache_joins', 1)
     return {'follow', leader}
   end
 end
@@ -89,6 +92,7 @@ redis.call('SET', KEYS[3], ARGV[1], 'EX', %(run_ttl_s)d)
 redis.call('HSET', KEYS[4], 'pointer', KEYS[3], 'entry', KEYS[1], 'admit', admit,
            'rank', ARGV[5])
 redis.call('EXPIRE', KEYS[4], %(run_ttl_s)d)
+redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
 return {'lead', ''}
 """ % {"run_prefix": RUN_KEY_PREFIX, "run_ttl_s": cfg.result_expires}
 
@@ -157,7 +161,8 @@ def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
     now, rank = time.time(), LANES.index(job["tier"])
     follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
     return _claim_script()(
-        keys=[cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id)],
+        keys=[cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id),
+              METRICS_KEY],
         args=[job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank])
 
 

@@ -19,7 +19,7 @@ import redis
 
 from routing.names import SNAPSHOT_KEY
 from routing.store import connect
-from tasks.errors import InvalidJob
+from tasks.errors import GpulanesError, InvalidJob
 
 #: Longest error text shown in the dead-letter table; ``--json`` has it all.
 ERROR_CHARS = 60
@@ -31,7 +31,7 @@ class LanesGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except InvalidJob as exc:
+        except GpulanesError as exc:  # a bad field, a full lane, a failed job
             raise click.ClickException(str(exc)) from exc
         except redis.RedisError as exc:
             url = ctx.obj.app.conf.broker_url if ctx.obj else "the broker URL"
@@ -81,7 +81,7 @@ def _echo_json(data: Any) -> None:
 
 @click.group(cls=LanesGroup)
 def lanes() -> None:
-    """gpulanes: lanes, accounts and dead letters"""
+    """gpulanes: status, jobs, a local cluster, metrics, accounts, dead letters."""
 
 
 # --- accounts -----------------------------------------------------------------
@@ -358,3 +358,6 @@ def _wait_warm(app: Any, model: str, replicas: int, wait_s: float) -> None:
     if wait_s and len(warm) < replicas:
         raise click.ClickException(f"{model} is warm on {len(warm)} of {replicas} workers "
                                    f"after {wait_s:g}s")
+
+
+from tasks import cli_run  # noqa: E402,F401  registers submit, up and exporter

@@ -5,11 +5,15 @@ that workers started by a module fixture keep consuming.
 """
 from __future__ import annotations
 
+import base64
 import gc
 import os
 import shutil
+import socket
 import tempfile
 import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -46,6 +50,26 @@ def wait_at_gate(result, gate: str, timeout_s: float = 30.0) -> None:
     from tests.flaky_model import at_gate
 
     wait_until(lambda: at_gate(gate), timeout_s, what=f"job {result.id} to reach its gate")
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_status(url: str, auth: str | None = None) -> int | None:
+    """The HTTP status of a GET (with basic ``user:password``), or None if nobody answers."""
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        return urllib.request.urlopen(request, timeout=2).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -10,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from routing.names import DEAD_KEY, SNAPSHOT_KEY
+from conftest import free_port, http_status, wait_until
+from routing.names import DEAD_KEY, LANES, SNAPSHOT_KEY, lane_keys
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -59,8 +63,8 @@ def bury_one(client, reason: str = "retries_exhausted") -> str:
 
 def test_help_lists_the_sub_commands():
     out = ok("--help")
-    assert "gpulanes: lanes, accounts and dead letters" in out
-    for command in ("accounts", "dead", "status"):
+    assert "gpulanes: status, jobs, a local cluster, metrics" in out
+    for command in ("accounts", "dead", "exporter", "prewarm", "status", "submit", "up"):
         assert f"\n  {command} " in out
 
 
@@ -142,3 +146,49 @@ def test_status_prints_each_lane_and_worker(clean_redis):
     assert rows["gpu0@host"][1:] == ["yes", "cuda:0", "2", "demo"]
     assert rows["gpu1@host"][1:3] == ["NO", "(missed"]
     assert footer == "fast time exhausted: bob"
+
+
+@pytest.mark.cluster
+def test_submit_follows_the_job_and_prints_its_png(cluster_factory, clean_redis):
+    cluster_factory(workers=1)
+    out = ok("submit", "a fox in the snow", "--tier", "fast", "--seed", "3", "--steps", "4",
+             "--width", "64", "--height", "64")
+    assert re.search(r"^(queued|running) \.\.\.$", out, re.M)  # progress, one line a state
+    assert "ran in the fast lane on gpu0@" in out
+    png = Path(re.search(r"^image: (\S+)$", out, re.M).group(1))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_submit_with_a_bad_field_names_it_and_enqueues_nothing(clean_redis):
+    assert "steps" in failed("submit", "x", "--steps", "0")
+    assert "tier" in failed("submit", "x", "--tier", "turbo")
+    assert not any(clean_redis.llen(key) for lane in LANES for key in lane_keys(lane))
+
+
+@pytest.mark.cluster
+def test_up_runs_a_cluster_with_flower_and_metrics_until_ctrl_c(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GPULANES_BROKER_URL", "FLOWER_BASIC_AUTH")}
+    env["GPULANES_STATE_DIR"] = str(tmp_path)
+    flower_port, metrics_port = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "lanes", "up",
+                             "--workers", "1", "--device", "cpu", "--flower-port",
+                             str(flower_port), "--metrics-port", str(metrics_port)],
+                            cwd=PROJECT_DIR, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not lines or "Ctrl-C" not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line, "".join(lines)  # it exited early
+            lines.append(line)
+        login = re.search(r"\(login (\S+)\)", "".join(lines)).group(1)
+        flower = f"http://127.0.0.1:{flower_port}/workers"
+        wait_until(lambda: http_status(flower) == 401, timeout_s=60, what="Flower to refuse strangers")
+        assert http_status(flower, login) == 200
+        assert http_status(f"http://127.0.0.1:{metrics_port}/metrics") == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    assert not (tmp_path / "redis.sock").exists()  # its Redis stopped with it

@@ -1,0 +1,144 @@
+"""Prometheus metrics for gpulanes, read from Redis at each scrape.
+
+Workers add each job's outcome to one Redis hash (``METRICS_KEY``: histogram
+buckets of queue wait and run time per lane, downgrades, retries, failures;
+see ``gpu_worker.hooks.JobMetrics``), submitters count cache hits there, and
+beat's snapshot holds lanes and workers. The exporter
+(``celery -A tasks lanes exporter``) keeps no state of its own: any number
+of them, restarted at any time, report the same cluster-wide figures.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import redis
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily, Metric)
+from prometheus_client.registry import Collector
+
+from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, LANES, METRICS_KEY, QUEUE_WAIT_BUCKETS_S,
+                           RUN_BUCKETS_S, SNAPSHOT_KEY, metric_field)
+
+#: Default port of the exporter (``--port``).
+EXPORTER_PORT = 9808
+
+
+def histogram(name: str, doc: str, counts: dict[str, str], field: str,
+              bounds: tuple[float, ...]) -> HistogramMetricFamily:
+    """Per-lane histogram from per-bucket counts (``field|lane|index``), made cumulative."""
+    family = HistogramMetricFamily(name, doc, labels=["lane"])
+    for lane in LANES:
+        running, buckets = 0.0, []
+        for index, bound in enumerate((*bounds, float("inf"))):
+            running += float(counts.get(metric_field(f"{field}_bucket", lane, str(index)), 0))
+            buckets.append(("+Inf" if bound == float("inf") else f"{bound:g}", running))
+        total = float(counts.get(metric_field(f"{field}_sum", lane), 0))
+        family.add_metric([lane], buckets, total)
+    return family
+
+
+def by_label(name: str, doc: str, label: str, counts: dict[str, str],
+             prefix: str) -> CounterMetricFamily:
+    """A counter with one label, from the fields ``prefix|value``."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for field, amount in sorted(counts.items()):
+        head, _, value = field.partition("|")
+        if head == prefix and value:
+            family.add_metric([value], float(amount))
+    return family
+
+
+def lane_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    """Depth, expected wait and overload state per lane, from beat's snapshot."""
+    lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
+    depth = GaugeMetricFamily("gpulanes_lane_depth", "Jobs queued in the lane "
+                              "(every priority level and worker queue)", labels=["lane"])
+    wait = GaugeMetricFamily("gpulanes_lane_expected_wait_seconds",
+                             "Expected wait of a job entering the lane now", labels=["lane"])
+    over = GaugeMetricFamily("gpulanes_lane_overloaded",
+                             "1 while the lane is overloaded (hysteresis state)", labels=["lane"])
+    for lane in LANES:
+        load = lanes.get(lane, {})
+        depth.add_metric([lane], load.get("depth", 0))
+        wait.add_metric([lane], load.get("expected_wait_s", 0))
+        over.add_metric([lane], 1.0 if policy.get(lane, {}).get("overloaded") else 0.0)
+    yield from (depth, wait, over)
+
+
+def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
+    """Health, load, warm models and cold-start seconds per worker."""
+    up = GaugeMetricFamily("gpulanes_worker_up", "1 while the worker answers heartbeats",
+                           labels=["worker"])
+    busy = GaugeMetricFamily("gpulanes_worker_in_flight", "Jobs the worker is running",
+                             labels=["worker"])
+    warm = GaugeMetricFamily("gpulanes_worker_warm_models", "Models the worker holds warm",
+                             labels=["worker"])
+    cold = GaugeMetricFamily("gpulanes_model_cold_start_seconds",
+                             "What loading the model cost the worker", labels=["worker", "model"])
+    for host, worker in sorted(snapshot.get("workers", {}).items()):
+        up.add_metric([host], 1.0 if worker.get("alive") else 0.0)
+        busy.add_metric([host], sum(worker.get("in_flight", {}).values()))
+        warm.add_metric([host], len(worker.get("warm_models", ())))
+        for model, load_ms in sorted(worker.get("load_ms", {}).items()):
+            cold.add_metric([host, model], load_ms / 1000)
+    yield from (up, busy, warm, cold)
+
+
+def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
+    """What the workers and submitters counted in ``METRICS_KEY``."""
+    yield histogram("gpulanes_queue_wait_seconds", "Seconds from submit to start, per lane "
+                    "a job ran in", counts, "queue_wait", QUEUE_WAIT_BUCKETS_S)
+    yield histogram("gpulanes_run_seconds", "Seconds a job ran on its GPU, per lane",
+                    counts, "run", RUN_BUCKETS_S)
+    yield by_label("gpulanes_downgrades", "Jobs that ran below their tier, by reason",
+                   "reason", counts, "downgrades")
+    yield by_label("gpulanes_retries", "Job retries, by the lane the failed run was in",
+                   "lane", counts, "retries")
+    yield by_label("gpulanes_failures", "Jobs that failed for good, by lane", "lane",
+                   counts, "failures")
+    for kind, doc in (("hits", "Seeded jobs answered from the result cache"),
+                      ("joins", "Seeded jobs that joined an identical run in flight"),
+                      ("misses", "Seeded jobs that found neither and ran")):
+        family = CounterMetricFamily(f"gpulanes_cache_{kind}", doc)
+        family.add_metric([], float(counts.get(f"cache_{kind}", 0)))
+        yield family
+
+
+class LanesCollector(Collector):
+    """Every gpulanes metric, read from Redis in one pipelined round trip per scrape."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def collect(self) -> Iterator[Metric]:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.get(SNAPSHOT_KEY).hgetall(METRICS_KEY).hlen(DEAD_KEY).hgetall(FAST_BALANCE_KEY)
+            raw, counts, dead, balances = pipe.execute()
+        snapshot = json.loads(raw) if raw else {}
+        yield from lane_metrics(snapshot)
+        yield from worker_metrics(snapshot)
+        yield from job_metrics(counts)
+        jobs = CounterMetricFamily("gpulanes_jobs", "Jobs finished, per lane they ran in",
+                                   labels=["lane"])
+        for lane in LANES:
+            jobs.add_metric([lane], sum(float(v) for k, v in counts.items()
+                                        if k.startswith(metric_field("run_bucket", lane, ""))))
+        yield jobs
+        yield GaugeMetricFamily("gpulanes_dead_letters", "Jobs in the dead-letter list",
+                                value=dead)
+        left = GaugeMetricFamily("gpulanes_fast_seconds_balance",
+                                 "Fast GPU seconds an account has left", labels=["account"])
+        for account, seconds in sorted(balances.items()):
+            left.add_metric([account], float(seconds))
+        yield left
+
+
+def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` on ``address:port`` in a background thread; returns the server."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry()
+    registry.register(LanesCollector(client))
+    server, _ = start_http_server(port, addr=address, registry=registry)
+    return server

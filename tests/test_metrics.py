@@ -1,0 +1,90 @@
+"""The Prometheus exporter, scraped for real over HTTP while a real worker runs jobs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import SMALL, free_port, wait_until
+from gpu_worker.hooks import job_counts
+from routing.names import SNAPSHOT_KEY, metric_field
+from tasks import submit
+from tasks.errors import JobFailed
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+def test_a_job_counts_its_buckets_sums_and_downgrade():
+    counts = job_counts({"lane": "relaxed", "queued_ms": 700.0, "run_ms": 30.0,
+                         "downgrade_reason": "standard_overloaded"})
+    assert counts == {metric_field("queue_wait_bucket", "relaxed", "4"): 1,  # 0.5 < 0.7 <= 1
+                      metric_field("queue_wait_sum", "relaxed"): 0.7,
+                      metric_field("run_bucket", "relaxed", "2"): 1,  # 0.025 < 0.03 <= 0.05
+                      metric_field("run_sum", "relaxed"): 0.03,
+                      metric_field("downgrades", "standard_overloaded"): 1}
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of one scrape, or {} while it does not answer."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return {}
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text.decode()) for s in family.samples}
+
+
+@pytest.fixture()
+def exporter(redis_server):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "lanes", "exporter",
+                             f"--port={port}"], cwd=PROJECT_DIR, env=os.environ.copy(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _scrape(port), timeout_s=30, what="the exporter to answer")
+        yield port
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0  # SIGTERM ends it cleanly
+
+
+@pytest.mark.cluster
+def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis, exporter):
+    cluster = cluster_factory(workers=1, beat=True)
+    ran = [submit(f"metrics {i}", tier=tier, seed=i, **SMALL).get(timeout=60)
+           for i, tier in enumerate(("fast", "fast", "standard"))]
+    ran.append(submit("transient:1 once", model="flaky", seed=7, tier="fast", **SMALL)
+               .get(timeout=60))  # one retry, then it runs one lane down
+    with pytest.raises(JobFailed):
+        submit("bug here", model="flaky", seed=8, **SMALL).get(timeout=60)
+    first = [submit("same picture", seed=5, **SMALL).get(timeout=60) for _ in range(2)]
+    hit = submit("same picture", seed=5, **SMALL).get(timeout=60)  # admitted on the 2nd run
+    assert hit["cached"] and not any(r["cached"] for r in first)
+    ran += first
+    wait_until(lambda: clean_redis.exists(SNAPSHOT_KEY), what="a snapshot")
+    m = _scrape(exporter)
+
+    for lane in ("fast", "standard", "relaxed"):
+        jobs = sum(r["lane"] == lane for r in ran)
+        assert m[("gpulanes_jobs_total", (("lane", lane),))] == jobs, lane
+        assert m[("gpulanes_queue_wait_seconds_count", (("lane", lane),))] == jobs
+        assert m[("gpulanes_queue_wait_seconds_sum", (("lane", lane),))] == pytest.approx(
+            sum(r["queued_ms"] for r in ran if r["lane"] == lane) / 1000, abs=0.01)
+        assert m[("gpulanes_run_seconds_bucket", (("lane", lane), ("le", "+Inf")))] == jobs
+    assert m[("gpulanes_retries_total", (("lane", "fast"),))] == 1
+    assert m[("gpulanes_downgrades_total", (("reason", "retry"),))] == 1
+    assert m[("gpulanes_failures_total", (("lane", "standard"),))] == 1
+    assert m[("gpulanes_dead_letters", ())] == 1
+    # every seeded job before the hit missed (each "same picture" ran after the last finished)
+    assert (m[("gpulanes_cache_hits_total", ())], m[("gpulanes_cache_joins_total", ())],
+            m[("gpulanes_cache_misses_total", ())]) == (1, 0, 7)
+    host = cluster.hostnames[0]
+    assert m[("gpulanes_worker_up", (("worker", host),))] == 1
+    assert m[("gpulanes_model_cold_start_seconds", (("model", "demo"), ("worker", host)))] > 0
+    assert ("gpulanes_lane_expected_wait_seconds", (("lane", "relaxed"),)) in m
+    assert m[("gpulanes_fast_seconds_balance", (("account", "anonymous"),))] < 3600
