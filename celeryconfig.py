@@ -100,6 +100,12 @@ MODEL_STORE = setting("MODEL_STORE", str, None)
 EMBEDDED_SOCKET = STATE_DIR / "redis.sock"
 broker_url = setting("BROKER_URL", str, f"redis+socket://{EMBEDDED_SOCKET}")
 result_backend = setting("RESULT_BACKEND", str, broker_url)
+#: The master's name when the URLs are ``sentinel://h1:26379;sentinel://h2:26379``.
+SENTINEL_MASTER = setting("SENTINEL_MASTER", str, None)
+if not SENTINEL_MASTER and any(url.startswith("sentinel://")
+                               for url in (broker_url, result_backend)):
+    raise ConfigError("GPULANES_SENTINEL_MASTER", "a sentinel:// broker or result backend "
+                      "needs the name of the master the Sentinels watch")
 
 # --- devices and models ------------------------------------------------------
 DEVICE = setting("DEVICE", choice("auto", "cpu", "cuda"), "auto")
@@ -218,7 +224,9 @@ broker_transport_options = {
     # sweep for abandoned jobs every few seconds, not every 100 s
     "unacked_restore_interval": max(1, min(10, VISIBILITY_TIMEOUT_S // 4)),
     "unacked_restore_throttle": 1,
+    **({"master_name": SENTINEL_MASTER} if SENTINEL_MASTER else {}),
 }
+result_backend_transport_options = {"master_name": SENTINEL_MASTER} if SENTINEL_MASTER else {}
 broker_connection_retry_on_startup = True
 
 beat_scheduler = "beat.scheduler:LanesScheduler"

@@ -129,7 +129,7 @@ class HeldJobs(Hook):
 
     @cached_property
     def _redis(self):
-        return connect(cfg.broker_url)
+        return connect(cfg.broker_url, cfg.SENTINEL_MASTER)
 
     @cached_property
     def _release(self):
@@ -193,7 +193,7 @@ class JobMetrics(Hook):
 
     @cached_property
     def _redis(self) -> Any:
-        return connect(cfg.broker_url)
+        return connect(cfg.broker_url, cfg.SENTINEL_MASTER)
 
     def _add(self, counts: dict[str, float]) -> None:
         try:

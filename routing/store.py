@@ -1,9 +1,15 @@
-"""A redis-py client for the broker's Redis, from a Celery/kombu broker URL."""
+"""A redis-py client for the broker's Redis, from a Celery/kombu broker URL.
+
+Three kinds of URL, as kombu takes them: ``redis://`` / ``rediss://`` (TLS),
+``redis+socket:///path`` (a Unix socket), and ``sentinel://host:26379;sentinel://...``
+with the master's name, for a Redis that Sentinel fails over.
+"""
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
 import redis
+from redis.sentinel import Sentinel
 
 
 def redis_url(broker_url: str) -> str:
@@ -16,9 +22,32 @@ def redis_url(broker_url: str) -> str:
     return broker_url
 
 
-def connect(broker_url: str, **kwargs) -> redis.Redis:
-    """A client with short timeouts: callers are on hot paths or in beat ticks."""
+def sentinel_client(broker_url: str, master_name: str, **kwargs) -> redis.Redis:
+    """A client of the master that the Sentinels of ``broker_url`` name ``master_name``;
+    it follows a failover by asking them again."""
+    nodes, password, db = [], None, 0
+    for part in broker_url.split(";"):
+        url = urlsplit(part.strip())
+        if url.scheme != "sentinel":
+            raise ValueError(f"not a Sentinel URL: {part!r}")
+        nodes.append((url.hostname or "localhost", url.port or 26379))
+        password = url.password or password
+        db = int(url.path.strip("/") or db)
+    sentinel = Sentinel(nodes, socket_timeout=kwargs.get("socket_timeout"))
+    return sentinel.master_for(master_name, password=password, db=db, **kwargs)
+
+
+def connect(broker_url: str, master_name: str | None = None, **kwargs) -> redis.Redis:
+    """A client with short timeouts: callers are on hot paths or in beat ticks.
+
+    ``master_name``: for a ``sentinel://`` URL (``GPULANES_SENTINEL_MASTER``).
+    """
     kwargs.setdefault("socket_timeout", 5)
     kwargs.setdefault("socket_connect_timeout", 5)
     kwargs.setdefault("decode_responses", True)
+    if broker_url.startswith("sentinel://"):
+        if not master_name:
+            raise ValueError("a sentinel:// URL needs the master's name "
+                             "(GPULANES_SENTINEL_MASTER)")
+        return sentinel_client(broker_url, master_name, **kwargs)
     return redis.Redis.from_url(redis_url(broker_url), **kwargs)

@@ -23,7 +23,8 @@ from tasks.schema import validate
 @lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
     """This process's copy of the lane snapshot (refreshed in the background)."""
-    client = connect(cfg.broker_url, socket_timeout=1, socket_connect_timeout=1)
+    client = connect(cfg.broker_url, cfg.SENTINEL_MASTER, socket_timeout=1,
+                     socket_connect_timeout=1)
     return SnapshotCache(lambda: client.get(SNAPSHOT_KEY), refresh_s=cfg.HEARTBEAT_S / 2,
                          stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH,
                          epsilon=cfg.HASH_EPSILON)

@@ -17,4 +17,4 @@ hooks.install()
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
     """A redis-py client on the broker's Redis, for gpulanes' own keys."""
-    return connect(app.conf.broker_url)
+    return connect(app.conf.broker_url, app.conf.broker_transport_options.get("master_name"))

@@ -41,7 +41,8 @@ class LanesGroup(click.Group):
 
 def _client(ctx: click.Context) -> redis.Redis:
     """A Redis client for the broker of the app Celery loaded (``-A``)."""
-    return connect(ctx.obj.app.conf.broker_url)
+    conf = ctx.obj.app.conf
+    return connect(conf.broker_url, conf.broker_transport_options.get("master_name"))
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -1,0 +1,68 @@
+"""A broker behind Redis Sentinel: a real Redis, a real Sentinel watching it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, wait_until
+from gpu_worker.processes import spawn
+from gpu_worker.redis_server import EmbeddedRedis, redis_binary
+from routing.store import connect
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def sentinel(tmp_path):
+    """(sentinel URL, the Redis it watches as master "gl")."""
+    server = EmbeddedRedis(tmp_path / "redis", port=free_port()).start()
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+                    f"sentinel monitor gl 127.0.0.1 {server.port} 1\n")
+    proc = spawn([redis_binary(), str(conf), "--sentinel"], stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
+    url = f"sentinel://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _answers(url), timeout_s=20, what="Sentinel to name the master")
+        yield url, server
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        server.stop()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(connect(url, "gl", socket_timeout=1).ping())
+    except Exception:  # noqa: BLE001  not up yet
+        return False
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=PROJECT_DIR, text=True,
+                          capture_output=True, timeout=60, env={**os.environ, **env})
+
+
+def test_submit_and_our_own_clients_reach_the_master_through_sentinel(sentinel):
+    url, server = sentinel
+    client = connect(url, "gl")
+    client.set("gpulanes:probe", "1")
+    assert server.client().get("gpulanes:probe") == b"1"  # the master Sentinel named
+    proc = _run("from tasks import submit\n"
+                "from tasks.celeryapp import redis_client\n"
+                "assert redis_client().ping()\n"
+                "print(submit('through sentinel', tier='fast', seed=1).id)",
+                GPULANES_BROKER_URL=url, GPULANES_SENTINEL_MASTER="gl")
+    assert proc.returncode == 0, proc.stderr
+    assert server.client().llen("fast") == 1  # kombu published on the master's fast lane
+
+
+def test_a_sentinel_url_without_the_master_name_is_a_config_error():
+    proc = _run("import celeryconfig", GPULANES_BROKER_URL="sentinel://127.0.0.1:26379",
+                GPULANES_SENTINEL_MASTER="")
+    assert proc.returncode != 0 and "GPULANES_SENTINEL_MASTER" in proc.stderr
