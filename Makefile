@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench clean
+.PHONY: demo test browser bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,27 @@ $(STAMP): setup.cfg pyproject.toml
 demo: $(STAMP)
 	$(PY) -m tasks.demo
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest
+
+# Debian's Chromium and ChromeDriver for the Flower browser test
+# (tests/test_flower_browser.py). Installed only when missing, and only as root
+# with apt-get (CI); elsewhere that test skips and says why. The package lists
+# are refreshed only when the install cannot find the packages without it.
+CHROMIUM ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+APT_BROWSER := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	--no-install-recommends chromium chromium-driver
+browser:
+	@if [ -x $(CHROMIUM) ] && [ -x $(CHROMEDRIVER) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium and chromium-driver for the browser test"; \
+		$(APT_BROWSER) >/dev/null 2>&1 \
+		|| { apt-get update -qq && $(APT_BROWSER) >/dev/null; }; \
+	else \
+		echo "no $(CHROMIUM) or $(CHROMEDRIVER), and not root with apt-get:" \
+		     "the Flower browser test will skip"; \
+	fi
 
 bench: $(STAMP)
 	$(PY) benchmarks/lanes.py

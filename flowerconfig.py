@@ -15,3 +15,20 @@ if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH")
 
 # Purge workers that have been gone for a minute from the dashboard.
 purge_offline_workers = 60
+
+
+def _declare_lanes_for_broker_page() -> None:
+    """Hand Flower the lanes as kombu queues.
+
+    The broker page lists the queues of the workers Flower inspected; it inspects
+    once at start, so a Flower started before its workers (``docker compose up``)
+    falls back to ``conf.task_queues`` and reads ``.name`` from each entry. The
+    lanes are declared there as a dict (``celeryconfig``), whose keys are strings:
+    the page then shows no queue at all. The same queues as ``Queue`` objects fix it.
+    """
+    from tasks import app
+
+    app.conf.task_queues = list(app.amqp.queues.values())
+
+
+_declare_lanes_for_broker_page()
