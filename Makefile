@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/coldstart.py
 	$(PY) benchmarks/affinity.py
 	$(PY) benchmarks/cache.py
+	$(PY) benchmarks/batching.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info
