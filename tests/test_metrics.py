@@ -1,6 +1,7 @@
 """The Prometheus exporter, scraped for real over HTTP while a real worker runs jobs."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     hit = submit("same picture", seed=5, **SMALL).get(timeout=60)  # admitted on the 2nd run
     assert hit["cached"] and not any(r["cached"] for r in first)
     ran += first
-    wait_until(lambda: clean_redis.exists(SNAPSHOT_KEY), what="a snapshot")
+    host = cluster.hostnames[0]
+    wait_until(lambda: json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}").get("workers", {})
+               .get(host, {}).get("alive"), what="a snapshot with the worker in it")
     m = _scrape(exporter)
 
     for lane in ("fast", "standard", "relaxed"):
@@ -83,7 +86,6 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     # every seeded job before the hit missed (each "same picture" ran after the last finished)
     assert (m[("gpulanes_cache_hits_total", ())], m[("gpulanes_cache_joins_total", ())],
             m[("gpulanes_cache_misses_total", ())]) == (1, 0, 7)
-    host = cluster.hostnames[0]
     assert m[("gpulanes_worker_up", (("worker", host),))] == 1
     assert m[("gpulanes_model_cold_start_seconds", (("model", "demo"), ("worker", host)))] > 0
     assert ("gpulanes_lane_expected_wait_seconds", (("lane", "relaxed"),)) in m
