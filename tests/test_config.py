@@ -65,3 +65,13 @@ def test_more_warm_models_than_slots_is_refused():
 def test_the_demo_family_is_built_in():
     assert {"demo", "demo-0", "demo-15"} <= set(cfg.DEMO_MODELS)
     assert len(cfg.DEMO_MODELS) == 17
+
+
+def test_every_setting_is_documented_in_the_readme():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    names = set(re.findall(r'setting\("([A-Z0-9_]+)"', (root / "celeryconfig.py").read_text()))
+    readme = (root / "README.md").read_text()
+    assert names and not {n for n in names if f"GPULANES_{n}" not in readme}
