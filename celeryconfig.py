@@ -86,6 +86,30 @@ def flag(raw: str) -> bool:
     return value in ("1", "true", "yes", "on")
 
 
+def per_model(parse: Callable[[str], T]) -> Callable[[str], dict[str, T]]:
+    """``8`` or ``demo=8,demo-0=4,*=2`` -> {"*": 8} or {...}; ``*`` is every other model."""
+    def read(raw: str) -> dict[str, T]:
+        if "=" not in raw:
+            return {"*": parse(raw)}
+        pairs = [item.split("=", 1) for item in raw.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError("expected a number or model=number[,model=number][,*=number]")
+        return {name.strip(): parse(value.strip()) for name, value in pairs}
+    return read
+
+
+def for_model(table: dict[str, T], model: str) -> T:
+    """``model``'s entry of a :func:`per_model` table, else its ``*`` entry."""
+    return table.get(model, table["*"])
+
+
+def non_negative(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def names(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
@@ -130,6 +154,15 @@ if len(WARM_MODELS) > MODEL_SLOTS:
     raise ConfigError("GPULANES_WARM_MODELS", f"{len(WARM_MODELS)} models but only "
                       f"GPULANES_MODEL_SLOTS={MODEL_SLOTS} slots")
 TORCH_THREADS = setting("TORCH_THREADS", positive(int), 1)
+#: Dynamic batching (see gpu_worker.batching): up to MAX_BATCH compatible jobs
+#: of a model in one forward pass, held at most MAX_QUEUE_DELAY_MS for company.
+#: 1 (the default) runs every job alone, as without batching.
+MAX_BATCH = {"*": 1, **setting("MAX_BATCH", per_model(at_least(1)), {})}
+MAX_QUEUE_DELAY_MS = {"*": 10.0, **setting("MAX_QUEUE_DELAY_MS", per_model(non_negative), {})}
+for _name, _table in (("MAX_BATCH", MAX_BATCH), ("MAX_QUEUE_DELAY_MS", MAX_QUEUE_DELAY_MS)):
+    if set(_table) - {"*"} - set(MODELS):
+        raise ConfigError(f"GPULANES_{_name}",
+                          f"unknown models {sorted(set(_table) - {'*'} - set(MODELS))}")
 
 # --- job limits (checked before anything is enqueued) ------------------------
 MAX_PROMPT_CHARS = setting("MAX_PROMPT_CHARS", positive(int), 2000)

@@ -5,6 +5,7 @@ import argparse
 import logging
 import sys
 
+from gpu_worker.batching import CONCURRENCY_ENV, worker_concurrency
 from gpu_worker.devices import gpu_count, resolve
 from gpu_worker.launcher import Child, Supervisor, worker_command, worker_env
 from gpu_worker.topology import cpus_for, gpus
@@ -16,8 +17,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="worker processes; default: one per GPU, or 1 on CPU")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
                         help="default: GPULANES_DEVICE (auto)")
-    parser.add_argument("--concurrency", type=int, default=1,
-                        help="jobs one worker runs at once (threads); 1 suits one GPU")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="jobs one worker holds at once (threads); default: the largest "
+                             "GPULANES_MAX_BATCH, so 1 (one GPU, no batching) unless set")
     parser.add_argument("--loglevel", default="INFO")
     return parser.parse_args(argv)
 
@@ -27,7 +29,7 @@ def plan(args: argparse.Namespace) -> tuple[str, int]:
     import celeryconfig as cfg
 
     device = resolve(args.device or cfg.DEVICE)
-    if args.concurrency < 1:
+    if args.concurrency is not None and args.concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
     gpus = gpu_count() if device == "cuda" else 0
     workers = args.workers if args.workers is not None else max(gpus, 1)
@@ -45,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     import celeryconfig as cfg
     from gpu_worker.redis_server import ensure_broker
 
-    children = [Child(i, worker_command(i, args.concurrency, args.loglevel),
-                      worker_env(i, device)) for i in range(workers)]
+    # A batch forms only from jobs in hand: one pool thread per job of the largest batch.
+    concurrency = args.concurrency or worker_concurrency(cfg.MAX_BATCH)
+    children = [Child(i, worker_command(i, concurrency, args.loglevel),
+                      {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)})
+                for i in range(workers)]
     if device == "cuda":
         known = gpus()
         for child in children:

@@ -5,6 +5,7 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
+from gpu_worker.batching import BATCHER
 from gpu_worker.runtime import RUNTIME
 from routing.names import PREWARM_COMMAND, STATS_COMMAND, lane_of
 
@@ -17,6 +18,7 @@ def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
     reply["queues"] = queues
     reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
     reply["concurrency"] = state.consumer.controller.concurrency
+    reply["batching"] = BATCHER.stats()
     return reply
 
 

@@ -13,6 +13,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -78,13 +79,26 @@ class DemoModel:
 
     def generate(self, prompt: str, *, seed: int, steps: int, width: int,
                  height: int, on_step: StepCallback | None = None) -> np.ndarray:
-        """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image."""
-        if steps < 1 or width % 8 or height % 8:
-            raise ValueError(f"need steps >= 1 and sides in multiples of 8, got "
-                             f"steps={steps} width={width} height={height}")
+        """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image.
+
+        A batch of one: the single and batched paths are one computation, so a
+        job's image never depends on the batch it ran in.
+        """
+        return self.generate_batch([prompt], [seed], steps=steps, width=width,
+                                   height=height, on_step=on_step)[0]
+
+    def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int], *, steps: int,
+                       width: int, height: int,
+                       on_step: StepCallback | None = None) -> list[np.ndarray]:
+        """One forward pass over the whole batch: latents and conditioning stacked
+        along dim 0; image ``i`` is bit-for-bit ``generate(prompts[i], seed=seeds[i])``."""
+        if steps < 1 or width % 8 or height % 8 or len(prompts) != len(seeds) or not prompts:
+            raise ValueError(f"need steps >= 1, sides in multiples of 8 and one seed per "
+                             f"prompt, got steps={steps} width={width} height={height} "
+                             f"{len(prompts)} prompts, {len(seeds)} seeds")
         with torch.inference_mode():
-            cond = self._condition(prompt)
-            x = self._noise(seed, width, height)
+            cond = torch.stack([self._condition(p) for p in prompts])
+            x = torch.cat([self._noise(s, width, height) for s in seeds])
             dt = 1.0 / steps
             for i in range(steps):
                 # A convex step towards a tanh-bounded target keeps x bounded.
@@ -93,7 +107,8 @@ class DemoModel:
                 if on_step is not None:
                     on_step(i)
             rgb = self._decode(x)
-        return (rgb * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+        images = (rgb * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+        return list(images)
 
     def _condition(self, prompt: str) -> torch.Tensor:
         """Mean of the words' embeddings, rescaled so long prompts steer as hard as short ones."""
@@ -115,25 +130,73 @@ class DemoModel:
 
     def _denoise(self, x: torch.Tensor, cond: torch.Tensor, t: float) -> torch.Tensor:
         w = self.w
-        film = F.linear(cond + _step_embedding(t, cond.device), w["film.weight"], w["film.bias"])
-        scale, shift = film.view(2, HIDDEN_CHANNELS, 1, 1)
-        h = F.silu(F.conv2d(x, w["conv_in.weight"], w["conv_in.bias"], padding=1))
+        film = batch_linear(cond + _step_embedding(t, cond.device), w["film.weight"],
+                            w["film.bias"])
+        scale, shift = film.view(-1, 2, HIDDEN_CHANNELS, 1, 1).unbind(1)
+        h = F.silu(batch_conv(x, w["conv_in.weight"], w["conv_in.bias"], padding=1))
         # Dilation widens what one step sees, so patterns grow past pixel noise.
-        h = F.conv2d(h, w["conv_mid.weight"], w["conv_mid.bias"], padding=2, dilation=2)
+        h = batch_conv(h, w["conv_mid.weight"], w["conv_mid.bias"], padding=2, dilation=2)
         h = F.silu(h * (1 + scale) + shift)
-        return F.conv2d(h, w["conv_out.weight"], w["conv_out.bias"], padding=1)
+        return batch_conv(h, w["conv_out.weight"], w["conv_out.bias"], padding=1)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
-        """Latent -> ``(3, H, W)`` floats in [0, 1]."""
+        """Latents -> ``(B, 3, H, W)`` floats in [0, 1]."""
         w = self.w
         h = F.interpolate(x, scale_factor=LATENT_SCALE, mode="bilinear", align_corners=False)
-        h = F.silu(F.conv2d(h, w["dec1.weight"], w["dec1.bias"], padding=1))
-        y = F.conv2d(h, w["dec2.weight"], w["dec2.bias"], padding=1)[0]
+        h = F.silu(batch_conv(h, w["dec1.weight"], w["dec1.bias"], padding=1))
+        y = batch_conv(h, w["dec2.weight"], w["dec2.bias"], padding=1)
         # Full contrast per channel keeps the image vivid; a bounded share of
         # the channel means survives as a colour cast that follows the prompt.
-        mean = y.mean(dim=(1, 2), keepdim=True)
-        y = (y - mean) / (y.std(dim=(1, 2), keepdim=True) + 1e-6)
-        return torch.sigmoid(1.5 * (y + 0.5 * torch.tanh(mean - mean.mean())))
+        mean, std = batch_mean_std(y)
+        y = (y - mean) / (std + 1e-6)
+        cast = torch.tanh(mean - batch_mean(mean.transpose(1, 2)).transpose(1, 2))
+        return torch.sigmoid(1.5 * (y + 0.5 * cast))
+
+
+# --- batch-invariant layers ------------------------------------------------------
+# Library conv2d/linear/mean pick kernels (and so summation orders) by batch
+# size, so a sample's last bits change with its batch. Each layer below is one
+# batched call whose per-sample arithmetic is the same GEMM, of the same shape,
+# whatever the batch: torch.bmm runs sample i as its own (rows x K x cols) product.
+def batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``(B, in) -> (B, out)``, like ``F.linear``."""
+    batch = x.shape[0]
+    out = torch.bmm(x.unsqueeze(1), weight.t().expand(batch, *weight.t().shape))
+    return out.squeeze(1) + bias
+
+
+def batch_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
+               padding: int, dilation: int = 1) -> torch.Tensor:
+    """``F.conv2d`` (stride 1, 'same' size) as im2col + one batched GEMM."""
+    batch, _, height, width = x.shape
+    cols = F.unfold(x, weight.shape[-2:], dilation=dilation, padding=padding)
+    kernel = weight.reshape(weight.shape[0], -1)
+    out = torch.baddbmm(bias.view(1, -1, 1).expand(batch, -1, cols.shape[-1]),
+                        kernel.expand(batch, *kernel.shape), cols)
+    return out.view(batch, -1, height, width)
+
+
+def batch_mean(x: torch.Tensor) -> torch.Tensor:
+    """Mean over dims 2.. kept as size 1: ``(B, C, ...) -> (B, C, 1, ...)``.
+
+    Summed by halving (elementwise adds in a fixed tree): a reduction kernel
+    or a GEMV may split the sum differently for another batch size.
+    """
+    flat = x.reshape(*x.shape[:2], -1)
+    n = flat.shape[-1]
+    flat = F.pad(flat, (0, (1 << (n - 1).bit_length()) - n))
+    while flat.shape[-1] > 1:
+        half = flat.shape[-1] // 2
+        flat = flat[..., :half] + flat[..., half:]
+    return (flat / n).view(*x.shape[:2], *([1] * (x.dim() - 2)))
+
+
+def batch_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample, per-channel mean and (unbiased) standard deviation over H and W."""
+    mean = batch_mean(x)
+    n = x.shape[-1] * x.shape[-2]
+    var = batch_mean((x - mean) ** 2) * (n / (n - 1))
+    return mean, var.sqrt()
 
 
 def _blur(x: torch.Tensor, size: int) -> torch.Tensor:

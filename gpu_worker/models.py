@@ -7,7 +7,11 @@ named in ``GPULANES_MODELS`` as ``name=module:factory``::
 
 The factory loads weights onto ``device`` (``"cpu"`` or ``"cuda"``/``"cuda:0"``)
 and returns a ready model. The worker calls ``warmup()`` once before it
-consumes any job, then ``generate()`` per job. To serve a diffusers pipeline,
+consumes any job, then ``generate()`` per job. A model may also offer
+``generate_batch(prompts, seeds, *, steps, width, height, on_step)``, one
+forward pass returning one image per prompt, each bit-for-bit what
+``generate`` gives it alone; only such a model is batched (see
+``gpu_worker.batching``). To serve a diffusers pipeline,
 write a ten-line factory that loads it and wraps ``pipe(prompt, ...)`` in
 ``generate`` and point ``GPULANES_MODELS`` at it.
 """

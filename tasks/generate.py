@@ -19,6 +19,7 @@ import redis
 from celery.exceptions import Ignore
 
 import celeryconfig as cfg
+from gpu_worker.batching import BATCHER, Ran
 from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
                            lane_of, lease_key, usage_key)
@@ -72,14 +73,16 @@ def _deadline_guard(deadline: float):
     return on_step
 
 
-def _run(job: dict) -> tuple[Any, float, float | None]:
-    """Generate on the warm model: (pixels, run_ms, load_ms if it had to load)."""
+def _run(job: dict, lane: str) -> Ran:
+    """Generate on the warm model: alone, or in a batched pass when the model batches."""
+    if cfg.for_model(cfg.MAX_BATCH, job["model"]) > 1:
+        return BATCHER.run(job, lane)
     model, load_ms = RUNTIME.model(job["model"])
     began = time.perf_counter()
     pixels = model.generate(job["prompt"], seed=job["seed"], steps=job["steps"],
                             width=job["width"], height=job["height"],
                             on_step=_deadline_guard(time.monotonic() + cfg.MAX_JOB_S))
-    return pixels, (time.perf_counter() - began) * 1000, load_ms
+    return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
 def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
@@ -153,18 +156,19 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         _give_up(self, kwargs, "worker_lost", JobFailed("worker lost"), attempt,
                  f"job {self.request.id} reached attempt {attempt}: its earlier runs "
                  "were lost with their workers or failed")
+    lane = lane_of(self.request.delivery_info.get("routing_key") or route["lane"])
     try:
-        pixels, run_ms, load_ms = _run(job)
-        image = save_png(cfg.ARTIFACT_DIR, self.request.id, pixels)
+        ran = _run(job, lane)
+        image = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, attempt, kwargs)
     return _finish(self.request.id, {
         **{k: v for k, v in route.items() if k != "lane_since"},
-        "job_id": self.request.id, "image": str(image),
-        "lane": lane_of(self.request.delivery_info.get("routing_key") or route["lane"]),
+        "job_id": self.request.id, "image": str(image), "lane": lane,
         "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
         "queued_ms": round((started_at - submitted_at) * 1000, 1),
-        "run_ms": round(run_ms, 1), "attempts": attempt, "cached": False,
-        "cold_start": load_ms is not None, "load_ms": round(load_ms or 0.0, 1),
+        "run_ms": round(ran.run_ms, 1), "attempts": attempt, "cached": False,
+        "cold_start": ran.load_ms is not None, "load_ms": round(ran.load_ms or 0.0, 1),
+        "batch_size": ran.batch_size, "batch_wait_ms": round(ran.wait_ms, 1),
         **{k: job[k] for k in ("model", "seed", "steps", "width", "height")},
     }, job)

@@ -55,6 +55,17 @@ class FlakyModel:
         self.inner.warmup()
 
     def generate(self, prompt: str, *, seed: int, **kwargs):
+        self._act_on(prompt, seed)
+        return self.inner.generate(prompt, seed=seed, **kwargs)
+
+    def generate_batch(self, prompts, seeds, **kwargs):
+        """A batch fails if any of its prompts asks to (the whole pass, as a real
+        model's would); gates hold the whole pass."""
+        for prompt, seed in zip(prompts, seeds):
+            self._act_on(prompt, seed)
+        return self.inner.generate_batch(prompts, seeds, **kwargs)
+
+    def _act_on(self, prompt: str, seed: int) -> None:
         self.runs[(prompt, seed)] += 1
         how = prompt.split()[0]
         if how == "transient:always" or (
@@ -69,7 +80,6 @@ class FlakyModel:
             _wait_for_gate(how.split(":", 1)[1])
         if how == "bug":
             raise ValueError("simulated bug in the model")
-        return self.inner.generate(prompt, seed=seed, **kwargs)
 
 
 def load(*, name: str, device: str, model_dir: Path) -> FlakyModel:

@@ -32,6 +32,7 @@ def test_result_dict_and_png(cluster):
     assert out["lane"] == out["requested_tier"] == "fast"
     assert out["worker"] == cluster.hostnames[0] and out["device"] == "cpu"
     assert out["attempts"] == 1 and out["cached"] is False and out["cold_start"] is False
+    assert out["batch_size"] == 1 and out["batch_wait_ms"] == 0  # batching is off by default
     assert out["queued_ms"] >= 0 and out["run_ms"] > 0
     image = Image.open(out["image"])
     assert image.format == "PNG" and image.size == (64, 64) and image.mode == "RGB"

@@ -1,0 +1,109 @@
+"""Running one group of the batcher: a batched pass, and what to do when it fails.
+
+A failed pass must not fail jobs that would have succeeded alone, so the
+group is run again in parts: halves after an out-of-memory error (the same
+jobs in less memory), single jobs after anything else (only the culprit
+fails). A model without ``generate_batch`` runs its group one job at a time.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import celeryconfig as cfg
+from gpu_worker.batching import Pending, Ran
+from gpu_worker.runtime import RUNTIME
+from tasks.errors import JobTimeout
+
+log = logging.getLogger(__name__)
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch's CUDA out-of-memory error (also what the test model raises)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
+def free_cache() -> None:
+    """Hand the allocator's cached blocks back before trying in less memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def deadline_guard(group: list[Pending]):
+    """Between steps: stop once the earliest job of the pass is past GPULANES_MAX_JOB_S."""
+    deadline = min(item.deadline for item in group)
+
+    def on_step(step: int) -> None:
+        if time.monotonic() > deadline:
+            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={cfg.MAX_JOB_S:g}s at step {step}")
+    return on_step
+
+
+def forward(model: Any, group: list[Pending]) -> list[Any]:
+    """One pass over the group's jobs (same model, steps and size): their images."""
+    first = group[0].job
+    shape = {k: first[k] for k in ("steps", "width", "height")}
+    if len(group) == 1:
+        return [model.generate(first["prompt"], seed=first["seed"], **shape,
+                               on_step=deadline_guard(group))]
+    return list(model.generate_batch([p.job["prompt"] for p in group],
+                                     [p.job["seed"] for p in group], **shape,
+                                     on_step=deadline_guard(group)))
+
+
+def settle(item: Pending, ran: Ran | None = None, error: BaseException | None = None) -> None:
+    """Hand a job its outcome and wake its task thread."""
+    item.ran, item.error = ran, error
+    item.done.set()
+
+
+def run_group(group: list[Pending]) -> None:
+    """Run the group as one pass, or in parts after a failure; settle every job."""
+    try:
+        model, load_ms = RUNTIME.model(group[0].job["model"])
+    except Exception as exc:  # noqa: BLE001  every job gets the load error as its own
+        for item in group:
+            settle(item, error=exc)
+        return
+    if len(group) > 1 and not hasattr(model, "generate_batch"):
+        for item in group:
+            run_group([item])
+        return
+    began = time.monotonic()
+    try:
+        images = forward(model, group)
+    except Exception as exc:  # noqa: BLE001  sorted below: split, one by one, or its own
+        _after_failure(group, exc)
+        return
+    _settle_pass(group, images, began, load_ms)
+
+
+def _settle_pass(group: list[Pending], images: list[Any], began: float,
+                 load_ms: float | None) -> None:
+    """Each job's image; run_ms is its share of the pass's time (GPU time per job)."""
+    pass_ms = (time.monotonic() - began) * 1000
+    for item, pixels in zip(group, images):
+        settle(item, Ran(pixels, pass_ms / len(group), load_ms, len(group),
+                         max(0.0, (began - item.arrived) * 1000)))
+
+
+def _after_failure(group: list[Pending], exc: Exception) -> None:
+    if len(group) == 1:
+        settle(group[0], error=exc)
+        return
+    if is_oom(exc):
+        free_cache()
+        half = len(group) // 2
+        log.warning("batched pass of %d ran out of memory; trying halves of %d and %d",
+                    len(group), half, len(group) - half)
+        run_group(group[:half])
+        run_group(group[half:])
+        return
+    log.warning("batched pass of %d failed (%s: %s); running its jobs one by one",
+                len(group), type(exc).__name__, exc)
+    for item in group:
+        run_group([item])
