@@ -181,3 +181,22 @@ def test_fast_job_runs_before_a_ready_relaxed_batch(cluster, app):
     assert out_fast["batch_size"] == 1 and [d["batch_size"] for d in done] == [2, 2]
     assert began(out_fast) < min(began(d) for d in done)
     assert out_fast["batch_wait_ms"] < 4000  # it did not wait out its delay
+
+
+def test_out_of_memory_pass_is_split_in_halves(monkeypatch):
+    from gpu_worker import batch_run
+    sizes: list[int] = []
+
+    class SmallCard:
+        def generate_batch(self, prompts, seeds, **_):
+            sizes.append(len(prompts))
+            if len(prompts) > 2:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+            return [f"image {s}" for s in seeds]
+
+    monkeypatch.setattr(batch_run.RUNTIME, "model", lambda name: (SmallCard(), None))
+    group = [Pending({**job(), "seed": i}, "relaxed", i, deadline=1e12) for i in range(4)]
+    batch_run.run_group(group)
+    assert sizes == [4, 2, 2]
+    assert [(p.ran.pixels, p.ran.batch_size) for p in group] == [
+        (f"image {i}", 2) for i in range(4)]
