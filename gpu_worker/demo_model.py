@@ -13,7 +13,7 @@ import hashlib
 import math
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -67,11 +67,15 @@ class DemoModel:
     """A device-resident ``demo`` model; see the module docstring."""
 
     def __init__(self, name: str, device: str, weights: dict[str, torch.Tensor],
-                 load_ms: float = 0.0) -> None:
+                 load_ms: float = 0.0, batch_invariant: bool = False) -> None:
         self.name = name
         self.device = device
         self.load_ms = load_ms
         self.w = weights
+        # Batch-invariant layers (below) cost ~2.5x on a CPU at 256 px: only a
+        # model that batches (GPULANES_MAX_BATCH > 1) needs them, so that a job's
+        # image never depends on its batch; the others run the library's kernels.
+        self._layers = INVARIANT if batch_invariant else LIBRARY
 
     def warmup(self) -> None:
         """One tiny generation so kernels and allocators are hot."""
@@ -130,26 +134,27 @@ class DemoModel:
 
     def _denoise(self, x: torch.Tensor, cond: torch.Tensor, t: float) -> torch.Tensor:
         w = self.w
-        film = batch_linear(cond + _step_embedding(t, cond.device), w["film.weight"],
-                            w["film.bias"])
+        linear, conv = self._layers.linear, self._layers.conv
+        film = linear(cond + _step_embedding(t, cond.device), w["film.weight"], w["film.bias"])
         scale, shift = film.view(-1, 2, HIDDEN_CHANNELS, 1, 1).unbind(1)
-        h = F.silu(batch_conv(x, w["conv_in.weight"], w["conv_in.bias"], padding=1))
+        h = F.silu(conv(x, w["conv_in.weight"], w["conv_in.bias"], padding=1))
         # Dilation widens what one step sees, so patterns grow past pixel noise.
-        h = batch_conv(h, w["conv_mid.weight"], w["conv_mid.bias"], padding=2, dilation=2)
+        h = conv(h, w["conv_mid.weight"], w["conv_mid.bias"], padding=2, dilation=2)
         h = F.silu(h * (1 + scale) + shift)
-        return batch_conv(h, w["conv_out.weight"], w["conv_out.bias"], padding=1)
+        return conv(h, w["conv_out.weight"], w["conv_out.bias"], padding=1)
 
     def _decode(self, x: torch.Tensor) -> torch.Tensor:
         """Latents -> ``(B, 3, H, W)`` floats in [0, 1]."""
         w = self.w
         h = F.interpolate(x, scale_factor=LATENT_SCALE, mode="bilinear", align_corners=False)
-        h = F.silu(batch_conv(h, w["dec1.weight"], w["dec1.bias"], padding=1))
-        y = batch_conv(h, w["dec2.weight"], w["dec2.bias"], padding=1)
+        conv, mean_std = self._layers.conv, self._layers.mean_std
+        h = F.silu(conv(h, w["dec1.weight"], w["dec1.bias"], padding=1))
+        y = conv(h, w["dec2.weight"], w["dec2.bias"], padding=1)
         # Full contrast per channel keeps the image vivid; a bounded share of
         # the channel means survives as a colour cast that follows the prompt.
-        mean, std = batch_mean_std(y)
+        mean, std = mean_std(y)
         y = (y - mean) / (std + 1e-6)
-        cast = torch.tanh(mean - batch_mean(mean.transpose(1, 2)).transpose(1, 2))
+        cast = torch.tanh(mean - self._layers.channel_mean(mean))
         return torch.sigmoid(1.5 * (y + 0.5 * cast))
 
 
@@ -199,6 +204,28 @@ def batch_mean_std(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mean, var.sqrt()
 
 
+def library_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, *,
+                 padding: int, dilation: int = 1) -> torch.Tensor:
+    return F.conv2d(x, weight, bias, padding=padding, dilation=dilation)
+
+
+class Layers(NamedTuple):
+    """The layers whose kernels decide a sample's last bits."""
+
+    linear: Callable[..., torch.Tensor]
+    conv: Callable[..., torch.Tensor]
+    mean_std: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    #: ``(B, C, 1, 1) -> (B, 1, 1, 1)``: the mean over channels.
+    channel_mean: Callable[[torch.Tensor], torch.Tensor]
+
+
+LIBRARY = Layers(F.linear, library_conv,
+                 lambda y: (y.mean(dim=(2, 3), keepdim=True), y.std(dim=(2, 3), keepdim=True)),
+                 lambda m: m.mean(dim=1, keepdim=True))
+INVARIANT = Layers(batch_linear, batch_conv, batch_mean_std,
+                   lambda m: batch_mean(m.transpose(1, 2)).transpose(1, 2))
+
+
 def _blur(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.avg_pool2d(x, size, stride=1, padding=size // 2, count_include_pad=False)
 
@@ -234,4 +261,5 @@ def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
         if key not in weights or tuple(weights[key].shape) != shape:
             raise ModelError(f"{path}: checkpoint does not fit {ARCHITECTURE} (tensor {key!r}); "
                              f"delete {path} to rebuild it")
-    return DemoModel(name, device, weights, load_ms)
+    return DemoModel(name, device, weights, load_ms,
+                     batch_invariant=cfg.for_model(cfg.MAX_BATCH, name) > 1)

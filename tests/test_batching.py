@@ -92,7 +92,7 @@ def test_batcher_forms_one_pass_per_compatible_group_in_lane_order():
 
 
 def test_demo_batch_equals_singles_bit_for_bit():
-    model = DemoModel("demo", "cpu", make_weights("demo"))
+    model = DemoModel("demo", "cpu", make_weights("demo"), batch_invariant=True)
     prompts, seeds = ["a red fox", "", "blue ocean waves", "a red fox"], [1, 2, 3, 4]
     for shape in (dict(steps=3, width=64, height=64), dict(steps=2, width=96, height=64)):
         batch = model.generate_batch(prompts, seeds, **shape)
@@ -112,7 +112,7 @@ def reference(tmp_path_factory):
     """The demo model in this process, one job at a time, as the worker would save it."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = DemoModel("demo", "cpu", make_weights("demo"))
+    model = DemoModel("demo", "cpu", make_weights("demo"), batch_invariant=True)
     folder = tmp_path_factory.mktemp("singles")
 
     def png(prompt: str, seed: int) -> bytes:
