@@ -117,11 +117,14 @@ class SnapshotCache:
         os.register_at_fork(after_in_child=self._forget_thread)
 
     def forget(self) -> None:
-        """Drop the copy and every send counted against it, then read afresh (after
-        the snapshot in Redis was deleted: a new cluster, a flushed test Redis)."""
+        """Drop the copy, every send counted against it and the demand seen, then
+        read afresh (after the snapshot in Redis was deleted: a new cluster, a
+        flushed test Redis)."""
         with self._lock:
             self._state, self._sent, self._node_sent, self._warm = None, {}, {}, {}
+            self._demand = {}
             self._log.clear()
+            self._recent.clear()
         self.refresh()
 
     def _forget_thread(self) -> None:
