@@ -45,7 +45,7 @@ def one_setting(batch: int, args: argparse.Namespace, state: Path) -> dict[str, 
     size = JobSize(args.steps, args.size)
     env = {"GPULANES_MAX_BATCH": f"demo={batch}",
            "GPULANES_MAX_QUEUE_DELAY_MS": f"demo={args.delay_ms:g}"}
-    cluster = LocalCluster(state, workers=1, device="cpu", beat=False,
+    cluster = LocalCluster(state, workers=1, device=args.device, beat=False,
                            log_dir=state / f"batch{batch}", env=env)
     try:
         cluster.start(app)
@@ -95,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
     parser.add_argument("--delay-ms", type=float, default=10.0, help="max_queue_delay_ms")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the worker runs (cuda: one worker on GPU 0)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     args = parser.parse_args(argv)
     if args.jobs < 1 or min(args.batches) < 1:
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmax_batch {rows[-1]['batch']}: {ratio:.2f}x the jobs/s of max_batch "
           f"{rows[0]['batch']} (goal >= {GOAL_RATIO:g}x at 8: "
           f"{'met' if ratio >= GOAL_RATIO else 'NOT met'}); {args.steps} steps at "
-          f"{args.size}x{args.size}, one CPU worker, GPULANES_TORCH_THREADS default; "
+          f"{args.size}x{args.size}, one {args.device} worker, GPULANES_TORCH_THREADS default; "
           f"total wall time {report['wall_s']:.0f}s")
     write_json(args.json, report)
     return 0
