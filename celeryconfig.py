@@ -114,6 +114,13 @@ def names(raw: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in raw.split(",") if item.strip())
 
 
+def login(raw: str) -> str:
+    user, _, password = raw.partition(":")
+    if not user or not password:
+        raise ValueError("must be user:password")
+    return raw
+
+
 # --- where things live -------------------------------------------------------
 STATE_DIR = setting("STATE_DIR", Path, PROJECT_DIR / ".gpulanes")
 ARTIFACT_DIR = setting("ARTIFACT_DIR", Path, PROJECT_DIR / "artifacts")
@@ -214,6 +221,11 @@ HEARTBEAT_REPLY_S = setting("HEARTBEAT_REPLY_S", positive(float), 0.5)
 MISSES_ALLOWED = setting("MISSES_ALLOWED", positive(int), 2)
 #: Routers fall back to plain tier routing when the snapshot is older than this.
 SNAPSHOT_STALE_S = setting("SNAPSHOT_STALE_S", positive(float), 3 * HEARTBEAT_S + 2)
+
+# --- operators ---------------------------------------------------------------
+#: Basic-auth login (user:password) the Prometheus exporter asks for; without it
+#: the exporter listens on loopback addresses only.
+EXPORTER_AUTH = setting("EXPORTER_AUTH", login, None)
 
 # --- Celery ------------------------------------------------------------------
 task_serializer = "json"

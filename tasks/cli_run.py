@@ -98,12 +98,20 @@ def submit_command(prompt: str, tier: str, account: str, model: str, seed: int |
               help="Address to listen on (0.0.0.0 in a container).")
 @click.pass_context
 def exporter(ctx: click.Context, port: int, address: str) -> None:
-    """Serve Prometheus metrics (http://ADDRESS:PORT/metrics) until Ctrl-C."""
+    """Serve Prometheus metrics (http://ADDRESS:PORT/metrics) until Ctrl-C.
+
+    Behind basic auth when GPULANES_EXPORTER_AUTH=user:password is set; without
+    it, only on a loopback address.
+    """
+    import celeryconfig as cfg
     from tasks.metrics import serve
 
     client = _client(ctx)
     client.ping()  # an unreachable Redis is an error now, not at the first scrape
-    server = serve(client, port, address)
+    try:
+        server = serve(client, port, address, cfg.EXPORTER_AUTH)
+    except PermissionError as exc:
+        raise click.ClickException(str(exc)) from exc
     click.echo(f"gpulanes metrics on http://{address}:{server.server_port}/metrics", err=True)
     _wait_for_ctrl_c()
     server.shutdown()

@@ -9,8 +9,12 @@ of them, restarted at any time, report the same cluster-wide figures.
 """
 from __future__ import annotations
 
+import base64
+import hmac
+import ipaddress
 import json
-from typing import Any, Iterator
+import threading
+from typing import Any, Callable, Iterator
 
 import redis
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
@@ -134,11 +138,48 @@ class LanesCollector(Collector):
         yield left
 
 
-def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.0.1") -> Any:
-    """Serve ``/metrics`` on ``address:port`` in a background thread; returns the server."""
-    from prometheus_client import CollectorRegistry, start_http_server
+def basic_auth(app: Callable, login: str) -> Callable:
+    """``app`` behind HTTP basic auth with ``login`` (``user:password``)."""
+    expected = "Basic " + base64.b64encode(login.encode()).decode()
 
+    def guarded(environ: dict, start_response: Callable) -> Any:
+        given = environ.get("HTTP_AUTHORIZATION", "")
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return app(environ, start_response)
+        start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="gpulanes"'),
+                                            ("Content-Type", "text/plain")])
+        return [b"login required\n"]
+    return guarded
+
+
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` only listens on this host."""
+    try:
+        return address == "localhost" or ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.0.1",
+          login: str | None = None) -> Any:
+    """Serve ``/metrics`` on ``address:port`` in a background thread; returns the server.
+
+    With ``login`` (``user:password``) every request must carry it; without one
+    only a loopback address is allowed: the exporter never opens to a network
+    without its setting (GPULANES_EXPORTER_AUTH).
+    """
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+    from wsgiref.simple_server import make_server
+
+    if not login and not is_loopback(address):
+        raise PermissionError(f"the exporter will not listen on {address} without a login; "
+                              "set GPULANES_EXPORTER_AUTH=user:password")
     registry = CollectorRegistry()
     registry.register(LanesCollector(client))
-    server, _ = start_http_server(port, addr=address, registry=registry)
+    app = make_wsgi_app(registry)
+    server = make_server(address, port, basic_auth(app, login) if login else app,
+                         ThreadingWSGIServer, handler_class=_SilentHandler)
+    threading.Thread(target=server.serve_forever, name="gpulanes-exporter",
+                     daemon=True).start()
     return server

@@ -287,6 +287,12 @@ def test_prometheus_scrapes_the_exporter_and_flower():
     assert option_value(args, "--address") == "0.0.0.0", "the exporter must listen beyond loopback"
     job = scrape_job_for(config, f"{exporter}:{EXPORTER_PORT}")
     assert job.get("metrics_path", "/metrics") == "/metrics"
+    login = services()[exporter]["environment"]["GPULANES_EXPORTER_AUTH"]
+    assert login.startswith(f"{job['basic_auth']['username']}:") and ":?" in login, \
+        "beyond loopback the exporter needs GPULANES_EXPORTER_AUTH, Prometheus its login"
+    assert job["basic_auth"]["password_file"].removeprefix("/run/secrets/") in [
+        s if isinstance(s, str) else s.get("target", s["source"])
+        for s in service.get("secrets", [])]
 
     flower, _ = service_running("flower")
     job = scrape_job_for(config, f"{flower}:{option_value(celery_services()[flower], '--port')}")

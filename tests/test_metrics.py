@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SMALL, free_port, wait_until
+from conftest import SMALL, free_port, http_status, wait_until
 from gpu_worker.hooks import job_counts
 from routing.names import SNAPSHOT_KEY, metric_field
 from tasks import submit
@@ -90,3 +90,26 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     assert m[("gpulanes_model_cold_start_seconds", (("model", "demo"), ("worker", host)))] > 0
     assert ("gpulanes_lane_expected_wait_seconds", (("lane", "relaxed"),)) in m
     assert m[("gpulanes_fast_seconds_balance", (("account", "anonymous"),))] < 3600
+
+
+def test_the_exporter_asks_for_its_login_and_never_opens_without_it(redis_server):
+    from routing.store import connect
+    from tasks.metrics import serve
+
+    client = connect(os.environ["GPULANES_BROKER_URL"])
+    with pytest.raises(PermissionError, match="GPULANES_EXPORTER_AUTH"):
+        serve(client, free_port(), "0.0.0.0")
+    server = serve(client, free_port(), "0.0.0.0", login="prometheus:s3cret")
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        assert http_status(url) == 401 and http_status(url, "prometheus:wrong") == 401
+        assert http_status(url, "prometheus:s3cret") == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes", "exporter",
+                           "--address", "0.0.0.0", f"--port={free_port()}"], cwd=PROJECT_DIR,
+                          env={k: v for k, v in os.environ.items()
+                               if k != "GPULANES_EXPORTER_AUTH"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "GPULANES_EXPORTER_AUTH" in proc.stderr
