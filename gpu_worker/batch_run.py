@@ -76,6 +76,9 @@ def run_group(group: list[Pending]) -> None:
     began = time.monotonic()
     try:
         images = forward(model, group)
+        if len(images) != len(group):
+            raise ValueError(f"{group[0].job['model']}: generate_batch returned "
+                             f"{len(images)} images for {len(group)} jobs")
     except Exception as exc:  # noqa: BLE001  sorted below: split, one by one, or its own
         _after_failure(group, exc)
         return

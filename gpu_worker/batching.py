@@ -18,10 +18,12 @@ ready, and never waits behind a lower group that has not started. Within a
 group, higher lanes and older jobs go first when it holds more than fits.
 
 What is guaranteed, and what is not. Among the jobs a worker holds, a fast
-job waits at most for the pass already running. A fast job still in the
-broker waits until one of the worker's threads frees: with ``max_batch`` 8 a
-worker may hold 8 relaxed jobs, and if they form one pass, a fast job that
-arrives then waits for that whole pass (it has started); if they form several
+job waits at most for the pass already running, plus its own
+``max_queue_delay_ms`` while no group is ready (it may gain company). A fast
+job still in the broker waits until one of the worker's threads frees: with
+``max_batch`` 8 a worker may hold 8 relaxed jobs, and if they form one pass,
+a fast job that arrives then waits for that whole pass (it has started); if
+they form several
 passes, the fast job enters when the first one ends and runs next. So the
 worst case for a fast job is one pass (today: one job) plus a round trip, not
 the relaxed backlog. Jobs of different shapes never share a pass.
@@ -161,14 +163,16 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             group = self._next_group()
+            error: BaseException | None = None
             try:
                 self.execute(group)
             except BaseException as exc:  # noqa: BLE001  never strand a waiting task
                 log.exception("batch runner failed")
-                for item in group:
-                    if not item.done.is_set():
-                        item.error = exc
-                        item.done.set()
+                error = exc
+            for item in group:  # whatever happened, every job of the pass gets an outcome
+                if not item.done.is_set():
+                    item.error = error or RuntimeError("the pass settled no outcome for it")
+                    item.done.set()
 
 
 def _capacity() -> int | None:

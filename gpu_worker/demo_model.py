@@ -85,8 +85,10 @@ class DemoModel:
                  height: int, on_step: StepCallback | None = None) -> np.ndarray:
         """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image.
 
-        A batch of one: the single and batched paths are one computation, so a
-        job's image never depends on the batch it ran in.
+        A batch of one. With ``batch_invariant`` (a model that batches) the
+        single and batched paths are one computation, so a job's image never
+        depends on the batch it ran in; with the library kernels it may, in
+        the last bits, which is why a model that batches never uses them.
         """
         return self.generate_batch([prompt], [seed], steps=steps, width=width,
                                    height=height, on_step=on_step)[0]
@@ -95,7 +97,9 @@ class DemoModel:
                        width: int, height: int,
                        on_step: StepCallback | None = None) -> list[np.ndarray]:
         """One forward pass over the whole batch: latents and conditioning stacked
-        along dim 0; image ``i`` is bit-for-bit ``generate(prompts[i], seed=seeds[i])``."""
+        along dim 0. With ``batch_invariant``, image ``i`` is bit-for-bit
+        ``generate(prompts[i], seed=seeds[i])``; with the library kernels only
+        close to it (they choose kernels by batch size)."""
         if steps < 1 or width % 8 or height % 8 or len(prompts) != len(seeds) or not prompts:
             raise ValueError(f"need steps >= 1, sides in multiples of 8 and one seed per "
                              f"prompt, got steps={steps} width={width} height={height} "

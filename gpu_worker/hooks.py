@@ -5,7 +5,6 @@ Add a concern (VRAM guard, metrics, ...) by writing a hook and listing it in
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -20,8 +19,7 @@ import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.runtime import RUNTIME
-from routing.names import (GENERATE_TASK, HOLDERS_KEY, LANES, METRICS_KEY, QUEUE_WAIT_BUCKETS_S,
-                           RUN_BUCKETS_S, lane_of, metric_field)
+from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
 from routing.store import connect
 
 log = logging.getLogger(__name__)
@@ -166,67 +164,7 @@ class HeldJobs(Hook):
             self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
 
 
-def job_counts(result: dict[str, Any]) -> dict[str, float]:
-    """What one finished job adds to ``METRICS_KEY``: its histogram buckets and sums
-    of queue wait and run time in its lane, and its downgrade reason if any."""
-    lane = result["lane"]
-    wait_s, run_s = result["queued_ms"] / 1000, result["run_ms"] / 1000
-    counts = {
-        metric_field("queue_wait_bucket", lane,
-                     str(bisect.bisect_left(QUEUE_WAIT_BUCKETS_S, wait_s))): 1,
-        metric_field("queue_wait_sum", lane): wait_s,
-        metric_field("run_bucket", lane, str(bisect.bisect_left(RUN_BUCKETS_S, run_s))): 1,
-        metric_field("run_sum", lane): run_s,
-    }
-    if result.get("downgrade_reason"):
-        counts[metric_field("downgrades", result["downgrade_reason"])] = 1
-    return counts
-
-
-class JobMetrics(Hook):
-    """Count each job's outcome in Redis for the Prometheus exporter (one pipelined
-    write per job): so figures from every worker add up, whichever process scrapes."""
-
-    def handlers(self) -> dict[Signal, Callable[..., Any]]:
-        return {signals.task_postrun: self.on_postrun, signals.task_retry: self.on_retry,
-                signals.task_failure: self.on_failure}
-
-    @cached_property
-    def _redis(self) -> Any:
-        return connect(cfg.broker_url, cfg.SENTINEL_MASTER)
-
-    def _add(self, counts: dict[str, float]) -> None:
-        try:
-            with self._redis.pipeline(transaction=False) as pipe:
-                for field, amount in counts.items():
-                    if isinstance(amount, int):
-                        pipe.hincrby(METRICS_KEY, field, amount)
-                    else:
-                        pipe.hincrbyfloat(METRICS_KEY, field, amount)
-                pipe.execute()
-        except Exception as exc:  # noqa: BLE001  metrics must never fail a job
-            log.warning("metrics not recorded: %s", exc)
-
-    def on_postrun(self, task: Any = None, retval: Any = None, state: str | None = None,
-                   **_: Any) -> None:
-        if task is not None and task.name == GENERATE_TASK and state == "SUCCESS" \
-                and isinstance(retval, dict) and "queued_ms" in retval:
-            self._add(job_counts(retval))
-
-    def _lane(self, request: Any) -> str:
-        return lane_of((getattr(request, "delivery_info", None) or {}).get("routing_key")
-                       or "unknown")
-
-    def on_retry(self, sender: Any = None, request: Any = None, **_: Any) -> None:
-        if getattr(sender, "name", None) == GENERATE_TASK:
-            self._add({metric_field("retries", self._lane(request)): 1})
-
-    def on_failure(self, sender: Any = None, **_: Any) -> None:
-        if getattr(sender, "name", None) == GENERATE_TASK:
-            self._add({metric_field("failures", self._lane(sender.request)): 1})
-
-
-HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HeldJobs(), JobMetrics()]
+HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HeldJobs()]
 
 
 def install() -> None:

@@ -68,6 +68,7 @@ _CLAIM = """
 if string.find(ARGV[2], 'd', 1, true) then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], KEYS[1])
+  redis.call('HINCRBY', KEYS[5], 'cache_hits', -1)  -- the first call's hit was none
 else
   local hit = redis.call('GET', KEYS[1])
   if hit then

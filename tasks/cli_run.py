@@ -43,20 +43,20 @@ STATES = {"PENDING": "queued", "RECEIVED": "queued", "STARTED": "running",
 def _follow(result: Any, timeout_s: float, tty: bool) -> dict:
     """Wait for ``result``, showing its state and elapsed time; its result dict."""
     began, shown = time.monotonic(), None
-    while not result.ready():
+    while True:
+        done = result.ready()
+        state = "done" if done else STATES.get(result.state, result.state.lower())
+        if tty:
+            click.echo(f"\r{state:<9} {time.monotonic() - began:6.1f}s", nl=done)
+        elif state != shown:  # every state it passes through, the first one included
+            click.echo(f"{state} ..." if not done else "done")
+        shown = state
+        if done:
+            return result.get(timeout=1)
         if time.monotonic() - began > timeout_s:
             raise click.ClickException(f"job {result.id} not done after {timeout_s:g}s; "
                                        "it stays queued: check `celery -A tasks lanes status`")
-        state = STATES.get(result.state, result.state.lower())
-        if tty:
-            click.echo(f"\r{state:<9} {time.monotonic() - began:6.1f}s", nl=False)
-        elif state != shown:
-            click.echo(f"{state} ...")
-        shown = state
         time.sleep(0.1)
-    if tty:
-        click.echo(f"\r{'done':<9} {time.monotonic() - began:6.1f}s")
-    return result.get(timeout=1)
 
 
 @lanes.command("submit")
@@ -115,6 +115,7 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     click.echo(f"gpulanes metrics on http://{address}:{server.server_port}/metrics", err=True)
     _wait_for_ctrl_c()
     server.shutdown()
+    server.server_close()
 
 
 # --- up -----------------------------------------------------------------------
@@ -122,10 +123,10 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
 def _flower(port: int, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
     from gpu_worker.processes import spawn
 
-    log = open(log_dir / "flower.log", "ab")
-    return spawn([sys.executable, "-m", "celery", "-A", "tasks", "flower", f"--port={port}",
-                  "--address=127.0.0.1"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                 stdin=subprocess.DEVNULL)
+    with open(log_dir / "flower.log", "ab") as log:  # the child keeps its own copy
+        return spawn([sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                      f"--port={port}", "--address=127.0.0.1"], env=env, stdout=log,
+                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 @lanes.command("up")
@@ -140,7 +141,8 @@ def up(ctx: click.Context, workers: int, device: str | None, flower_port: int,
     """Run a local cluster until Ctrl-C: Redis, workers, beat, Flower, metrics.
 
     The cluster `make demo` uses: an embedded Redis under GPULANES_STATE_DIR, one
-    worker per device (CPU stand-ins without a GPU) and beat. Flower's login is FLOWER_BASIC_AUTH when set, else a fresh one printed here.
+    worker per device (CPU stand-ins without a GPU) and beat. Flower's login is
+    FLOWER_BASIC_AUTH when set (not echoed), else a fresh one printed here.
     """
     import celeryconfig as cfg
     from routing.store import connect
@@ -150,7 +152,9 @@ def up(ctx: click.Context, workers: int, device: str | None, flower_port: int,
     if os.environ.get("GPULANES_BROKER_URL"):
         raise click.ClickException("`up` runs its own embedded Redis under "
                                    "GPULANES_STATE_DIR; unset GPULANES_BROKER_URL")
-    auth = os.environ.get("FLOWER_BASIC_AUTH") or f"admin:{secrets.token_urlsafe(12)}"
+    given = os.environ.get("FLOWER_BASIC_AUTH")
+    auth = given or f"admin:{secrets.token_urlsafe(12)}"
+    shown = "FLOWER_BASIC_AUTH" if given else auth  # never echo an operator's own secret
     cluster = LocalCluster(cfg.STATE_DIR, workers=workers, device=device or cfg.DEVICE)
     flower = None
     try:
@@ -160,7 +164,7 @@ def up(ctx: click.Context, workers: int, device: str | None, flower_port: int,
                          cluster.log_dir)
         server = serve(connect(cluster.url), metrics_port)
         click.echo(f"broker:  {cluster.url}\nFlower:  http://127.0.0.1:{flower_port}/ "
-                   f"(login {auth})\nmetrics: http://127.0.0.1:{server.server_port}/metrics\n"
+                   f"(login {shown})\nmetrics: http://127.0.0.1:{server.server_port}/metrics\n"
                    f"logs:    {cluster.log_dir}\nsubmit with GPULANES_BROKER_URL={cluster.url}"
                    "; Ctrl-C stops everything")
         _wait_for_ctrl_c()

@@ -22,7 +22,7 @@ import celeryconfig as cfg
 from gpu_worker.batching import BATCHER, Ran
 from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
-                           lane_of, lease_key, usage_key)
+                           lane_of, lease_key, metric_field, usage_key)
 from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
@@ -31,6 +31,7 @@ from tasks.cache import LEADS_RUN
 from tasks.coalesce import close_run, fail_followers
 from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
+from tasks.metrics import add_counts, job_counts
 from tasks.retry import backoff_s, is_transient
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,10 @@ def _deadline_guard(deadline: float):
 
 
 def _run(job: dict, lane: str) -> Ran:
-    """Generate on the warm model: alone, or in a batched pass when the model batches."""
-    if cfg.for_model(cfg.MAX_BATCH, job["model"]) > 1:
+    """Generate on the warm model: alone, or through the batcher when the model batches
+    or the worker has several pool threads (its runner makes one pass at a time, so
+    jobs of a model that does not batch never share the device)."""
+    if cfg.for_model(cfg.MAX_BATCH, job["model"]) > 1 or (BATCHER.capacity or 1) > 1:
         return BATCHER.run(job, lane)
     model, load_ms = RUNTIME.model(job["model"])
     began = time.perf_counter()
@@ -85,10 +88,17 @@ def _run(job: dict, lane: str) -> Ran:
     return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
+def _lane(task: Any, route: dict) -> str:
+    """The lane this run was taken from (a worker's own queue counts as its lane)."""
+    return lane_of((task.request.delivery_info or {}).get("routing_key") or route["lane"])
+
+
 def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
              attempt: int, what: str) -> NoReturn:
     bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
-    redis_client().delete(lease_key(task.request.id))
+    with redis_client().pipeline() as pipe:
+        pipe.delete(lease_key(task.request.id))
+        add_counts(pipe, {metric_field("failures", _lane(task, kwargs["route"])): 1}).execute()
     if kwargs["job"].get(LEADS_RUN):
         fail_followers(task.request.id, what)
     raise JobFailed(what) from exc
@@ -112,7 +122,9 @@ def _fail_or_retry(task: Any, exc: Exception, attempt: int, kwargs: dict) -> NoR
     countdown = backoff_s(attempt, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S)
     route["lane_since"] = time.time() + countdown  # its wait in the new lane starts then
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
-    redis_client().delete(lease_key(task.request.id))  # the retry is the next copy
+    with redis_client().pipeline() as pipe:
+        pipe.delete(lease_key(task.request.id))  # the retry is the next copy
+        add_counts(pipe, {metric_field("retries", _lane(task, kwargs["route"])): 1}).execute()
     raise task.retry(exc=exc, countdown=countdown, max_retries=None,
                      kwargs={**kwargs, "route": route},
                      queue=lane, exchange=lane, routing_key=lane)
@@ -124,7 +136,7 @@ def _account_for(client: redis.Redis, result: dict, account: str) -> None:
     bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
     with client.pipeline() as pipe:
         pipe.hincrbyfloat(bucket, account, run_s).expire(bucket, cfg.FAIR_WINDOW_S + USAGE_BUCKET_S)
-        pipe.execute()
+        add_counts(pipe, job_counts(result)).execute()
     if result["lane"] == FAST:
         charge_fast_seconds(account, run_s, client)
 
@@ -156,7 +168,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         _give_up(self, kwargs, "worker_lost", JobFailed("worker lost"), attempt,
                  f"job {self.request.id} reached attempt {attempt}: its earlier runs "
                  "were lost with their workers or failed")
-    lane = lane_of(self.request.delivery_info.get("routing_key") or route["lane"])
+    lane = _lane(self, route)
     try:
         ran = _run(job, lane)
         image = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels)

@@ -1,8 +1,10 @@
 """Prometheus metrics for gpulanes, read from Redis at each scrape.
 
 Workers add each job's outcome to one Redis hash (``METRICS_KEY``: histogram
-buckets of queue wait and run time per lane, downgrades, retries, failures;
-see ``gpu_worker.hooks.JobMetrics``), submitters count cache hits there, and
+buckets of queue wait and run time per lane, downgrades, retries, failures),
+in the Redis calls ``tasks.generate`` makes anyway once the outcome is
+settled (so a redelivered job is never counted twice); submitters count
+cache outcomes there, and
 beat's snapshot holds lanes and workers. The exporter
 (``celery -A tasks lanes exporter``) keeps no state of its own: any number
 of them, restarted at any time, report the same cluster-wide figures.
@@ -10,6 +12,7 @@ of them, restarted at any time, report the same cluster-wide figures.
 from __future__ import annotations
 
 import base64
+import bisect
 import hmac
 import ipaddress
 import json
@@ -26,6 +29,33 @@ from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, LANES, METRICS_KEY, QUEUE
 
 #: Default port of the exporter (``--port``).
 EXPORTER_PORT = 9808
+
+
+def job_counts(result: dict[str, Any]) -> dict[str, float]:
+    """What one finished job adds to ``METRICS_KEY``: its histogram buckets and sums
+    of queue wait and run time in its lane, and its downgrade reason if any."""
+    lane = result["lane"]
+    wait_s, run_s = result["queued_ms"] / 1000, result["run_ms"] / 1000
+    counts = {
+        metric_field("queue_wait_bucket", lane,
+                     str(bisect.bisect_left(QUEUE_WAIT_BUCKETS_S, wait_s))): 1,
+        metric_field("queue_wait_sum", lane): wait_s,
+        metric_field("run_bucket", lane, str(bisect.bisect_left(RUN_BUCKETS_S, run_s))): 1,
+        metric_field("run_sum", lane): run_s,
+    }
+    if result.get("downgrade_reason"):
+        counts[metric_field("downgrades", result["downgrade_reason"])] = 1
+    return counts
+
+
+def add_counts(pipe: Any, counts: dict[str, float]) -> Any:
+    """Queue ``counts`` onto a Redis pipeline the caller executes anyway."""
+    for field, amount in counts.items():
+        if isinstance(amount, int):
+            pipe.hincrby(METRICS_KEY, field, amount)
+        else:
+            pipe.hincrbyfloat(METRICS_KEY, field, amount)
+    return pipe
 
 
 def histogram(name: str, doc: str, counts: dict[str, str], field: str,
@@ -169,7 +199,8 @@ def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.
     without its setting (GPULANES_EXPORTER_AUTH).
     """
     from prometheus_client import CollectorRegistry, make_wsgi_app
-    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+    from prometheus_client.exposition import (ThreadingWSGIServer, _get_best_family,
+                                              _SilentHandler)
     from wsgiref.simple_server import make_server
 
     if not login and not is_loopback(address):
@@ -178,8 +209,11 @@ def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.
     registry = CollectorRegistry()
     registry.register(LanesCollector(client))
     app = make_wsgi_app(registry)
+
+    class Server(ThreadingWSGIServer):  # IPv6 or IPv4, as the address says
+        address_family, _ = _get_best_family(address, port)
     server = make_server(address, port, basic_auth(app, login) if login else app,
-                         ThreadingWSGIServer, handler_class=_SilentHandler)
+                         Server, handler_class=_SilentHandler)
     threading.Thread(target=server.serve_forever, name="gpulanes-exporter",
                      daemon=True).start()
     return server

@@ -91,6 +91,31 @@ def test_batcher_forms_one_pass_per_compatible_group_in_lane_order():
                       [("standard", 4), ("relaxed", 4), ("relaxed", 4), ("relaxed", 4)]]
 
 
+def test_a_pass_that_settles_nobody_never_strands_a_job():
+    batcher = Batcher(lambda group: None, capacity=1, max_batch=lambda m: 1,
+                      delay_s=lambda m: 0.0)  # an execute that forgets its jobs
+    with pytest.raises(RuntimeError, match="no outcome"):
+        batcher.run(job(), "fast")
+
+
+def test_a_model_returning_too_few_images_fails_the_jobs_it_shorted(monkeypatch):
+    from gpu_worker import batch_run
+    from gpu_worker.runtime import RUNTIME
+
+    class Short:  # a model whose generate_batch drops the last image
+        def generate(self, prompt, **kw):
+            return np.zeros((64, 64, 3), np.uint8)
+
+        def generate_batch(self, prompts, seeds, **kw):
+            return [np.zeros((64, 64, 3), np.uint8)] * (len(prompts) - 1)
+
+    monkeypatch.setattr(RUNTIME, "model", lambda name: (Short(), None))
+    group = [pending("relaxed", i) for i in range(3)]
+    batch_run.run_group(group)
+    assert all(item.done.is_set() for item in group)  # no thread left waiting
+    assert [item.error is None for item in group] == [True, True, True]  # rerun one by one
+
+
 def test_demo_batch_equals_singles_bit_for_bit():
     model = DemoModel("demo", "cpu", make_weights("demo"), batch_invariant=True)
     prompts, seeds = ["a red fox", "", "blue ocean waves", "a red fox"], [1, 2, 3, 4]

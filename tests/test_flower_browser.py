@@ -177,13 +177,19 @@ def test_broker_page_shows_the_three_lanes(browser, flower, tmp_path):
     _authorize(browser, CREDENTIALS)
     assert _open(browser, url + "/broker") == 200
 
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    rows = WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.2).until(
-        lambda driver: {row.get_attribute("id"): row.text.split()
-                        for row in driver.find_elements("css selector", "#queue-table tbody tr")
-                        if row.get_attribute("id")},
-        "queue rows on Flower's broker page")
+    def lane_rows(driver) -> dict | None:
+        """Every lane's row, once all three are drawn (a redraw mid-read: try again)."""
+        rows = {row.get_attribute("id"): row.text.split()
+                for row in driver.find_elements("css selector", "#queue-table tbody tr")
+                if row.get_attribute("id")}
+        return rows if set(LANE_NAMES) <= set(rows) else None
+
+    rows = WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.2,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(
+        lane_rows, "the three lanes on Flower's broker page")
     for lane in LANE_NAMES:
         assert lane in rows, f"lane {lane} missing from the broker page: {sorted(rows)}"
         name, messages, *_ = rows[lane]

@@ -12,10 +12,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import SMALL, free_port, http_status, wait_until
-from gpu_worker.hooks import job_counts
 from routing.names import SNAPSHOT_KEY, metric_field
 from tasks import submit
 from tasks.errors import JobFailed
+from tasks.metrics import job_counts
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -51,7 +51,12 @@ def exporter(redis_server):
         yield port
     finally:
         proc.terminate()
-        assert proc.wait(timeout=20) == 0  # SIGTERM ends it cleanly
+        try:
+            assert proc.wait(timeout=20) == 0  # SIGTERM ends it cleanly
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.cluster

@@ -32,7 +32,10 @@ def sentinel(tmp_path):
         yield url, server
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         server.stop()
 
 
