@@ -1,24 +1,13 @@
 """Flower refuses to start open, and asks for the credentials it was given."""
 from __future__ import annotations
 
-import base64
 import os
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
-
-from conftest import wait_until
+from conftest import free_port, http_status, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _flower(env: dict, port: int, log=subprocess.PIPE) -> subprocess.Popen:
@@ -39,26 +28,18 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _status(port: int, auth: str | None = None) -> int | None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/workers")
-    if auth:
-        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
-    try:
-        return urllib.request.urlopen(request, timeout=2).status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
+    return http_status(f"http://127.0.0.1:{port}/workers", auth)
 
 
 def test_flower_will_not_start_without_auth(redis_server):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
-    proc = _flower(env, _free_port())
+    proc = _flower(env, free_port())
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "without authentication" in out
 
 
 def test_flower_requires_its_credentials(redis_server, tmp_path):
-    port = _free_port()
+    port = free_port()
     with open(tmp_path / "flower.log", "w") as log:  # a file: a pipe nobody reads can fill
         proc = _flower({**os.environ, "FLOWER_BASIC_AUTH": "ops:s3cret"}, port, log)
     try:
