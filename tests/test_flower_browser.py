@@ -22,8 +22,8 @@ from typing import Iterator
 
 import pytest
 
-from conftest import STATE_DIR, wait_until
-from test_flower import _flower, _free_port, _status, _stop
+from conftest import STATE_DIR, free_port, wait_until
+from test_flower import _flower, _status, _stop
 
 pytestmark = [pytest.mark.cluster, pytest.mark.browser]
 
@@ -85,7 +85,7 @@ def flower(browser, cluster_factory, tmp_path_factory):
     Flower starts first, as under ``docker compose up`` where it is ready long
     before the workers have loaded their models: it must find them by their events.
     """
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("flower") / "flower.log"
     with open(log_path, "w") as log:  # a file: a pipe nobody reads can fill
         proc = _flower({**os.environ, "FLOWER_BASIC_AUTH": CREDENTIALS}, port, log)
