@@ -198,6 +198,8 @@ MAX_DEPTH = {lane: setting(f"MAX_DEPTH_{lane.upper()}", positive(int), default)
              for lane, default in (("fast", 500), ("standard", 2000), ("relaxed", 10000))}
 DEFAULT_SERVICE_S = setting("DEFAULT_SERVICE_S", positive(float), 1.0)
 FAST_SECONDS_DEFAULT = setting("FAST_SECONDS_DEFAULT", float, 3600.0)
+#: Fast jobs one account may have waiting to start (0: no limit); more run in standard.
+FAST_JOBS_PER_ACCOUNT = setting("FAST_JOBS_PER_ACCOUNT", at_least(0), 8)
 FAIR_WINDOW_S = setting("FAIR_WINDOW_S", positive(int), 900)
 FAIR_UNIT_S = setting("FAIR_UNIT_S", positive(float), 60.0)
 FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)

@@ -50,6 +50,8 @@ SNAPSHOT_KEY = f"{PREFIX}:snapshot"
 FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
 #: Set: accounts whose fast seconds are spent (read by routers).
 FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
+#: Sorted sets per account (see ``fast_queued_key``) start with this.
+FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
 #: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
@@ -61,6 +63,11 @@ USAGE_BUCKET_S = 60
 def usage_key(bucket: int) -> str:
     """Hash: account -> GPU seconds used in one ``USAGE_BUCKET_S`` bucket."""
     return f"{PREFIX}:usage:{bucket}"
+
+
+def fast_queued_key(account: str) -> str:
+    """Sorted set: the account's fast jobs not yet started (job id, scored by lapse time)."""
+    return f"{FAST_QUEUED_PREFIX}{account}"
 
 
 def lease_key(job_id: str) -> str:

@@ -15,6 +15,7 @@ from routing.placement import home
 
 #: Reasons a job runs below its tier; they appear in results and metrics.
 FAST_TIME_EXHAUSTED = "fast_time_exhausted"
+FAST_ACCOUNT_LIMIT = "fast_account_limit"
 FAST_OVERLOADED = "fast_overloaded"
 STANDARD_OVERLOADED = "standard_overloaded"
 LANE_FULL = "lane_full"
@@ -129,15 +130,19 @@ def _moved(route: Route, lane: str, reason: str) -> Route:
 
 
 def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
-           model: str | None = None) -> Route | None:
+           model: str | None = None, over_fast_limit: bool = False) -> Route | None:
     """Where a new job goes; None when even the relaxed lane is full.
 
     With ``model``, the job goes to its worker's own queue of that lane
     (consistent hashing with bounded loads), else to the shared lane.
+    ``over_fast_limit``: the account already has its share of fast jobs
+    waiting, so this one runs in standard.
     """
     route = Route(lane=tier, requested_tier=tier)
     if tier == FAST and account in view.exhausted:
         route = _moved(route, RELAXED, FAST_TIME_EXHAUSTED)
+    elif tier == FAST and over_fast_limit:
+        route = _moved(route, STANDARD, FAST_ACCOUNT_LIMIT)
     if downgradable and route.lane == FAST and FAST in view.overloaded:
         route = _moved(route, STANDARD, FAST_OVERLOADED)
     if downgradable and route.lane == STANDARD and STANDARD in view.overloaded:

@@ -1,5 +1,6 @@
 """``submit()``: validate, route, enqueue. No network round trip but the publish,
-plus one for a seeded job (result cache and coalescing, ``tasks.cache``)."""
+plus one for a seeded job (result cache and coalescing, ``tasks.cache``) and
+one for a job routed to the fast lane (its account's limit, ``tasks.fastlimit``)."""
 from __future__ import annotations
 
 import time
@@ -9,15 +10,21 @@ from functools import lru_cache
 from celery.result import AsyncResult
 
 import celeryconfig as cfg
-from routing.lanes import route as plain_route
-from routing.names import RELAXED, SNAPSHOT_KEY
-from routing.policy import decide
+from routing.lanes import Route
+from routing.names import FAST, RELAXED, SNAPSHOT_KEY
+from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from routing.store import connect
 from tasks.cache import LEADS_RUN, claim, release
 from tasks.errors import LaneFull
+from tasks.fastlimit import admit_fast, release_fast
 from tasks.generate import generate
 from tasks.schema import validate
+
+
+#: The view routing falls back on without a fresh snapshot: every tier in its own
+#: lane, nothing known to be overloaded or full, no worker queues.
+TIER_LANES_ONLY = PolicyView()
 
 
 @lru_cache(maxsize=1)
@@ -70,19 +77,35 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
 def enqueue(job: dict, job_id: str) -> AsyncResult:
     """Route a validated job dict with the cached view and publish it under ``job_id``."""
     cache = snapshot_cache()
-    view = cache.view()
-    model = job["model"] if cfg.ROUTE_HASHING else None
-    where = plain_route(job["tier"]) if view is None else \
-        decide(job["tier"], job["account"], job["downgradable"], view, model)
+    view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
+    where = _route(job, view)
+    fast_place = where.lane == FAST
+    if fast_place and not admit_fast(job["account"], job_id):  # one round trip, fast only
+        where, fast_place = _route(job, view, over_fast_limit=True), False
     if where is None:
         raise LaneFull(RELAXED, view.retry_after_s)
+    try:
+        result = _publish(job, job_id, where)
+    except BaseException:
+        if fast_place:
+            release_fast(job["account"], job_id)
+        raise
+    cache.note_sent(where.lane, where.node, job["model"])
+    return result
+
+
+def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
+    model = job["model"] if cfg.ROUTE_HASHING else None
+    return decide(job["tier"], job["account"], job["downgradable"], view, model,
+                  over_fast_limit)
+
+
+def _publish(job: dict, job_id: str, where: Route) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)
     else:
         options["queue"] = where.lane
-    result = generate.apply_async(
+    return generate.apply_async(
         kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
         task_id=job_id, **options)
-    cache.note_sent(where.lane, where.node, job["model"])
-    return result

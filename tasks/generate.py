@@ -22,7 +22,7 @@ import celeryconfig as cfg
 from gpu_worker.batching import BATCHER, Ran
 from gpu_worker.runtime import RUNTIME
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
-                           lane_of, lease_key, metric_field, usage_key)
+                           fast_queued_key, lane_of, lease_key, metric_field, usage_key)
 from routing.policy import RETRY, next_lane
 from tasks.accounts import charge_fast_seconds
 from tasks.artifacts import save_png
@@ -37,8 +37,10 @@ from tasks.retry import backoff_s, is_transient
 log = logging.getLogger(__name__)
 
 
-# KEYS: done, lease, attempts. ARGV: holder, lease ttl, attempts ttl.
+# KEYS: done, lease, attempts[, the account's fast places]. ARGV: holder, lease
+# ttl, attempts ttl, job id.
 _BEGIN = """
+if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[4]) end
 local done = redis.call('GET', KEYS[1])
 if done then return {'done', done} end
 if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then return {'busy', ''} end
@@ -57,11 +59,16 @@ def _begin_script() -> Any:
     return redis_client().register_script(_BEGIN)
 
 
-def _begin(job_id: str) -> tuple[int, dict | None]:
-    """Take the job's lease and count this run; or its earlier result; or Ignore."""
+def _begin(job_id: str, job: dict, route: dict) -> tuple[int, dict | None]:
+    """Take the job's lease and count this run; or its earlier result; or Ignore.
+
+    A fast job gives back its account's fast place (``tasks.fastlimit``) here.
+    """
+    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id)]
+    if route.get("requested_tier") == FAST:
+        keys.append(fast_queued_key(job["account"]))
     verdict, value = _begin_script()(
-        keys=[done_key(job_id), lease_key(job_id), attempts_key(job_id)],
-        args=[RUNTIME.incarnation, LEASE_TTL_S, cfg.VISIBILITY_TIMEOUT_S * 2])
+        keys=keys, args=[RUNTIME.incarnation, LEASE_TTL_S, cfg.VISIBILITY_TIMEOUT_S * 2, job_id])
     if verdict == "busy":  # another copy runs now; it will store the result
         raise Ignore()
     return (0, json.loads(value)) if verdict == "done" else (int(value), None)
@@ -161,7 +168,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one validated job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()
     kwargs = {"job": job, "route": route, "submitted_at": submitted_at}
-    attempt, earlier = _begin(self.request.id)
+    attempt, earlier = _begin(self.request.id, job, route)
     if earlier is not None:  # a redelivery of a job that already finished
         return earlier
     if attempt > cfg.MAX_RETRIES + 1:  # its workers kept dying under it

@@ -1,0 +1,89 @@
+"""Per-account fast-lane limit: one account cannot flood the fast lane."""
+from __future__ import annotations
+
+import pytest
+
+import celeryconfig as cfg
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from routing.names import LANES, fast_queued_key
+from routing.policy import (FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView,
+                            decide)
+from tasks import submit
+from tasks.fastlimit import fast_waiting
+from tests.flaky_model import open_gate
+
+
+@pytest.fixture
+def limit(monkeypatch):
+    monkeypatch.setattr(cfg, "FAST_JOBS_PER_ACCOUNT", 2)
+    return 2
+
+
+def _lanes(client) -> list[int]:
+    return [client.llen(lane) for lane in LANES]
+
+
+def test_over_the_limit_runs_in_standard_and_exhaustion_still_wins():
+    over = decide("fast", "a", False, PolicyView(), over_fast_limit=True)
+    assert (over.lane, over.downgraded_from, over.downgrade_reason) == \
+        ("standard", "fast", FAST_ACCOUNT_LIMIT)
+    spent = decide("fast", "a", False, PolicyView(exhausted=frozenset({"a"})),
+                   over_fast_limit=True)
+    assert (spent.lane, spent.downgrade_reason) == ("relaxed", FAST_TIME_EXHAUSTED)
+    assert decide("standard", "a", False, PolicyView(), over_fast_limit=True).lane == "standard"
+
+
+def test_one_account_holds_at_most_its_places_in_the_fast_lane(limit, clean_redis):
+    for i in range(5):
+        submit(f"flood {i}", tier="fast", account="flooder", **SMALL)
+    assert _lanes(clean_redis) == [2, 3, 0]  # no worker runs: nothing gave a place back
+    assert fast_waiting("flooder") == 2
+    submit("quiet", tier="fast", account="quiet", **SMALL)  # other accounts are unaffected
+    assert _lanes(clean_redis) == [3, 3, 0]
+    submit("std", tier="standard", account="flooder", **SMALL)  # no place for standard
+    assert fast_waiting("flooder") == 2 and _lanes(clean_redis) == [3, 4, 0]
+
+
+def test_zero_means_no_limit(monkeypatch, clean_redis):
+    monkeypatch.setattr(cfg, "FAST_JOBS_PER_ACCOUNT", 0)
+    for i in range(4):
+        submit(f"many {i}", tier="fast", account="big", **SMALL)
+    assert _lanes(clean_redis) == [4, 0, 0] and not clean_redis.exists(fast_queued_key("big"))
+
+
+def test_a_failed_publish_gives_its_place_back(limit, monkeypatch, clean_redis):
+    from tasks.generate import generate
+
+    def broken(*args, **kwargs):
+        raise ConnectionError("broker went away")
+
+    monkeypatch.setattr(generate, "apply_async", broken)
+    with pytest.raises(ConnectionError):
+        submit("lost", tier="fast", account="unlucky", **SMALL)
+    assert fast_waiting("unlucky") == 0
+
+
+def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypatch,
+                                                                  clean_redis):
+    monkeypatch.setattr(cfg, "VISIBILITY_TIMEOUT_S", -1)  # every place lapses at once
+    for i in range(3):
+        submit(f"orphan {i}", tier="fast", account="gone", **SMALL)
+    assert _lanes(clean_redis) == [3, 0, 0]
+
+
+@pytest.mark.cluster
+def test_places_come_back_when_jobs_start(limit, cluster_factory):
+    cluster_factory(workers=1, beat=False)
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast",
+                     account="other", **SMALL)
+    wait_at_gate(blocker, gate)  # the only worker is busy: nothing else starts
+    burst = [submit(f"burst {i}", tier="fast", account="burst", **SMALL) for i in range(5)]
+    open_gate(gate)
+    results = [r.get(timeout=60) for r in burst]
+    assert [r["lane"] for r in results] == ["fast"] * 2 + ["standard"] * 3
+    assert {r.get("downgrade_reason") for r in results[2:]} == {FAST_ACCOUNT_LIMIT}
+    assert all("downgraded_from" not in r for r in results[:2])
+    wait_until(lambda: fast_waiting("burst") == 0, what="places given back")
+    assert submit("again", tier="fast", account="burst", **SMALL).get(timeout=60)["lane"] == "fast"
+    blocker.get(timeout=60)
