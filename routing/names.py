@@ -52,6 +52,8 @@ FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
 FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
 #: Sorted sets per account (see ``fast_queued_key``) start with this.
 FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
+#: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
+MANIFESTS_KEY = f"{PREFIX}:manifests"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
 #: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.

@@ -361,4 +361,21 @@ def _wait_warm(app: Any, model: str, replicas: int, wait_s: float) -> None:
                                    f"after {wait_s:g}s")
 
 
+@lanes.command("unpin")
+@click.argument("model")
+@click.pass_context
+def unpin(ctx: click.Context, model: str) -> None:
+    """Let the next load of MODEL read the store's current manifest (a new version)."""
+    import celeryconfig as cfg
+    from gpu_worker.store import ManifestPins
+
+    if not cfg.MODEL_STORE:
+        raise click.ClickException("GPULANES_MODEL_STORE is not set: no manifest is pinned")
+    key = f"{cfg.MODEL_STORE.rstrip('/')}/{model}"
+    done = ManifestPins(_client(ctx)).unpin(key)
+    click.echo(f"{model}: " + ("unpinned; workers that load it next read the store's "
+                               "manifest (restart or prewarm to roll it out)"
+                               if done else "was not pinned"))
+
+
 from tasks import cli_run  # noqa: E402,F401  registers submit, up and exporter

@@ -64,7 +64,8 @@ def bury_one(client, reason: str = "retries_exhausted") -> str:
 def test_help_lists_the_sub_commands():
     out = ok("--help")
     assert "gpulanes: status, jobs, a local cluster, metrics" in out
-    for command in ("accounts", "dead", "exporter", "prewarm", "status", "submit", "up"):
+    for command in ("accounts", "dead", "exporter", "prewarm", "status", "submit", "unpin",
+                    "up"):
         assert f"\n  {command} " in out
 
 
@@ -196,3 +197,15 @@ def test_up_runs_a_cluster_with_flower_and_metrics_until_ctrl_c(tmp_path):
             raise
     assert proc.returncode == 0, out
     assert not (tmp_path / "redis.sock").exists()  # its Redis stopped with it
+
+
+def test_unpin_lets_the_next_load_read_the_store(clean_redis, monkeypatch):
+    from routing.names import MANIFESTS_KEY
+
+    monkeypatch.setenv("GPULANES_MODEL_STORE", "http://store.example/models/")
+    clean_redis.hset(MANIFESTS_KEY, "http://store.example/models/demo-3", '{"shards": []}')
+    assert "unpinned" in ok("unpin", "demo-3")
+    assert not clean_redis.hexists(MANIFESTS_KEY, "http://store.example/models/demo-3")
+    assert "was not pinned" in ok("unpin", "demo-3")
+    monkeypatch.delenv("GPULANES_MODEL_STORE")
+    assert "GPULANES_MODEL_STORE is not set" in failed("unpin", "demo-3")

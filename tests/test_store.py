@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -79,3 +80,55 @@ def test_demo_model_loads_from_the_store(served, tmp_path, monkeypatch):
     model = demo_model.load(name="demo-0", device="cpu", model_dir=tmp_path / "models")
     assert (tmp_path / "models" / "demo-0" / "manifest.json").exists()
     assert model.generate("x", seed=1, steps=2, width=64, height=64).shape == (64, 64, 3)
+
+
+def _pins(client):
+    from gpu_worker.store import ManifestPins
+    return ManifestPins(client)
+
+
+def _manifest_hits() -> int:
+    return sum(h.endswith("manifest.json") for h in CountingHandler.hits)
+
+
+def test_the_first_load_pins_the_manifest_for_every_later_one(served, tmp_path, clean_redis):
+    root, url = served
+    first = RemoteStore(url, tmp_path / "host-a", pins=_pins(clean_redis)).fetch("demo-0")
+    assert _manifest_hits() == 1
+    original = load_checkpoint(first, "cpu")["embed"]
+    demo_model.build_checkpoint("demo-1", root / "demo-0.next")  # republish other weights
+    (root / "demo-0" / "manifest.json").write_bytes(
+        (root / "demo-0.next" / "manifest.json").read_bytes())
+    CountingHandler.hits = []
+    second = RemoteStore(url, tmp_path / "host-b", pins=_pins(clean_redis)).fetch("demo-0")
+    assert _manifest_hits() == 0  # another host: the pinned manifest, no store round trip
+    assert torch.equal(load_checkpoint(second, "cpu")["embed"], original)  # the same version
+
+
+def test_unpin_loads_what_is_published_now(served, tmp_path, clean_redis):
+    root, url = served
+    pins = _pins(clean_redis)
+    RemoteStore(url, tmp_path / "a", pins=pins).fetch("demo-0")
+    shutil.rmtree(root / "demo-0")  # a new version replaces the pinned one
+    demo_model.build_checkpoint("demo-1", root / "demo-0")
+    with pytest.raises(ShardError, match="unpin"):
+        RemoteStore(url, tmp_path / "b", pins=pins).fetch("demo-0")
+    assert pins.unpin(f"{url}/demo-0")
+    fresh = RemoteStore(url, tmp_path / "b", pins=pins).fetch("demo-0")
+    assert torch.equal(load_checkpoint(fresh, "cpu")["embed"],
+                       demo_model.make_weights("demo-1")["embed"])
+
+
+def test_a_bad_manifest_is_never_pinned_and_redis_down_still_loads(served, tmp_path,
+                                                                   clean_redis):
+    import redis as redis_py
+
+    root, url = served
+    good = (root / "demo-0" / "manifest.json").read_bytes()
+    (root / "demo-0" / "manifest.json").write_text("{not json")
+    with pytest.raises(ShardError, match="not a checkpoint manifest"):
+        RemoteStore(url, tmp_path / "a", pins=_pins(clean_redis)).fetch("demo-0")
+    assert not _pins(clean_redis).get(f"{url}/demo-0")
+    (root / "demo-0" / "manifest.json").write_bytes(good)
+    down = redis_py.Redis(unix_socket_path=str(tmp_path / "nobody.sock"))
+    assert RemoteStore(url, tmp_path / "a", pins=_pins(down)).fetch("demo-0").exists()
