@@ -79,7 +79,7 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
     where = _route(job, view)
-    fast_place = where.lane == FAST
+    fast_place = where is not None and where.lane == FAST  # None: every lane is full
     if fast_place and not admit_fast(job["account"], job_id):  # one round trip, fast only
         where, fast_place = _route(job, view, over_fast_limit=True), False
     if where is None:
