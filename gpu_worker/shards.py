@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -126,17 +127,45 @@ def _sha256(path: Path) -> str:
 def read_manifest(path: Path) -> dict[str, Any]:
     """Return the parsed ``manifest.json`` of checkpoint folder ``path``."""
     manifest_path = Path(path) / MANIFEST_NAME
+    fix = f"delete {path} to rebuild the checkpoint"
     try:
-        manifest = json.loads(manifest_path.read_text())
-        shards = manifest["shards"]
-        version = manifest["format_version"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raw = manifest_path.read_text()
+    except OSError as exc:
         raise ShardError(f"{manifest_path}: missing or unreadable manifest ({exc}); "
-                         f"delete {path} to rebuild the checkpoint") from exc
-    if version != FORMAT_VERSION or not isinstance(shards, list):
-        raise ShardError(f"{manifest_path}: unsupported format version {version!r}; "
-                         f"delete {path} to rebuild the checkpoint")
+                         f"{fix}") from exc
+    return parse_manifest(raw, str(manifest_path), fix)
+
+
+#: A shard's file name: a plain name in the checkpoint's folder, never a path.
+_SHARD_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_manifest(raw: str | bytes, where: str, fix: str) -> dict[str, Any]:
+    """A manifest's JSON, checked entry by entry; ``ShardError`` (ending in ``fix``) if not.
+
+    Shard file names must be plain names, so a manifest can never make a
+    loader read or write outside the checkpoint's folder.
+    """
+    try:
+        manifest = json.loads(raw)
+        version, shards = manifest["format_version"], manifest["shards"]
+        if version != FORMAT_VERSION or not isinstance(shards, list):
+            raise ValueError(f"unsupported format version {version!r}")
+        for shard in shards:
+            _check_shard(shard)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"{where}: not a usable checkpoint manifest ({exc}); {fix}") from exc
     return manifest
+
+
+def _check_shard(shard: Any) -> None:
+    if not _SHARD_FILE.fullmatch(str(shard["file"])):
+        raise ValueError(f"shard file {shard['file']!r} is not a plain file name")
+    if not _SHA256.fullmatch(str(shard["sha256"])):
+        raise ValueError(f"shard {shard['file']!r}: sha256 {shard['sha256']!r} is not a digest")
+    if not all(isinstance(name, str) for name in shard.get("tensors", [])):
+        raise ValueError(f"shard {shard['file']!r}: tensor names must be strings")
 
 
 def load_checkpoint(path: Path, device: str, max_workers: int = 8,

@@ -4,17 +4,18 @@
 ``GPULANES_MODEL_DIR/<name>``. Set to any fsspec URL (``http://host/models``,
 ``s3://bucket/models``, ``file:///srv/models``), the checkpoint is read from
 ``<store>/<name>/`` and every shard is fetched once per host into
-``GPULANES_MODEL_DIR/<name>``, in parallel, each checked against the
-manifest's sha256 before it is kept. A later load (this worker after an
-eviction, or another worker on the host) finds the verified copy and fetches
-nothing.
+``GPULANES_MODEL_DIR/<name>``, in parallel, streamed to disk and checked
+against the manifest's sha256 before it is kept. A later load (this worker
+after an eviction, or another worker on the host) finds the verified copy and
+fetches nothing.
 
 The manifest is read from the store once per cluster: the first load pins it
-in Redis (:class:`ManifestPins`), and every later load, on any host, takes
-the pinned copy. That saves each cold load a store round trip before its
-shards can start, and every worker serves the same version of a model, shard
-for shard, whatever is published meanwhile. To roll out a new version:
-publish it, ``celery -A tasks lanes unpin MODEL``, then restart or prewarm.
+in Redis under the model's name (:class:`ManifestPins`), and every later load,
+on any host, takes the pinned copy. That saves each cold load a store round
+trip before its shards can start, and every worker serves the same version of
+a model, shard for shard, whatever is published meanwhile. To roll out a new
+version: publish it, ``celery -A tasks lanes unpin MODEL``, restart the
+workers. Without Redis a load reads the store's manifest and pins nothing.
 """
 from __future__ import annotations
 
@@ -26,19 +27,19 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from gpu_worker.shards import HASH_CHUNK_BYTES, MANIFEST_NAME
+from gpu_worker.shards import HASH_CHUNK_BYTES, MANIFEST_NAME, parse_manifest
 from routing.names import MANIFESTS_KEY
 from tasks.errors import ShardError
 
 log = logging.getLogger(__name__)
-#: What to do when the store no longer matches the manifest a load was given.
-REPUBLISHED = ("; republish the checkpoint, or if a new version was published, "
-               "`celery -A tasks lanes unpin MODEL` (the cluster pins the first manifest)")
+#: A download left behind by a killed process is removed after this long.
+STALE_PARTIAL_S = 600
 
 
 def _sha256_of(path: Path) -> str | None:
@@ -57,17 +58,18 @@ class ManifestPins:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    def get(self, key: str) -> bytes | None:
-        return self.client.hget(MANIFESTS_KEY, key)
+    def get(self, model: str) -> str | bytes | None:
+        return self.client.hget(MANIFESTS_KEY, model)
 
-    def pin(self, key: str, raw: bytes) -> bytes:
-        """Pin ``raw`` unless another load pinned first; the pinned manifest either way."""
+    def pin(self, model: str, manifest_json: str) -> str | bytes:
+        """Pin ``manifest_json`` unless another load pinned first; the pinned one either way."""
         with self.client.pipeline() as pipe:  # MULTI: both or neither
-            _, pinned = pipe.hsetnx(MANIFESTS_KEY, key, raw).hget(MANIFESTS_KEY, key).execute()
+            _, pinned = (pipe.hsetnx(MANIFESTS_KEY, model, manifest_json)
+                         .hget(MANIFESTS_KEY, model).execute())
         return pinned
 
-    def unpin(self, key: str) -> bool:
-        return bool(self.client.hdel(MANIFESTS_KEY, key))
+    def unpin(self, model: str) -> bool:
+        return bool(self.client.hdel(MANIFESTS_KEY, model))
 
 
 class RemoteStore:
@@ -89,8 +91,9 @@ class RemoteStore:
         """The local folder of checkpoint ``name``, fetching what the cache lacks."""
         began = time.perf_counter()
         remote, local = f"{self.root}/{name}", self.cache_dir / name
-        manifest = self._pinned_manifest(name, remote)
+        manifest = self._manifest(name, remote)
         local.mkdir(parents=True, exist_ok=True)
+        _drop_stale_partials(local)
         with ThreadPoolExecutor(max(1, min(self.max_workers, len(manifest["shards"])))) as pool:
             fetched = sum(pool.map(lambda s: self._shard(remote, local, s), manifest["shards"]))
         _replace_bytes(local / MANIFEST_NAME, json.dumps(manifest).encode())
@@ -98,22 +101,30 @@ class RemoteStore:
                  self.url, (time.perf_counter() - began) * 1000)
         return local
 
-    def _pinned_manifest(self, name: str, remote: str) -> dict[str, Any]:
+    def _manifest(self, name: str, remote: str) -> dict[str, Any]:
         """The cluster's pinned manifest of ``name``; read from the store and pinned if none."""
-        key, where = f"{self.url}/{name}", f"{remote}/{MANIFEST_NAME}"
+        where, unpin = f"{remote}/{MANIFEST_NAME}", f"`celery -A tasks lanes unpin {name}`"
+        pinned = self._pinned(name)
+        if pinned is None:
+            manifest = parse_manifest(self._manifest_bytes(remote), where,
+                                      "republish the checkpoint")
+            if not self.pins:
+                return manifest
+            canonical = json.dumps(manifest, sort_keys=True)  # never pin what is not a manifest
+            with contextlib.suppress(redis.RedisError):
+                pinned = self.pins.pin(name, canonical)  # another load may have pinned first
+            if pinned in (None, canonical):
+                return manifest
+        return parse_manifest(pinned, f"{where} as pinned in Redis",
+                              f"{unpin} to read the store's manifest again")
+
+    def _pinned(self, name: str) -> str | bytes | None:
         try:
-            pinned = self.pins.get(key) if self.pins else None
+            return self.pins.get(name) if self.pins else None
         except redis.RedisError as exc:  # loading must not depend on Redis being up
             log.warning("manifest pins unreachable (%s): reading %s from the store", exc, name)
-            pinned, self.pins = None, None
-        if pinned is not None:
-            return _parse_manifest(pinned, f"{where} (pinned)")
-        raw = self._manifest_bytes(remote)
-        manifest = _parse_manifest(raw, where)  # never pin what is not a manifest
-        with contextlib.suppress(redis.RedisError):
-            if self.pins and (pinned := self.pins.pin(key, raw)) != raw:
-                manifest = _parse_manifest(pinned, f"{where} (pinned)")  # another load won
-        return manifest
+            self.pins = None
+            return None
 
     def _manifest_bytes(self, remote: str) -> bytes:
         try:
@@ -141,23 +152,26 @@ class RemoteStore:
         return 1
 
     def _download(self, source: str, partial: Path, sha256: str) -> None:
+        republished = ("; the store no longer holds the version this load was given: "
+                       "republish it, or `celery -A tasks lanes unpin` the model")
         try:
             self.fs.get_file(source, str(partial))
+        except FileNotFoundError as exc:
+            raise ShardError(f"{source}: not in the store{republished}") from exc
         except Exception as exc:  # noqa: BLE001  any transport's own error types
-            raise ShardError(f"{source}: cannot fetch ({exc}){REPUBLISHED}") from exc
+            raise ShardError(f"{source}: cannot fetch ({type(exc).__name__}: {exc})") from exc
         actual = _sha256_of(partial)
         if actual != sha256:
             raise ShardError(f"{source}: sha256 {actual} does not match the "
-                             f"manifest's {sha256}{REPUBLISHED}")
+                             f"manifest's {sha256}{republished}")
 
 
-def _parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
-    try:
-        manifest = json.loads(raw)
-        manifest["shards"]  # noqa: B018  a manifest without shards is no manifest
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ShardError(f"{where}: not a checkpoint manifest ({exc})") from exc
-    return manifest
+def _drop_stale_partials(folder: Path) -> None:
+    """Remove downloads a killed process left (a live one renames or removes its own)."""
+    for partial in folder.glob(".*.partial"):
+        with contextlib.suppress(OSError):
+            if time.time() - partial.stat().st_mtime > STALE_PARTIAL_S:
+                partial.unlink()
 
 
 def _replace_bytes(path: Path, data: bytes) -> None:
@@ -174,10 +188,10 @@ def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path
     return RemoteStore(store_url, model_dir, pins=cluster_pins()).fetch(name)
 
 
+@lru_cache(maxsize=1)
 def cluster_pins() -> ManifestPins:
-    """Manifest pins on the cluster's Redis (the broker)."""
+    """Manifest pins on the cluster's Redis (the broker); one client per process."""
     import celeryconfig as cfg
     from routing.store import connect
 
     return ManifestPins(connect(cfg.broker_url, cfg.SENTINEL_MASTER))
-

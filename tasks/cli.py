@@ -365,17 +365,14 @@ def _wait_warm(app: Any, model: str, replicas: int, wait_s: float) -> None:
 @click.argument("model")
 @click.pass_context
 def unpin(ctx: click.Context, model: str) -> None:
-    """Let the next load of MODEL read the store's current manifest (a new version)."""
-    import celeryconfig as cfg
+    """Let the next load of MODEL read the store's manifest (a new version)."""
     from gpu_worker.store import ManifestPins
 
-    if not cfg.MODEL_STORE:
-        raise click.ClickException("GPULANES_MODEL_STORE is not set: no manifest is pinned")
-    key = f"{cfg.MODEL_STORE.rstrip('/')}/{model}"
-    done = ManifestPins(_client(ctx)).unpin(key)
-    click.echo(f"{model}: " + ("unpinned; workers that load it next read the store's "
-                               "manifest (restart or prewarm to roll it out)"
-                               if done else "was not pinned"))
+    if ManifestPins(_client(ctx)).unpin(model):
+        click.echo(f"{model}: unpinned; the next load reads the store's manifest and pins it "
+                   "(restart the workers that hold it to roll the new version out)")
+    else:
+        click.echo(f"{model}: was not pinned")
 
 
 from tasks import cli_run  # noqa: E402,F401  registers submit, up and exporter

@@ -199,13 +199,10 @@ def test_up_runs_a_cluster_with_flower_and_metrics_until_ctrl_c(tmp_path):
     assert not (tmp_path / "redis.sock").exists()  # its Redis stopped with it
 
 
-def test_unpin_lets_the_next_load_read_the_store(clean_redis, monkeypatch):
-    from routing.names import MANIFESTS_KEY
+def test_unpin_lets_the_next_load_read_the_store(clean_redis):
+    from gpu_worker.store import ManifestPins
 
-    monkeypatch.setenv("GPULANES_MODEL_STORE", "http://store.example/models/")
-    clean_redis.hset(MANIFESTS_KEY, "http://store.example/models/demo-3", '{"shards": []}')
+    ManifestPins(clean_redis).pin("demo-3", '{"format_version": 1, "shards": []}')
     assert "unpinned" in ok("unpin", "demo-3")
-    assert not clean_redis.hexists(MANIFESTS_KEY, "http://store.example/models/demo-3")
+    assert ManifestPins(clean_redis).get("demo-3") is None
     assert "was not pinned" in ok("unpin", "demo-3")
-    monkeypatch.delenv("GPULANES_MODEL_STORE")
-    assert "GPULANES_MODEL_STORE is not set" in failed("unpin", "demo-3")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -13,6 +14,7 @@ import celeryconfig as cfg
 from gpu_worker import demo_model
 from gpu_worker.shards import load_checkpoint, read_manifest
 from gpu_worker.store import RemoteStore
+from routing.names import MANIFESTS_KEY
 from tasks.errors import ShardError
 
 
@@ -91,6 +93,10 @@ def _manifest_hits() -> int:
     return sum(h.endswith("manifest.json") for h in CountingHandler.hits)
 
 
+def _no_partials(folder) -> bool:
+    return not list(folder.rglob("*.partial"))
+
+
 def test_the_first_load_pins_the_manifest_for_every_later_one(served, tmp_path, clean_redis):
     root, url = served
     first = RemoteStore(url, tmp_path / "host-a", pins=_pins(clean_redis)).fetch("demo-0")
@@ -100,7 +106,7 @@ def test_the_first_load_pins_the_manifest_for_every_later_one(served, tmp_path, 
     (root / "demo-0" / "manifest.json").write_bytes(
         (root / "demo-0.next" / "manifest.json").read_bytes())
     CountingHandler.hits = []
-    second = RemoteStore(url, tmp_path / "host-b", pins=_pins(clean_redis)).fetch("demo-0")
+    second = RemoteStore(url + "/", tmp_path / "host-b", pins=_pins(clean_redis)).fetch("demo-0")
     assert _manifest_hits() == 0  # another host: the pinned manifest, no store round trip
     assert torch.equal(load_checkpoint(second, "cpu")["embed"], original)  # the same version
 
@@ -113,7 +119,8 @@ def test_unpin_loads_what_is_published_now(served, tmp_path, clean_redis):
     demo_model.build_checkpoint("demo-1", root / "demo-0")
     with pytest.raises(ShardError, match="unpin"):
         RemoteStore(url, tmp_path / "b", pins=pins).fetch("demo-0")
-    assert pins.unpin(f"{url}/demo-0")
+    assert _no_partials(tmp_path / "b")
+    assert pins.unpin("demo-0")
     fresh = RemoteStore(url, tmp_path / "b", pins=pins).fetch("demo-0")
     assert torch.equal(load_checkpoint(fresh, "cpu")["embed"],
                        demo_model.make_weights("demo-1")["embed"])
@@ -125,10 +132,40 @@ def test_a_bad_manifest_is_never_pinned_and_redis_down_still_loads(served, tmp_p
 
     root, url = served
     good = (root / "demo-0" / "manifest.json").read_bytes()
-    (root / "demo-0" / "manifest.json").write_text("{not json")
-    with pytest.raises(ShardError, match="not a checkpoint manifest"):
+    (root / "demo-0" / "manifest.json").write_text('{"format_version": 1, "shards": {"a": 1}}')
+    with pytest.raises(ShardError, match="not a usable checkpoint manifest"):
         RemoteStore(url, tmp_path / "a", pins=_pins(clean_redis)).fetch("demo-0")
-    assert not _pins(clean_redis).get(f"{url}/demo-0")
+    assert not _pins(clean_redis).get("demo-0")
     (root / "demo-0" / "manifest.json").write_bytes(good)
     down = redis_py.Redis(unix_socket_path=str(tmp_path / "nobody.sock"))
     assert RemoteStore(url, tmp_path / "a", pins=_pins(down)).fetch("demo-0").exists()
+
+
+@pytest.mark.parametrize("file", ["../../escaped.safetensors", "/tmp/abs.safetensors",
+                                  ".hidden", "a/b.safetensors"])
+def test_a_manifest_never_names_a_path_outside_its_folder(served, tmp_path, clean_redis, file):
+    root, url = served
+    manifest = json.loads((root / "demo-0" / "manifest.json").read_text())
+    manifest["shards"][0]["file"] = file
+    (root / "demo-0" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="plain file name"):  # straight from the store
+        RemoteStore(url, tmp_path / "a").fetch("demo-0")
+    clean_redis.hset(MANIFESTS_KEY, "demo-0", json.dumps(manifest))  # or planted in Redis
+    with pytest.raises(ShardError, match="unpin demo-0"):
+        RemoteStore(url, tmp_path / "a", pins=_pins(clean_redis)).fetch("demo-0")
+    assert not list(tmp_path.rglob("escaped*")) and not list(tmp_path.rglob("abs*"))
+
+
+def test_a_file_url_store_and_no_partials_left_by_a_corrupt_shard(tmp_path, clean_redis):
+    root = tmp_path / "store"
+    demo_model.build_checkpoint("demo-0", root / "demo-0")
+    local = RemoteStore(f"file://{root}", tmp_path / "cache", pins=_pins(clean_redis)) \
+        .fetch("demo-0")
+    assert torch.equal(load_checkpoint(local, "cpu")["embed"],
+                       demo_model.make_weights("demo-0")["embed"])
+    shard = sorted((root / "demo-0").glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1] + b"x")
+    with pytest.raises(ShardError, match="does not match"):
+        RemoteStore(f"file://{root}", tmp_path / "other").fetch("demo-0")
+    assert _no_partials(tmp_path / "other") and not (tmp_path / "other" / "demo-0" /
+                                                     shard.name).exists()
