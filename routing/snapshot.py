@@ -192,7 +192,11 @@ class SnapshotCache:
         until a snapshot measured after it: the lane's depth, the worker's load,
         and the model it will make warm there."""
         with self._lock:
-            self._log.append((self.clock(), lane, node, model))
+            now = self.clock()
+            # a send older than stale_s predates any snapshot this router may still
+            # route from: drop it now, or with beat down the log grows without end
+            self._forget_sent_before(now - self.stale_s)
+            self._log.append((now, lane, node, model))
             self._sent[lane] = self._sent.get(lane, 0) + 1
             if self._state is not None:
                 self._apply(node, model)

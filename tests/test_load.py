@@ -15,8 +15,6 @@ import celeryconfig as cfg
 from benchmarks.soak_load import accepted_ids, run_burst
 from benchmarks.soak_probe import Probe, collect
 
-pytestmark = pytest.mark.cluster
-
 JOBS, PROCS = 2000, 3
 #: Small enough that a 2,000-job burst fills every lane.
 LIMITS = {"fast": 40, "standard": 100, "relaxed": 400}
@@ -44,6 +42,7 @@ def soaked(cluster, app, redis_server):
     return burst, fate, probe
 
 
+@pytest.mark.cluster
 def test_burst_is_accepted_or_refused_and_every_accepted_job_completes(soaked):
     burst, fate, probe = soaked
     errors = [o.first_error for o in burst.outcomes if o.errors]
@@ -60,6 +59,7 @@ def test_burst_is_accepted_or_refused_and_every_accepted_job_completes(soaked):
     assert set(fate.results) == set(accepted)
 
 
+@pytest.mark.cluster
 def test_fast_jobs_in_the_fast_lane_start_within_its_budget(soaked):
     _, fate, _ = soaked
     waits_s = [r["queued_ms"] / 1000 for r in fate.results.values()
@@ -67,6 +67,7 @@ def test_fast_jobs_in_the_fast_lane_start_within_its_budget(soaked):
     assert waits_s and max(waits_s) <= cfg.MAX_WAIT_FAST_S
 
 
+@pytest.mark.cluster
 def test_memory_stays_bounded(soaked):
     burst, _, probe = soaked
     grew = max(s.used_memory for s in probe.samples) - probe.samples[0].used_memory
@@ -75,3 +76,19 @@ def test_memory_stays_bounded(soaked):
         rss_mb = {k: v / 1024 for k, v in outcome.rss_kb.items()}
         assert rss_mb["end"] - rss_mb["half"] < 25, rss_mb
         assert rss_mb["peak"] < 400, rss_mb
+
+
+def test_a_router_without_snapshots_keeps_its_memory_bounded():
+    """With beat down no snapshot ever arrives to settle the sends a router counts;
+    sends older than the oldest snapshot it may route from must still be dropped."""
+    from routing.snapshot import SnapshotCache
+
+    now = [1000.0]
+    cache = SnapshotCache(lambda: None, refresh_s=0.5, stale_s=5.0,
+                          max_depth={"fast": 1, "standard": 1, "relaxed": 1},
+                          clock=lambda: now[0])
+    for n in range(20_000):  # 200 s of sends at 100/s
+        now[0] += 0.01
+        cache.note_sent("relaxed", None, "demo")
+    assert len(cache._log) <= 501  # the last stale_s of them
+    assert cache._sent["relaxed"] == len(cache._log)
