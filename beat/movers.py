@@ -26,15 +26,18 @@ from typing import Any, Callable, Iterable
 import redis
 
 import celeryconfig as cfg
-from routing.names import MOVERS_TASK, RELAXED, WORKERS_KEY, lane_keys, worker_queue
+from routing.names import (FAST, MOVERS_TASK, RELAXED, WORKERS_KEY, fast_queued_key, lane_keys,
+                           worker_queue)
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 
+# KEYS: source, target[, the account's fast places]. ARGV: message, rewritten, job id.
 _MOVE = """
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
+if KEYS[3] then redis.call('ZREM', KEYS[3], ARGV[3]) end
 return 1
 """
 #: Returned by a ``due`` function: this message and all younger ones stay.
@@ -68,22 +71,27 @@ def _mover(client: redis.Redis) -> Any:
 
 
 def _move_oldest(client: redis.Redis, source: str, target: str,
-                 due: Callable[[dict], dict | None]) -> int:
+                 due: Callable[[dict], dict | None], leaves_fast: bool = False) -> int:
     """Move each of the oldest messages of ``source`` that ``due`` rewrites.
 
     ``due`` returns the rewritten message, None to leave it, or ``STOP`` when
     it and everything younger are not due yet. Moved messages keep their
     order at the front of ``target``: the oldest is served first.
+    ``leaves_fast``: a moved job gives back its account's fast place.
     """
     batch = []
     for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
-        rewritten = due(json.loads(raw))
+        message = json.loads(raw)
+        rewritten = due(message)
         if rewritten is STOP:
             break
         if rewritten is not None:
-            batch.append((raw, json.dumps(rewritten)))
+            account = _body(message)[1]["job"].get("account") if leaves_fast else None
+            places = [fast_queued_key(account)] if account else []
+            batch.append(([source, target, *places],
+                          [raw, json.dumps(rewritten), message["headers"]["id"]]))
     move = _mover(client)
-    return sum(move(keys=[source, target], args=[raw, new]) for raw, new in reversed(batch))
+    return sum(move(keys=keys, args=args) for keys, args in reversed(batch))
 
 
 def readdress(client: redis.Redis, source: str, target: str, lane: str) -> int:
@@ -126,7 +134,8 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
             return demote(message, lower, WAITED_PAST_BUDGET, now)
 
         sources = [lane] + [worker_queue(lane, node) for node in nodes]
-        moved[lane] = sum(_move_oldest(client, lane_keys(source)[0], lane_keys(lower)[0], due)
+        moved[lane] = sum(_move_oldest(client, lane_keys(source)[0], lane_keys(lower)[0], due,
+                                       leaves_fast=lane == FAST)
                           for source in sources)
     return moved
 

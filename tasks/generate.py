@@ -31,6 +31,7 @@ from tasks.cache import LEADS_RUN
 from tasks.coalesce import close_run, fail_followers
 from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
+import tasks.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from tasks.metrics import add_counts, job_counts
 from tasks.retry import backoff_s, is_transient
 

@@ -65,10 +65,48 @@ def test_a_failed_publish_gives_its_place_back(limit, monkeypatch, clean_redis):
 
 def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypatch,
                                                                   clean_redis):
-    monkeypatch.setattr(cfg, "VISIBILITY_TIMEOUT_S", -1)  # every place lapses at once
+    import tasks.fastlimit as fastlimit
+
+    monkeypatch.setattr(fastlimit, "PLACE_LAPSE_S", 0.5)
     for i in range(3):
         submit(f"orphan {i}", tier="fast", account="gone", **SMALL)
-    assert _lanes(clean_redis) == [3, 0, 0]
+    assert _lanes(clean_redis) == [2, 1, 0]  # the third found both places taken
+
+    def fast_again() -> bool:
+        submit("later", tier="fast", account="gone", **SMALL)
+        return _lanes(clean_redis)[0] == 3
+
+    wait_until(fast_again, timeout_s=10, what="a lapsed place to be taken again")
+    assert clean_redis.zcard(fast_queued_key("gone")) == 1  # the lapsed ones went
+
+
+def test_redis_trouble_admits_without_a_place(limit, monkeypatch, clean_redis, caplog):
+    import redis
+
+    import tasks.fastlimit as fastlimit
+
+    def down():
+        def call(**_):
+            raise redis.ConnectionError("no route to host")
+        return call
+
+    monkeypatch.setattr(fastlimit, "_admit_script", down)
+    for i in range(3):
+        submit(f"blip {i}", tier="fast", account="blip", **SMALL)
+    assert _lanes(clean_redis) == [3, 0, 0] and "admitted without one" in caplog.text
+
+
+def test_a_job_moved_down_by_its_deadline_gives_its_place_back(limit, clean_redis):
+    import time
+
+    from beat.movers import enforce_deadlines
+
+    for i in range(2):
+        submit(f"slow {i}", tier="fast", account="mover", downgradable=True, **SMALL)
+    assert fast_waiting("mover") == 2
+    moved = enforce_deadlines(clean_redis, {"fast": 1.0}, now=time.time() + 60)
+    assert moved["fast"] == 2 and _lanes(clean_redis) == [0, 2, 0]
+    assert fast_waiting("mover") == 0
 
 
 @pytest.mark.cluster
@@ -87,3 +125,18 @@ def test_places_come_back_when_jobs_start(limit, cluster_factory):
     wait_until(lambda: fast_waiting("burst") == 0, what="places given back")
     assert submit("again", tier="fast", account="burst", **SMALL).get(timeout=60)["lane"] == "fast"
     blocker.get(timeout=60)
+
+
+@pytest.mark.cluster
+def test_a_revoked_fast_job_gives_its_place_back(limit, app, cluster_factory):
+    cluster_factory(workers=1, beat=False)
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast",
+                     account="other", **SMALL)
+    wait_at_gate(blocker, gate)
+    doomed = submit("never mind", tier="fast", account="canceller", **SMALL)
+    assert fast_waiting("canceller") == 1
+    doomed.revoke()
+    open_gate(gate)
+    blocker.get(timeout=60)
+    wait_until(lambda: fast_waiting("canceller") == 0, what="the revoked job's place back")
