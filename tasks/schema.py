@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import reprlib
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,16 @@ from tasks.errors import InvalidJob
 MAX_SEED = 2**63 - 1
 MODEL_NAMES = tuple(sorted(cfg.MODELS))
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
+#: Error messages quote a bad value only this far: a caller's 10 MB string stays out of logs.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 60
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message quotes it: short, and safe for any object."""
+    if type(value) is int and value.bit_length() > 64:  # str() of a huge int can raise
+        return f"an integer of {value.bit_length()} bits"
+    return _SHORT.repr(value)
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,9 @@ class Job:
 def _integer(field: str, value: Any, low: int, high: int) -> int:
     # bool is an int subclass; True steps is a bug, not a request for one step.
     if type(value) is not int:
-        raise InvalidJob(field, f"must be an integer, got {type(value).__name__} {value!r}")
+        raise InvalidJob(field, f"must be an integer, got {type(value).__name__} {shown(value)}")
     if not low <= value <= high:
-        raise InvalidJob(field, f"must be between {low} and {high}, got {value}")
+        raise InvalidJob(field, f"must be between {low} and {high}, got {shown(value)}")
     return value
 
 
@@ -51,6 +62,11 @@ def _text(field: str, value: Any, max_chars: int) -> str:
         raise InvalidJob(field, f"is {len(value)} characters; the limit is {max_chars}")
     if "\x00" in value:
         raise InvalidJob(field, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no message, log or hash can carry it
+        raise InvalidJob(field, f"is not valid Unicode text ({exc.reason} at "
+                         f"position {exc.start})") from None
     return value
 
 
@@ -58,7 +74,7 @@ def _choice(field: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str
     if not isinstance(value, str):
         raise InvalidJob(field, f"must be a string, got {type(value).__name__}")
     if value not in allowed:
-        raise InvalidJob(field, f"unknown {field} {value!r}; use one of {', '.join(allowed)}")
+        raise InvalidJob(field, f"unknown {field} {shown(value)}; use one of {', '.join(allowed)}")
     return value
 
 
@@ -83,7 +99,7 @@ def _downgradable(value: Any, tier: str) -> bool:
     if value is None:
         return tier == "standard"
     if not isinstance(value, bool):
-        raise InvalidJob("downgradable", f"must be True, False or None, got {value!r}")
+        raise InvalidJob("downgradable", f"must be True, False or None, got {shown(value)}")
     return value
 
 
@@ -102,3 +118,20 @@ def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
         height=_side("height", height),
         downgradable=_downgradable(downgradable, tier),
     )
+
+
+#: The fields of a job as a message carries it.
+JOB_FIELDS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
+
+
+def check_job(job: Any) -> Job:
+    """A job dict taken from a message, checked as ``submit()`` checks its arguments
+    (other keys, such as a run's bookkeeping, are left alone)."""
+    if not isinstance(job, dict):
+        raise InvalidJob("job", f"must be a mapping of job fields, got {type(job).__name__}")
+    for field in JOB_FIELDS:
+        if field not in job:
+            raise InvalidJob(field, "is missing from the job")
+    if job["seed"] is None:
+        raise InvalidJob("seed", "must be an integer in a queued job")
+    return validate(**{field: job[field] for field in JOB_FIELDS})

@@ -1,0 +1,191 @@
+"""Property tests of ``submit()``: any value of any parameter is either refused with
+InvalidJob naming a field that really is bad, with nothing enqueued, or accepted as
+a message that is valid JSON and passes the schema again. Nothing else escapes.
+
+An independent oracle (``GOOD_VALUE``) says which values are acceptable, so the
+test fails both when bad input gets through and when good input is refused.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+import celeryconfig as cfg
+from routing.names import TIERS
+from tasks import submit
+from tasks.errors import InvalidJob
+from tasks.schema import JOB_FIELDS, MAX_SEED, MODEL_NAMES, check_job
+
+#: Deterministic and database-free: CI sees the same examples on every run.
+FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+FIELDS = ("prompt", "tier", "account", "model", "seed", "steps", "width", "height",
+          "downgradable")
+ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no worker or log could carry it
+        return False
+    return True
+
+
+def _text_ok(value, max_chars: int) -> bool:
+    return (isinstance(value, str) and bool(value.strip()) and len(value) <= max_chars
+            and "\x00" not in value and _utf8(value))
+
+
+def _int_ok(value, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+GOOD_VALUE = {
+    "prompt": lambda v: _text_ok(v, cfg.MAX_PROMPT_CHARS),
+    "tier": lambda v: isinstance(v, str) and v in TIERS,
+    "account": lambda v: _text_ok(v, cfg.MAX_ACCOUNT_CHARS) and bool(ACCOUNT_RE.fullmatch(v)),
+    "model": lambda v: isinstance(v, str) and v in MODEL_NAMES,
+    "seed": lambda v: v is None or _int_ok(v, 0, MAX_SEED),
+    "steps": lambda v: _int_ok(v, 1, cfg.MAX_STEPS),
+    "width": lambda v: _int_ok(v, cfg.MIN_SIDE, cfg.MAX_SIDE) and v % 8 == 0,
+    "height": lambda v: _int_ok(v, cfg.MIN_SIDE, cfg.MAX_SIDE) and v % 8 == 0,
+    "downgradable": lambda v: v is None or isinstance(v, bool),
+}
+
+# Values of every type a caller could get wrong, including the extremes.
+GARBAGE = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=2**63 - 8),
+    st.integers(max_value=-(2**63) + 8), st.sampled_from([10**5000, -(10**5000)]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(), st.binary(max_size=64),
+    st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
+                                                         max_size=2),
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e308, "", " ", "\x00", "\ud800",
+                     "fast\x00", "x" * (cfg.MAX_PROMPT_CHARS + 1), b"fast", object()]),
+)
+#: Any code point, plus the ones that break encoders, terminals and C strings.
+#: (A list joined, not st.text: text() drops the surrogates from its alphabet.)
+NASTY_TEXT = st.lists(st.one_of(st.characters(), st.sampled_from(
+    ["\ud800", "\udfff", "\x00", "\x1b", "\r", "\u202e", "\ufeff", "\U0010ffff"])),
+    min_size=1, max_size=40).map("".join)
+SIDE = st.integers(cfg.MIN_SIDE // 8, cfg.MAX_SIDE // 8).map(lambda n: n * 8)
+
+
+def near(good: st.SearchStrategy, *edges) -> st.SearchStrategy:
+    """Mostly ``good``, sometimes one of the values just outside it."""
+    return st.tuples(st.integers(0, 9), good, st.sampled_from(edges)).map(
+        lambda pick: pick[2] if pick[0] == 5 else pick[1])
+
+
+LIKELY_GOOD = {
+    "prompt": st.one_of(st.text(min_size=1, max_size=60), NASTY_TEXT,
+                        st.just("y" * cfg.MAX_PROMPT_CHARS)),
+    "tier": near(st.sampled_from(TIERS), "Fast", "fast ", "turbo"),
+    "account": st.from_regex(ACCOUNT_RE, fullmatch=True).filter(lambda a: len(a) <= 70),
+    "model": near(st.sampled_from(MODEL_NAMES), "sdxl", "Demo", "demo "),
+    "seed": near(st.one_of(st.none(), st.integers(0, MAX_SEED)), -1, MAX_SEED + 1),
+    "steps": near(st.integers(1, cfg.MAX_STEPS), 0, -1, cfg.MAX_STEPS + 1),
+    "width": near(SIDE, 0, cfg.MIN_SIDE - 8, cfg.MIN_SIDE + 1, cfg.MAX_SIDE + 8),
+    "height": near(SIDE, 0, cfg.MIN_SIDE - 8, cfg.MAX_SIDE - 1, cfg.MAX_SIDE + 8),
+    "downgradable": st.one_of(st.none(), st.booleans()),
+}
+
+
+@st.composite
+def submissions(draw) -> dict:
+    """Garbage in a few fields, near-valid values elsewhere: both outcomes get explored."""
+    garbled = draw(st.sets(st.sampled_from(FIELDS), max_size=1))
+    return {field: draw(GARBAGE if field in garbled else LIKELY_GOOD[field])
+            for field in FIELDS}
+
+
+def _keys(client) -> list[bytes]:
+    """Every key but kombu's queue bindings (which the test session keeps)."""
+    return [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
+
+
+def _flush(client) -> None:
+    if keys := _keys(client):
+        client.delete(*keys)
+
+
+def _queued(client) -> list[bytes]:
+    """Every message in Redis: the lanes at every priority, and any worker's own queue."""
+    return [raw for key in client.scan_iter(count=1000, _type="list")
+            for raw in client.lrange(key, 0, -1)]
+
+
+def _call_of(raw: bytes) -> tuple[list, dict]:
+    """The arguments inside one message, read from plain JSON as a worker reads them."""
+    envelope = json.loads(raw)
+    assert envelope["content-type"] == "application/json"
+    body = base64.b64decode(envelope["body"]) \
+        if envelope["properties"].get("body_encoding") == "base64" else envelope["body"]
+    args, kwargs, _ = json.loads(body)
+    return args, kwargs
+
+
+def _check_accepted(client, call: dict) -> None:
+    bad = [field for field in FIELDS if not GOOD_VALUE[field](call[field])]
+    assert not bad, f"accepted bad {bad}: {call!r}"
+    messages = _queued(client)
+    assert len(messages) == 1
+    args, kwargs = _call_of(messages[0])
+    assert args == [] and set(kwargs) == {"job", "route", "submitted_at"}
+    job = kwargs["job"]
+    assert check_job(job).as_dict() == {field: job[field] for field in JOB_FIELDS}
+    assert job["prompt"] == call["prompt"] and job["account"] == call["account"]
+
+
+GOOD_CALL = dict(prompt="a fine prompt", tier="fast", account="alice", model="demo", seed=1,
+                 steps=4, width=64, height=64, downgradable=None)
+#: Hazards found here once, kept whatever the generator draws.
+FOUND = [{"prompt": "\ud800"}, {"prompt": "\ud800", "seed": None}, {"steps": 10**5000},
+         {"tier": "t" * 10**6}, {"account": "x" * 10**6}]
+
+
+def _with_examples(test):
+    for change in FOUND:
+        test = example(call={**GOOD_CALL, **change})(test)
+    return test
+
+
+@FUZZ
+@given(call=submissions())
+@_with_examples
+def test_submit_refuses_naming_a_bad_field_or_enqueues_a_valid_message(call, redis_server):
+    client = redis_server.client()
+    _flush(client)
+    prompt, options = call["prompt"], {k: v for k, v in call.items() if k != "prompt"}
+    try:
+        submit(prompt, **options)
+    except InvalidJob as exc:
+        event(f"refused: {exc.field}")
+        assert exc.field in FIELDS and str(exc).startswith(f"{exc.field}: ")
+        assert not GOOD_VALUE[exc.field](call[exc.field]), f"refused a good {exc.field}: {exc}"
+        assert len(str(exc)) < 500, "the message quotes the whole value"
+        assert _keys(client) == []  # refused before anything was written
+    else:
+        event("accepted")
+        _check_accepted(client, call)
+
+
+@FUZZ
+@given(field=st.sampled_from(FIELDS), value=GARBAGE)
+def test_one_bad_keyword_among_good_ones_is_named(field, value, redis_server):
+    client = redis_server.client()
+    _flush(client)
+    if GOOD_VALUE[field](value):
+        return  # garbage that happens to be valid here (None seed, a bool downgradable)
+    call = {**GOOD_CALL, field: value}
+    with pytest.raises(InvalidJob) as caught:
+        submit(call.pop("prompt"), **call)
+    assert caught.value.field == field
+    assert _keys(client) == []
