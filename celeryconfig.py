@@ -256,6 +256,9 @@ task_track_started = True
 task_send_sent_event = True
 worker_send_task_events = True
 worker_hijack_root_logger = False
+# JSON only, above; and what a worker refuses (bad JSON, pickle, unknown tasks,
+# items that are not messages) is dead-lettered with its reason (tasks.rejects).
+worker_consumer = "tasks.rejects:LanesConsumer"
 
 # Redis has no real acks: an unacked job comes back after the visibility
 # timeout. A job can run at most MAX_JOB_S (enforced between steps) and a

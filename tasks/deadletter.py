@@ -9,6 +9,7 @@ from typing import Any
 import redis
 
 from routing.names import DEAD_KEY, attempts_key
+from tasks.schema import check_job
 
 #: Lines of traceback kept per dead job: enough to see where, not a log dump.
 TRACEBACK_LINES = 12
@@ -21,11 +22,14 @@ def summary(exc: BaseException) -> str:
 
 
 def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
-         exc: BaseException, attempts: int) -> None:
-    """Record a job that failed for good, under its id (a rerun replaces it)."""
+         exc: BaseException, attempts: int, message: dict[str, Any] | None = None) -> None:
+    """Record a job that failed for good, under its id (a rerun replaces it);
+    ``message`` describes a message the worker refused (``tasks.rejects``)."""
     entry = {"job_id": job_id, "job": kwargs["job"], "route": kwargs["route"],
              "reason": reason, "error": f"{type(exc).__name__}: {exc}",
              "traceback": summary(exc), "attempts": attempts, "failed_at": time.time()}
+    if message is not None:
+        entry["message"] = message
     client.hset(DEAD_KEY, job_id, json.dumps(entry))
 
 
@@ -44,8 +48,10 @@ def requeue(client: redis.Redis, job_id: str) -> Any:
     raw = client.hget(DEAD_KEY, job_id)
     if raw is None:
         raise KeyError(f"no dead job {job_id!r}")
+    job = json.loads(raw)["job"]
+    check_job(job)  # a refused message (tasks.rejects) would only be refused again
     client.delete(attempts_key(job_id))
     generate.AsyncResult(job_id).forget()  # else .get() would see the old failure
-    result = enqueue(json.loads(raw)["job"], job_id)
+    result = enqueue(job, job_id)
     client.hdel(DEAD_KEY, job_id)
     return result

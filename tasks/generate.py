@@ -33,6 +33,7 @@ from tasks.deadletter import bury
 from tasks.errors import JobFailed, JobTimeout
 import tasks.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from tasks.metrics import add_counts, job_counts
+from tasks.rejects import CheckedTask
 from tasks.retry import backoff_s, is_transient
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ def _finish(job_id: str, result: dict, job: dict) -> dict:
 
 
 # max_retries=None: gpulanes counts attempts itself (redeliveries included).
-@app.task(bind=True, name=GENERATE_TASK, max_retries=None)
+# CheckedTask: a message whose call, job or route breaks the schema never runs.
+@app.task(bind=True, name=GENERATE_TASK, max_retries=None, base=CheckedTask)
 def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one validated job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()

@@ -20,6 +20,7 @@ import celeryconfig as cfg
 from routing.names import TIERS
 from tasks import submit
 from tasks.errors import InvalidJob
+from tasks.rejects import check_call, check_content
 from tasks.schema import JOB_FIELDS, MAX_SEED, MODEL_NAMES, check_job
 
 #: Deterministic and database-free: CI sees the same examples on every run.
@@ -138,7 +139,8 @@ def _check_accepted(client, call: dict) -> None:
     messages = _queued(client)
     assert len(messages) == 1
     args, kwargs = _call_of(messages[0])
-    assert args == [] and set(kwargs) == {"job", "route", "submitted_at"}
+    check_call(args, kwargs)  # the checks a worker makes before it runs a job
+    check_content(kwargs)
     job = kwargs["job"]
     assert check_job(job).as_dict() == {field: job[field] for field in JOB_FIELDS}
     assert job["prompt"] == call["prompt"] and job["account"] == call["account"]

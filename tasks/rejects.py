@@ -1,0 +1,256 @@
+"""Messages a worker refuses: each is logged and dead-lettered with what was wrong.
+
+Anything can land on a lane list: a message from an old or broken producer, a
+pickle, a hand-typed ``LPUSH``. None of it may crash or stall a worker, and
+none of it is deserialized unless it is JSON (``accept_content``). Three layers:
+
+- :class:`LaneGuard` (a consumer bootstep): an item that is not even a kombu
+  message would otherwise stop the worker (``Unrecoverable error``) or drop its
+  broker connection;
+- :class:`LanesConsumer` (``worker_consumer``): Celery's own refusals (a body it
+  cannot decode, content other than JSON, an unknown task, a message without
+  task headers) are only logged by Celery; here they are dead-lettered too;
+- :class:`CheckedTask` (``generate``'s base): a well-formed call whose job or
+  route breaks the schema is dead-lettered before it touches the model.
+
+Operators see them with ``celery -A tasks lanes dead list`` (reason
+``invalid_message``); they cannot be requeued, since they would fail again.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import uuid
+from typing import Any, Callable, NoReturn
+
+import redis
+from celery import Task, bootsteps
+from celery.worker.consumer import Consumer
+
+from routing.names import LANES, TIERS, done_key
+from tasks.deadletter import bury
+from tasks.errors import InvalidJob, JobFailed
+from tasks.schema import check_job, shown
+
+log = logging.getLogger(__name__)
+#: The dead-letter reason of every refused message.
+INVALID_MESSAGE = "invalid_message"
+#: ``generate``'s keyword arguments, the only ones it takes.
+CALL_ARGS = frozenset({"job", "route", "submitted_at"})
+#: What reading a task message's malformed headers raises (its KeyError, say).
+MALFORMED = (KeyError, ValueError, TypeError, AttributeError)
+#: A refused job's text fields are kept this long in its dead letter.
+KEPT_CHARS = 200
+
+
+def _kept(value: Any) -> Any:
+    """``value`` cut down for a dead letter: long strings shortened, odd types shown."""
+    if isinstance(value, dict):
+        return {str(k)[:KEPT_CHARS]: _kept(v) for k, v in list(value.items())[:20]}
+    if isinstance(value, str) and len(value) > KEPT_CHARS:
+        return f"{value[:KEPT_CHARS]}... ({len(value)} characters)"
+    return value if isinstance(value, (str, int, float, bool, type(None))) else shown(value)
+
+
+def dead_letter(job_id: str, job: Any, route: Any, problem: BaseException,
+                message: dict[str, Any]) -> None:
+    """Log and dead-letter one refused message; a Redis failure here is only logged."""
+    log.error("refused message %s from %s: %s: %s (dead-lettered, reason %s)", job_id,
+              message.get("queue") or "a lane", type(problem).__name__, problem,
+              INVALID_MESSAGE)
+    from tasks.celeryapp import redis_client  # the worker's client, made once
+
+    kept = {"job": _kept(job) if isinstance(job, dict) else {},
+            "route": _kept(route) if isinstance(route, dict) else {}}
+    try:
+        bury(redis_client(), job_id, kept, INVALID_MESSAGE, problem, 0, message=message)
+    except redis.RedisError:
+        log.exception("could not dead-letter refused message %s", job_id)
+
+
+# --- the generate call -----------------------------------------------------------
+
+def check_call(args: Any, kwargs: Any) -> None:
+    """The shape of a ``generate`` call: keyword arguments only, exactly its three."""
+    if args:
+        raise InvalidJob("args", f"generate takes keyword arguments only, got {len(args)} "
+                         "positional argument(s)")
+    names = set(kwargs)
+    if names != CALL_ARGS:
+        missing, extra = sorted(CALL_ARGS - names), sorted(map(str, names - CALL_ARGS))
+        raise InvalidJob("kwargs", f"generate takes job, route and submitted_at; missing "
+                         f"{missing or 'none'}, unexpected {shown(extra) if extra else 'none'}")
+    if not isinstance(kwargs["route"], dict):
+        raise InvalidJob("route", f"must be a mapping, got {type(kwargs['route']).__name__}")
+
+
+def check_content(kwargs: dict[str, Any]) -> None:
+    """The job against the schema; the route and the submit time as ``submit()`` makes them."""
+    check_job(kwargs["job"])
+    route, submitted_at = kwargs["route"], kwargs["submitted_at"]
+    if route.get("lane") not in LANES or route.get("requested_tier") not in TIERS:
+        raise InvalidJob("route", f"needs a lane and a requested_tier among {', '.join(LANES)}"
+                         f", got {shown(route)}")
+    if type(submitted_at) not in (int, float) or not math.isfinite(submitted_at):
+        raise InvalidJob("submitted_at", f"must be a unix time, got {shown(submitted_at)}")
+
+
+class CheckedTask(Task):
+    """Base of ``generate``: its message is checked before the task body runs."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        try:
+            check_call(args, kwargs)
+        except InvalidJob as exc:
+            self._refuse(task_id, kwargs, exc)
+        try:
+            check_content(kwargs)
+        except InvalidJob as exc:
+            from tasks.celeryapp import redis_client
+
+            if not redis_client().exists(done_key(task_id)):  # else: answered by its result
+                self._refuse(task_id, kwargs, exc)
+
+    def _refuse(self, task_id: str, kwargs: Any, exc: InvalidJob) -> NoReturn:
+        delivery = self.request.delivery_info or {}
+        kwargs = kwargs if isinstance(kwargs, dict) else {}
+        dead_letter(task_id, kwargs.get("job"), kwargs.get("route"), exc,
+                    {"queue": delivery.get("routing_key"), "task": self.name})
+        raise JobFailed(f"job {task_id} was refused: its message is invalid ({exc})") from exc
+
+
+# --- what Celery refuses before a task is chosen -----------------------------------
+
+def _headers(message: Any) -> dict[str, Any]:
+    return message.headers if isinstance(message.headers, dict) else {}
+
+
+def describe(message: Any) -> dict[str, Any]:
+    """What an operator needs to trace a refused message, without deserializing it."""
+    headers = _headers(message)
+    delivery = message.delivery_info if isinstance(message.delivery_info, dict) else {}
+    body = message.body if isinstance(message.body, (bytes, str)) else b""
+    return {"queue": delivery.get("routing_key"), "task": _kept(headers.get("task")),
+            "content_type": _kept(message.content_type), "body_bytes": len(body),
+            "body_head": shown(body)}
+
+
+def _message_id(message: Any) -> str:
+    task_id = _headers(message).get("id")
+    if isinstance(task_id, str) and 0 < len(task_id) <= 200:
+        return task_id
+    return f"message-{message.delivery_tag}"
+
+
+class LanesConsumer(Consumer):
+    """Celery's consumer, dead-lettering what it refuses (it still logs and acks it)."""
+
+    class Blueprint(Consumer.Blueprint):
+        default_steps = [*Consumer.Blueprint.default_steps, "tasks.rejects:LaneGuard"]
+
+    def update_strategies(self) -> None:
+        super().update_strategies()
+        for name, strategy in self.strategies.items():
+            self.strategies[name] = self._checked(strategy)
+
+    def _checked(self, strategy: Callable[..., Any]) -> Callable[..., Any]:
+        """``strategy``, refusing a message whose headers Celery cannot read (no id,
+        a bad eta, ...): raised, that error would drop the broker connection, and the
+        restored message would drop it again, forever."""
+        def run(message: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return strategy(message, body, *args, **kwargs)
+            except MALFORMED as exc:
+                self.on_invalid_task(body, message, InvalidJob(
+                    "headers", f"unreadable task headers ({type(exc).__name__}: {exc})"))
+        return run
+
+    def on_decode_error(self, message: Any, exc: Exception) -> None:
+        super().on_decode_error(message, exc)
+        dead_letter(_message_id(message), None, None, exc, describe(message))
+
+    def on_unknown_message(self, body: Any, message: Any) -> None:
+        super().on_unknown_message(body, message)
+        problem = InvalidJob("headers", "not a Celery task message (no task name)")
+        dead_letter(_message_id(message), None, None, problem, describe(message))
+
+    def on_unknown_task(self, body: Any, message: Any, exc: Exception) -> None:
+        problem = InvalidJob("task", f"no task {shown(describe(message)['task'])} here")
+        if not isinstance(_headers(message).get("id"), str):
+            # Celery's handler needs the id to store the failure: without one it raises,
+            # the worker stops, and the restored message stops the next worker too.
+            log.error("Received unregistered task %s without an id", shown(describe(message)))
+            message.reject_log_error(log, self.connection_errors)
+        else:
+            super().on_unknown_task(body, message, exc)
+        dead_letter(_message_id(message), None, None, problem, describe(message))
+
+    def on_invalid_task(self, body: Any, message: Any, exc: Exception) -> None:
+        super().on_invalid_task(body, message, exc)
+        dead_letter(_message_id(message), None, None, exc, describe(message))
+
+
+# --- what is not a kombu message at all ---------------------------------------------
+
+def envelope_problem(item: Any) -> str | None:
+    """Why a lane item is not a message kombu's Redis transport can hand over, or None."""
+    if not isinstance(item, dict):
+        return f"a JSON {type(item).__name__}, not a message envelope"
+    properties = item.get("properties")
+    if not isinstance(properties, dict):
+        return "a message envelope without properties"
+    if not isinstance(properties.get("delivery_tag"), str):
+        return "a message envelope without a delivery tag"
+    if not isinstance(properties.get("delivery_info", {}), dict):
+        return "a message envelope whose delivery_info is not a mapping"
+    if not isinstance(item.get("headers") or {}, dict):
+        return "a message envelope whose headers are not a mapping"
+    return _body_problem(item.get("body"), properties.get("body_encoding"))
+
+
+def _body_problem(body: Any, encoding: Any) -> str | None:
+    if not isinstance(body, (str, type(None))):
+        return f"a message envelope whose body is a {type(body).__name__}, not text"
+    if body and encoding == "base64":
+        try:
+            base64.b64decode(body)  # as kombu will: it raises in the middle of its read
+        except ValueError as exc:  # binascii.Error among them
+            return f"a message envelope whose body is not base64 ({exc})"
+    return None
+
+
+class LaneGuard(bootsteps.StartStopStep):
+    """Wraps the Redis channel's lane reads: an item that is not valid JSON or not a
+    kombu envelope is dead-lettered (BRPOP already took it off the lane)."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        channel = c.task_consumer.channel
+        if "BRPOP" not in getattr(channel, "handlers", {}):
+            return  # not kombu's Redis transport
+        transport, read = channel.connection, channel._brpop_read
+        deliver, delivering = transport._deliver, []
+
+        def guarded_read(**options: Any) -> Any:
+            delivering.clear()  # (broadcasts reach deliver too, through LISTEN)
+            try:
+                return read(**options)
+            except ValueError as exc:  # JSON, UTF-8 or base64 of an item, before delivery
+                if delivering:
+                    raise
+                problem = InvalidJob("message", f"a lane item that is not JSON: {exc}")
+                dead_letter(f"unreadable-{uuid.uuid4()}", None, None, problem, {})
+                return True
+
+        def guarded_deliver(item: Any, queue: str) -> None:
+            problem = envelope_problem(item)
+            if problem is None:
+                delivering.append(True)
+                return deliver(item, queue)
+            dead_letter(f"unreadable-{uuid.uuid4()}", None, None, InvalidJob("message", problem),
+                        {"queue": queue, "body_head": shown(item)})
+
+        channel.handlers["BRPOP"] = guarded_read
+        transport._deliver = guarded_deliver
