@@ -17,6 +17,7 @@ dropped.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import logging
 import time
@@ -81,15 +82,18 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
     """
     batch = []
     for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
-        message = json.loads(raw)
-        rewritten = due(message)
+        try:
+            message = json.loads(raw)
+            rewritten = due(message)
+            account = _body(message)[1]["job"].get("account") if leaves_fast else None
+            job_id = message["headers"]["id"]
+        except (ValueError, KeyError, TypeError, IndexError, binascii.Error):
+            continue  # not a job message: a worker refuses and dead-letters it
         if rewritten is STOP:
             break
         if rewritten is not None:
-            account = _body(message)[1]["job"].get("account") if leaves_fast else None
             places = [fast_queued_key(account)] if account else []
-            batch.append(([source, target, *places],
-                          [raw, json.dumps(rewritten), message["headers"]["id"]]))
+            batch.append(([source, target, *places], [raw, json.dumps(rewritten), job_id]))
     move = _mover(client)
     return sum(move(keys=keys, args=args) for keys, args in reversed(batch))
 

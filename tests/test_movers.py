@@ -53,6 +53,17 @@ def test_jobs_past_budget_move_to_the_front_of_the_lane_below(clean_redis):
     assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 0, "standard": 0}
 
 
+@pytest.mark.parametrize("junk", [b"not json", b"[1, 2]", b'{"body": "!!"}',
+                                  json.dumps({"body": base64.b64encode(b"[1]").decode(),
+                                              "headers": {}}).encode()])
+def test_a_message_that_is_no_job_is_left_for_the_workers(clean_redis, junk):
+    clean_redis.lpush("fast", junk)  # the oldest
+    stale = _publish("fast", "fast", waited_s=11)
+    assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 1, "standard": 0}
+    assert clean_redis.lrange("fast", 0, -1) == [junk]
+    assert [m["headers"]["id"] for m in _messages(clean_redis, "standard")] == [stale]
+
+
 def test_jobs_that_may_not_be_downgraded_stay_without_blocking_others(clean_redis):
     stuck = _publish("fast", "fast", waited_s=30, downgradable=False)
     movable = _publish("fast", "fast", waited_s=20)
