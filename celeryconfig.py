@@ -6,6 +6,7 @@ upper-case constants are gpulanes' own settings. A bad value raises
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Callable, TypeVar
@@ -262,9 +263,17 @@ worker_consumer = "tasks.rejects:LanesConsumer"
 
 # Redis has no real acks: an unacked job comes back after the visibility
 # timeout. A job can run at most MAX_JOB_S (enforced between steps) and a
-# retry waits at most RETRY_CAP_S in the worker, so twice that never
-# re-delivers a live job, yet a dead worker's job returns in minutes, not hours.
-VISIBILITY_TIMEOUT_S = int(2 * MAX_JOB_S + RETRY_CAP_S)
+# retry waits at most RETRY_CAP_S in the worker, so by default twice that;
+# live workers also keep the jobs they hold fresh (gpu_worker.hooks.KeepHeld),
+# so a job that outlives a shorter timeout is not handed out again either.
+VISIBILITY_TIMEOUT_S = setting("VISIBILITY_TIMEOUT_S", positive(int),
+                               int(2 * MAX_JOB_S + RETRY_CAP_S))
+#: How often a worker marks the jobs it holds as still held (gpu_worker.hooks.KeepHeld).
+KEEPALIVE_S = min(HEARTBEAT_S, VISIBILITY_TIMEOUT_S / 4)
+#: A running job's lease (one copy at a time) lapses this long after its worker
+#: last extended it: beat takes a held lease for a live runner, and Redis'
+#: visibility timeout must not return a job before its dead runner's lease lapses.
+LEASE_TTL_S = max(1, min(math.ceil(3 * KEEPALIVE_S), VISIBILITY_TIMEOUT_S - 1))
 broker_transport_options = {
     "queue_order_strategy": "priority",  # honour the -Q order: fast first
     # Lanes do priority; message priority only orders accounts inside relaxed

@@ -6,6 +6,9 @@ heartbeats, or a newer process took over its name) each message it still
 holds goes back to the front of its lane, long before Redis' visibility
 timeout would return it. The move is one Redis transaction that re-checks
 the holder, so a message that meanwhile went to another worker stays there.
+A job whose lease its holder still extends (``gpu_worker.hooks.KeepHeld``)
+stays put: that process lives and runs it, though it no longer answers
+heartbeats (a warm shutdown); a dead runner's lease lapses within seconds.
 """
 from __future__ import annotations
 
@@ -49,11 +52,12 @@ def restore_if_held(channel: Any, client: redis.Redis, tag: str, incarnation: st
         if pipe.hget(HOLDERS_KEY, tag) != incarnation:
             return False
         raw = pipe.hget(qos.unacked_key, tag)
+        message, exchange, routing_key = loads(raw) if raw else (None, None, None)
+        if message and pipe.get(lease_key(message["headers"]["id"])) == incarnation:
+            return False  # silent, yet still running it (a warm shutdown): not dead yet
         pipe.multi()
         pipe.hdel(HOLDERS_KEY, tag).zrem(qos.unacked_index_key, tag).hdel(qos.unacked_key, tag)
-        if raw:
-            message, exchange, routing_key = loads(raw)
-            pipe.delete(lease_key(message["headers"]["id"]))  # its runner is gone
+        if message:
             channel._do_restore_message(message, exchange, routing_key, pipe)
         return bool(raw)
 

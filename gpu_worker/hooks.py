@@ -14,12 +14,13 @@ from typing import Any, Callable
 
 from celery import signals
 from celery.utils.dispatch import Signal
+from kombu.transport.redis import Channel as RedisChannel
 
 import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
+from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of, lease_key
 from routing.store import connect
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class HeldJobs(Hook):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._received: dict[str, deque[str]] = defaultdict(deque)
-        self._running: dict[int, str] = {}
+        self._running: dict[int, tuple[str, str]] = {}  # pool thread -> (tag, job id)
 
     @cached_property
     def _redis(self):
@@ -147,15 +148,22 @@ class HeldJobs(Hook):
         with self._lock:
             tags = self._received.get(task_id)
             if tags:
-                self._running[threading.get_ident()] = tags.popleft()
+                self._running[threading.get_ident()] = (tags.popleft(), task_id)
                 if not tags:
                     del self._received[task_id]
 
     def on_postrun(self, **_: Any) -> None:
         with self._lock:
-            tag = self._running.pop(threading.get_ident(), None)
+            tag, _ = self._running.pop(threading.get_ident(), (None, None))
         if tag is not None:
             self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
+
+    def held(self) -> tuple[list[str], list[str]]:
+        """(delivery tags of every message this process holds, ids of the jobs it runs)."""
+        with self._lock:
+            waiting = [tag for tags in self._received.values() for tag in tags]
+            running = list(self._running.values())
+        return waiting + [tag for tag, _ in running], [job_id for _, job_id in running]
 
     def on_shutdown(self, **_: Any) -> None:
         ours = [tag for tag, who in self._redis.hgetall(HOLDERS_KEY).items()
@@ -164,7 +172,60 @@ class HeldJobs(Hook):
             self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
 
 
-HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HeldJobs()]
+# KEYS: kombu's unacked index, then the lease of each running job. ARGV: now,
+# incarnation, lease ttl, then the delivery tags. XX: an acked tag stays gone.
+_KEEP = """
+for i = 4, #ARGV do redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i]) end
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[2] then redis.call('EXPIRE', KEYS[i], ARGV[3]) end
+end
+"""
+
+
+class KeepHeld(Hook):
+    """Keep Redis from handing out again a job this worker still holds.
+
+    kombu redelivers an unacked message once its delivery is older than the
+    visibility timeout, even while a live worker runs it. So, every
+    ``cfg.KEEPALIVE_S``, this worker dates each message it holds from now (the
+    score in kombu's unacked index) and extends the lease of each job it runs.
+    A worker that dies stops: its jobs come back after the timeout, or at once
+    through beat's health check.
+    """
+
+    def __init__(self, held: HeldJobs) -> None:
+        self.held = held
+        index = cfg.broker_transport_options.get("unacked_index_key")
+        self.index_key = index or RedisChannel.unacked_index_key
+
+    @cached_property
+    def _keep(self):
+        return connect(cfg.broker_url, cfg.SENTINEL_MASTER).register_script(_KEEP)
+
+    def handlers(self) -> dict[Signal, Callable[..., Any]]:
+        return {signals.worker_ready: self.on_ready}
+
+    def on_ready(self, **_: Any) -> None:
+        # Runs until the process ends: a warm shutdown still finishes its jobs.
+        threading.Thread(target=self._loop, name="keep-held", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(cfg.KEEPALIVE_S)
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001  Redis away: try again next round
+                log.warning("could not keep held jobs fresh", exc_info=True)
+
+    def refresh(self) -> None:
+        tags, running = self.held.held()
+        if tags or running:
+            self._keep(keys=[self.index_key, *map(lease_key, running)],
+                       args=[time.time(), RUNTIME.incarnation, cfg.LEASE_TTL_S, *tags])
+
+
+HELD_JOBS = HeldJobs()
+HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HELD_JOBS, KeepHeld(HELD_JOBS)]
 
 
 def install() -> None:

@@ -56,6 +56,8 @@ FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
 MANIFESTS_KEY = f"{PREFIX}:manifests"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
+#: Hash: job id -> how many more runs of it finished after the first (should stay empty).
+DUPLICATES_KEY = f"{PREFIX}:duplicates"
 #: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
 HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.

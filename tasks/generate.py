@@ -21,6 +21,7 @@ from celery.exceptions import Ignore
 import celeryconfig as cfg
 from gpu_worker.batching import BATCHER, Ran
 from gpu_worker.runtime import RUNTIME
+from routing.names import DUPLICATES_KEY
 from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
                            fast_queued_key, lane_of, lease_key, metric_field, usage_key)
 from routing.policy import RETRY, next_lane
@@ -50,10 +51,13 @@ local attempt = redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 return {'run', tostring(attempt)}
 """
-# A lease outlives the longest run (MAX_JOB_S, checked between steps) and expires
-# before Redis' visibility timeout (2 x MAX_JOB_S + RETRY_CAP_S) redelivers a dead
-# runner's message; beat drops a dead runner's lease at once.
-LEASE_TTL_S = math.ceil(1.5 * cfg.MAX_JOB_S)
+# A lease lapses before Redis' visibility timeout redelivers a dead runner's
+# message, and the running worker extends it (gpu_worker.hooks.KeepHeld); beat
+# drops a dead runner's lease at once.
+LEASE_TTL_S = cfg.LEASE_TTL_S
+# A job's run counter outlives every copy of it: redeliveries and each retry's run and backoff.
+ATTEMPTS_TTL_S = math.ceil(2 * cfg.VISIBILITY_TIMEOUT_S
+                           + (cfg.MAX_RETRIES + 1) * (cfg.MAX_JOB_S + cfg.RETRY_CAP_S))
 
 
 @lru_cache(maxsize=1)
@@ -70,7 +74,7 @@ def _begin(job_id: str, job: dict, route: dict) -> tuple[int, dict | None]:
     if route.get("requested_tier") == FAST:
         keys.append(fast_queued_key(job["account"]))
     verdict, value = _begin_script()(
-        keys=keys, args=[RUNTIME.incarnation, LEASE_TTL_S, cfg.VISIBILITY_TIMEOUT_S * 2, job_id])
+        keys=keys, args=[RUNTIME.incarnation, LEASE_TTL_S, ATTEMPTS_TTL_S, job_id])
     if verdict == "busy":  # another copy runs now; it will store the result
         raise Ignore()
     return (0, json.loads(value)) if verdict == "done" else (int(value), None)
@@ -156,7 +160,11 @@ def _finish(job_id: str, result: dict, job: dict) -> dict:
     with client.pipeline() as pipe:
         pipe.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires)
         stored, _, earlier = pipe.delete(lease_key(job_id)).get(done_key(job_id)).execute()
-    if not stored:
+    if not stored:  # two runs of one id both finished: never meant to happen, so say so
+        log.warning("job %s finished again after its first result was stored", job_id)
+        with client.pipeline() as pipe:
+            pipe.hincrby(DUPLICATES_KEY, job_id, 1).expire(DUPLICATES_KEY, cfg.result_expires)
+            pipe.execute()
         return json.loads(earlier)
     _account_for(client, result, job["account"])
     if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run

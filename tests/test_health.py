@@ -31,11 +31,23 @@ def test_a_dead_holders_message_goes_back_to_its_lane(clean_redis):
     job = _publish()
     with _connection() as worker, _connection() as beat:
         tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
-        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
-        clean_redis.set(lease_key(job), "gpu0@h/1/1.0")
+        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")  # its lease has lapsed: none
         assert restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
         assert _ids(clean_redis) == [job]
-    assert not clean_redis.hexists(HOLDERS_KEY, tag) and not clean_redis.exists(lease_key(job))
+    assert not clean_redis.hexists(HOLDERS_KEY, tag)
+
+
+def test_a_silent_holder_that_still_extends_its_lease_keeps_the_message(clean_redis):
+    job = _publish()
+    with _connection() as worker, _connection() as beat:
+        tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
+        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
+        clean_redis.set(lease_key(job), "gpu0@h/1/1.0", ex=5)  # a warm shutdown runs it
+        assert not restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert _ids(clean_redis) == []
+        clean_redis.delete(lease_key(job))  # it died: the lease lapses
+        assert restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert _ids(clean_redis) == [job]
 
 
 def test_a_message_another_worker_took_stays_with_it(clean_redis):
