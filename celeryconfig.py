@@ -237,7 +237,10 @@ accept_content = ["json"]
 result_accept_content = ["json"]
 event_serializer = "json"
 result_extended = True
-result_expires = 24 * 3600
+#: How long Redis keeps a finished job's result (Celery's and gpulanes' copy,
+#: about 2 kB a job): size Redis for this many seconds of completed jobs.
+RESULT_TTL_S = setting("RESULT_TTL_S", positive(int), 24 * 3600)
+result_expires = RESULT_TTL_S
 timezone = "UTC"
 enable_utc = True
 
