@@ -1,0 +1,193 @@
+"""Fault runs on a real cluster: stream jobs at it, break something, count every job.
+
+Shared by ``tests/test_faults.py`` (small, quick) and ``benchmarks/soak_faults.py``
+(long). A :class:`JobStream` submits jobs from a thread and keeps each accepted
+job (``submit()`` returned an ``AsyncResult``) and each refusal (it raised:
+never accepted). :func:`settle` then waits for every accepted job and counts:
+
+- **completed**: its result came back (``.get()``, the client's own path);
+- **failed**: it failed for good (dead-lettered);
+- **lost**: accepted, but no result by the deadline (must be 0);
+- **re-run**: more than one run began (``attempts_key``, counted by every run
+  in Redis): the first was killed, or failed and was retried;
+- **duplicated**: more than one run *finished* (``DUPLICATES_KEY``, written by
+  the task when a finished run finds an earlier result stored).
+
+Like ``benchmarks.common``, nothing here imports ``tasks`` at module level.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+TIERS = ("fast", "standard", "relaxed")
+#: A few milliseconds per generation (tests/conftest.py's SMALL).
+SMALL = dict(steps=4, width=64, height=64)
+HEADERS = ("scenario", "submitted", "accepted", "refused", "completed", "failed",
+           "re-run", "duplicated", "lost", "seconds")
+
+
+@dataclass
+class Counts:
+    """What became of the jobs of one fault run."""
+
+    scenario: str
+    submitted: int
+    accepted: int
+    refused: int
+    completed: int
+    failed: int
+    rerun: int
+    duplicated: int
+    lost: int
+    seconds: float
+    refusals: dict[str, int] = field(default_factory=dict)
+    lost_ids: list[str] = field(default_factory=list)
+
+    def row(self) -> list[Any]:
+        return [self.scenario, self.submitted, self.accepted, self.refused, self.completed,
+                self.failed, self.rerun, self.duplicated, self.lost, f"{self.seconds:.1f}"]
+
+
+def small_job(index: int) -> dict[str, Any]:
+    """Keyword arguments of ``submit()`` for job ``index``: tiers in turn, no seed
+    (a drawn seed is never shared, so every job runs on the GPU itself)."""
+    return {"prompt": f"fault stream {index}", "tier": TIERS[index % 3], **SMALL}
+
+
+class JobStream:
+    """Submit jobs in a background thread, at most ``rate_per_s``, until stopped."""
+
+    def __init__(self, make_job: Callable[[int], dict[str, Any]] = small_job) -> None:
+        self.make_job = make_job
+        self.accepted: dict[str, Any] = {}  # job id -> AsyncResult
+        self.refused: Counter[str] = Counter()
+        self.submitted = 0
+        self.started_at = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def submit_one(self) -> Any | None:
+        """Submit the next job; its ``AsyncResult``, or None when submit raised."""
+        from tasks import submit
+
+        index, self.submitted = self.submitted, self.submitted + 1
+        try:
+            result = submit(**self.make_job(index))
+        except Exception as exc:  # noqa: BLE001  a refusal: counted, never accepted
+            self.refused[type(exc).__name__] += 1
+            return None
+        self.accepted[result.id] = result
+        return result
+
+    def start(self, rate_per_s: float, limit: int | None = None) -> "JobStream":
+        self._thread = threading.Thread(target=self._run, args=(rate_per_s, limit),
+                                        name="fault-stream", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, rate_per_s: float, limit: int | None) -> None:
+        period_s = 1.0 / rate_per_s
+        next_at = time.monotonic()
+        while not self._stop.is_set() and (limit is None or self.submitted < limit):
+            self.submit_one()
+            next_at += period_s
+            self._stop.wait(max(0.0, next_at - time.monotonic()))  # pacing, not a wait on state
+
+    def wait_for(self, submitted: int, timeout_s: float) -> None:
+        """Block until ``submitted`` jobs have been offered (accepted or refused)."""
+        deadline = time.monotonic() + timeout_s
+        while self.submitted < submitted and time.monotonic() < deadline:
+            self._stop.wait(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def _outcome(result: Any, deadline: float) -> str:
+    try:
+        result.get(timeout=max(0.1, deadline - time.monotonic()), propagate=False)
+    except Exception:  # noqa: BLE001  a timeout, or the backend unreachable to the end
+        return "lost"
+    return {"SUCCESS": "completed", "FAILURE": "failed"}.get(result.state, "lost")
+
+
+def _runs(client: Any, job_ids: list[str]) -> list[int]:
+    """Runs begun per job, from the counter every run of a job increments."""
+    from routing.names import attempts_key
+
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.get(attempts_key(job_id))
+        return [int(value or 0) for value in pipe.execute()]
+
+
+def wait_quiet(client: Any, job_ids: Iterable[str], timeout_s: float) -> None:
+    """Wait until no run of these jobs holds a lease (a late duplicate has finished)."""
+    from routing.names import lease_key
+
+    keys, deadline = [lease_key(job_id) for job_id in job_ids], time.monotonic() + timeout_s
+    while keys and client.exists(*keys) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def settle(stream: JobStream, scenario: str, client: Any, timeout_s: float) -> Counts:
+    """Wait (up to ``timeout_s`` in all) for every accepted job and count the outcomes."""
+    from routing.names import DUPLICATES_KEY
+
+    deadline = time.monotonic() + timeout_s
+    outcomes = Counter(_outcome(r, deadline) for r in stream.accepted.values())
+    ids = list(stream.accepted)
+    wait_quiet(client, ids, max(1.0, deadline - time.monotonic()))
+    duplicates = client.hmget(DUPLICATES_KEY, ids) if ids else []
+    lost_ids = [i for i, r in stream.accepted.items() if r.state not in ("SUCCESS", "FAILURE")]
+    return Counts(scenario, stream.submitted, len(ids), sum(stream.refused.values()),
+                  outcomes["completed"], outcomes["failed"],
+                  sum(runs > 1 for runs in _runs(client, ids)),
+                  sum(bool(d) for d in duplicates), outcomes["lost"],
+                  time.monotonic() - stream.started_at, dict(stream.refused), lost_ids)
+
+
+# --- faults ----------------------------------------------------------------------------
+def worker_pids(app: Any, expected: int, timeout_s: float = 60.0) -> dict[str, int]:
+    """``{hostname: pid}`` once ``expected`` workers answer the heartbeat command."""
+    from routing.names import STATS_COMMAND
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=0.5) or []
+        pids = {host: reply["pid"] for answer in answers for host, reply in answer.items()}
+        if len(pids) >= expected or time.monotonic() > deadline:
+            return pids
+
+
+def kill_a_worker(app: Any, expected: int, rng: random.Random) -> tuple[str, int]:
+    """SIGKILL one of the cluster's workers, chosen by ``rng``; returns (host, pid)."""
+    pids = worker_pids(app, expected)
+    host = rng.choice(sorted(pids))
+    os.kill(pids[host], signal.SIGKILL)
+    return host, pids[host]
+
+
+def wait_replaced(app: Any, host: str, old_pid: int, timeout_s: float = 90.0) -> bool:
+    """Whether worker ``host`` answers again from a new process within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = worker_pids(app, 1, timeout_s=0).get(host)
+        if pid is not None and pid != old_pid:
+            return True
+    return False
+
+
+def kill_supervisor(cluster: Any) -> None:
+    """SIGKILL the cluster's ``python -m gpu_worker`` supervisor (its workers live on)."""
+    cluster.supervisor.kill()
+    cluster.supervisor.wait()

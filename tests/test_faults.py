@@ -1,0 +1,159 @@
+"""Faults on a real cluster, each counted: jobs submitted, accepted, completed,
+re-run, duplicated and lost (lost must be 0). ``benchmarks/soak_faults.py`` runs
+the same faults for minutes; this is the quick form."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import celeryconfig as cfg
+from benchmarks.faults import (HEADERS, JobStream, kill_supervisor, settle, wait_replaced,
+                               worker_pids)
+from benchmarks.common import markdown_table
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from routing.names import attempts_key
+from tasks import submit
+from tests.flaky_model import open_gate
+
+pytestmark = pytest.mark.cluster
+#: Short, so that a gated job easily outlives it.
+VISIBILITY_S = 3
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    return cluster_factory(workers=2, beat=True,
+                           env={"GPULANES_VISIBILITY_TIMEOUT_S": str(VISIBILITY_S)})
+
+
+def _report(counts) -> None:
+    print("\n" + markdown_table(HEADERS, [counts.row()]))
+
+
+def _received(cluster, job_id: str) -> int:
+    """How many times a worker of ``cluster`` received job ``job_id``'s message."""
+    log = (cluster.log_dir / "workers.log").read_text(errors="replace")
+    return log.count(f"gpulanes.generate[{job_id}] received")
+
+
+def _runs(client, results) -> list[int]:
+    return [int(client.get(attempts_key(r.id)) or 0) for r in results]
+
+
+def _all_new(pids: dict[str, int], old: dict[str, int]) -> bool:
+    """Every worker of ``old`` answers, each from a new process."""
+    return set(pids) == set(old) and not set(pids.values()) & set(old.values())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_workers_sigkilled_mid_job_during_a_stream_lose_nothing(cluster, app, clean_redis):
+    """Each kill lands while the worker runs a job (held at a gate). A worker idle
+    in BRPOP can lose the message Redis has just handed it (see README, faults)."""
+    stream, doomed = JobStream().start(rate_per_s=15), []
+    for _ in range(2):
+        gate = new_gate()
+        doomed.append(submit(f"gate:{gate} killed mid-job", model="flaky", tier="fast", **SMALL))
+        wait_at_gate(doomed[-1], gate)
+        victim = doomed[-1].info  # STARTED meta: the worker's hostname and pid
+        os.kill(victim["pid"], signal.SIGKILL)
+        open_gate(gate)
+        assert wait_replaced(app, victim["hostname"], victim["pid"]), "not restarted"
+    stream.stop()
+    stream.accepted.update((r.id, r) for r in doomed)
+    counts = settle(stream, "worker SIGKILL mid-job x2", clean_redis, timeout_s=60)
+    _report(counts)
+    assert counts.refused == 0 and counts.accepted == counts.submitted + 2 > 20
+    assert counts.lost == 0, counts.lost_ids
+    assert counts.completed == counts.accepted and counts.duplicated == 0
+    assert [r.get(timeout=5)["attempts"] for r in doomed] == [2, 2]  # killed run, then one more
+
+
+def test_a_job_longer_than_the_visibility_timeout_runs_once(cluster, app, clean_redis):
+    gate = new_gate()
+    long_job = submit(f"gate:{gate} outlives the visibility timeout", model="flaky", **SMALL)
+    wait_at_gate(long_job, gate)
+    stream = JobStream().start(rate_per_s=10)  # the other worker stays free to take a copy
+    # Hold it past the visibility timeout and several of kombu's restore sweeps
+    # (one a second here), watching for a second delivery all the while.
+    held_until = time.monotonic() + 3 * VISIBILITY_S + 2
+    wait_until(lambda: time.monotonic() > held_until or _received(cluster, long_job.id) > 1,
+               timeout_s=30, what="the hold to end")
+    assert _received(cluster, long_job.id) == 1, "the broker delivered the running job again"
+    open_gate(gate)
+    stream.accepted[long_job.id] = long_job
+    stream.stop()
+    counts = settle(stream, f"job held {3 * VISIBILITY_S + 2}s > visibility {VISIBILITY_S}s",
+                    clean_redis, timeout_s=60)
+    _report(counts)
+    assert long_job.get(timeout=5)["attempts"] == 1
+    assert int(clean_redis.get(attempts_key(long_job.id))) == 1
+    assert counts.lost == 0 and counts.duplicated == 0 and counts.rerun == 0
+
+
+def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, clean_redis,
+                                                                monkeypatch):
+    monkeypatch.setattr(cfg, "ROUTE_HASHING", False)  # shared lanes: each worker takes one
+    gates = [new_gate(), new_gate()]
+    held = [submit(f"gate:{g} held over a supervisor crash", model="flaky", **SMALL)
+            for g in gates]
+    for result, gate in zip(held, gates):
+        wait_at_gate(result, gate)
+    old = worker_pids(app, 2)
+    stream = JobStream().start(rate_per_s=20)
+    stream.wait_for(20, timeout_s=30)
+    kill_supervisor(cluster)  # its workers get SIGTERM and finish the jobs they hold
+    cluster.start_workers()
+    # Keep the jobs held until the new workers consume, beside the old ones that
+    # finish them (silent to heartbeats), and beat has judged a few more rounds:
+    # no second process may run them meanwhile.
+    wait_until(lambda: _all_new(worker_pids(app, 2, timeout_s=0), old), timeout_s=60,
+               what="the new workers to answer")
+    window_ends = time.monotonic() + 3 * cfg.HEARTBEAT_S
+    wait_until(lambda: time.monotonic() > window_ends or _runs(clean_redis, held) != [1, 1],
+               timeout_s=30, what="the window to pass")
+    assert _runs(clean_redis, held) == [1, 1], "a held job started again elsewhere"
+    for gate in gates:
+        open_gate(gate)
+    stream.wait_for(stream.submitted + 20, timeout_s=30)
+    stream.stop()
+    for result in held:
+        stream.accepted[result.id] = result
+    counts = settle(stream, "supervisor SIGKILL + restart", clean_redis, timeout_s=90)
+    _report(counts)
+    assert _all_new(worker_pids(app, 2), old)
+    wait_until(lambda: not [pid for pid in old.values() if _alive(pid)], timeout_s=30,
+               what="the old workers to exit once their jobs were done")
+    assert _runs(clean_redis, held) == [1, 1]
+    assert counts.lost == 0, counts.lost_ids
+    assert counts.duplicated == 0 and counts.completed == counts.accepted
+
+
+def test_redis_killed_and_restarted_from_its_aof(tmp_path):
+    """The cluster's own Redis (not the session's) is SIGKILLed mid-stream and
+    restarted from its AOF; a separate submitting process keeps submitting."""
+    out = tmp_path / "counts.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "soak_faults.py"), "--quick",
+         "--only", "redis", "--json", str(out)],
+        capture_output=True, text=True, timeout=150, cwd=ROOT)
+    print(proc.stdout[-3000:], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    counts, = json.loads(out.read_text())
+    assert counts["accepted"] > 0 and counts["accepted"] + counts["refused"] == counts["submitted"]
+    assert counts["lost"] == 0, counts["lost_ids"]
+    assert counts["completed"] == counts["accepted"] and counts["duplicated"] == 0
