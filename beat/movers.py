@@ -27,18 +27,23 @@ from typing import Any, Callable, Iterable
 import redis
 
 import celeryconfig as cfg
-from routing.names import (FAST, MOVERS_TASK, RELAXED, WORKERS_KEY, fast_queued_key, lane_keys,
-                           worker_queue)
+from beat.ledger import recover_lost
+from routing.names import (FAST, LEDGER_KEY, LISTS_KEY, MOVERS_TASK, RELAXED, WORKERS_KEY,
+                           fast_queued_key, lane_keys, worker_queue)
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 
-# KEYS: source, target[, the account's fast places]. ARGV: message, rewritten, job id.
+# KEYS: source, target, ledger, lists[, the account's fast places].
+# ARGV: message, rewritten, job id, delivery tag. The ledger follows the message
+# (``tasks.transport``).
 _MOVE = """
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
 redis.call('RPUSH', KEYS[2], ARGV[2])
-if KEYS[3] then redis.call('ZREM', KEYS[3], ARGV[3]) end
+redis.call('HSET', KEYS[3], ARGV[4], KEYS[2] .. '\\n' .. ARGV[2])
+redis.call('SADD', KEYS[4], KEYS[2])
+if KEYS[5] then redis.call('ZREM', KEYS[5], ARGV[3]) end
 return 1
 """
 #: Returned by a ``due`` function: this message and all younger ones stay.
@@ -86,14 +91,15 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
             message = json.loads(raw)
             rewritten = due(message)
             account = _body(message)[1]["job"].get("account") if leaves_fast else None
-            job_id = message["headers"]["id"]
+            ids = [message["headers"]["id"], message["properties"]["delivery_tag"]]
         except (ValueError, KeyError, TypeError, IndexError, binascii.Error):
             continue  # not a job message: a worker refuses and dead-letters it
         if rewritten is STOP:
             break
         if rewritten is not None:
             places = [fast_queued_key(account)] if account else []
-            batch.append(([source, target, *places], [raw, json.dumps(rewritten), job_id]))
+            batch.append(([source, target, LEDGER_KEY, LISTS_KEY, *places],
+                          [raw, json.dumps(rewritten), *ids]))
     move = _mover(client)
     return sum(move(keys=keys, args=args) for keys, args in reversed(batch))
 
@@ -171,4 +177,5 @@ def move_queued() -> str:
     lifted = age_relaxed(client, cfg.FAIR_AGING_S, nodes=nodes)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
-    return f"deadline moves {moved}, aged {lifted}"
+    recovered = recover_lost(client, grace_s=max(2.0, 2 * cfg.HEARTBEAT_S))
+    return f"deadline moves {moved}, aged {lifted}, lost and put back {recovered}"

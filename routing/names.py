@@ -54,6 +54,12 @@ FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
 FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
 #: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
 MANIFESTS_KEY = f"{PREFIX}:manifests"
+#: Hash: delivery tag -> "<list key>\n<message>" of every message published and not
+#: yet taken by a worker (``tasks.transport``); and the set of every list key used.
+LEDGER_KEY = f"{PREFIX}:ledger"
+LISTS_KEY = f"{PREFIX}:lists"
+#: Hash: delivery tag -> when beat first found that ledgered message in no list.
+LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
 #: Hash: job id -> how many more runs of it finished after the first (should stay empty).

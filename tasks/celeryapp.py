@@ -8,7 +8,9 @@ from celery import Celery
 
 from gpu_worker import hooks
 from routing.store import connect
+from tasks import transport
 
+transport.install()  # before the app makes any broker connection
 app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat", "beat.movers"])
 app.config_from_object("celeryconfig")
 hooks.install()

@@ -1,0 +1,144 @@
+"""kombu's Redis transport plus a ledger, so a worker killed mid-take loses no job.
+
+kombu takes a message with ``BRPOP`` and records it as unacked in a second
+command: a worker killed between the two (or shut down with the reply still
+in its socket buffer) takes the message with it, and nothing in Redis says it
+ever existed. gpulanes keeps a ledger instead, in the same Redis:
+
+- every publish is one Lua call that pushes the message and writes it to the
+  ledger (``routing.names.LEDGER_KEY``: delivery tag -> list key and message),
+  so a publish costs the same one round trip as before;
+- a worker removes the message's ledger entry in the same transaction that
+  records it as unacked, and every message kombu puts back (a dead worker's,
+  a rejected one) is written to the ledger again in the transaction that
+  pushes it;
+- beat (``beat.ledger``) compares the ledger with what the lists hold and
+  republishes a message that is in neither a list nor unacked nor finished.
+
+Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
+``sentinel://`` broker URL by :func:`install` (``tasks.celeryapp``).
+"""
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+import redis
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import redis as kombu_redis
+from kombu.utils.json import dumps, loads
+
+from routing.names import LANES, LEDGER_KEY, LISTS_KEY, lane_of
+
+# KEYS: list, ledger, lists. ARGV: message, delivery tag.
+_PUT = """
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\\n' .. ARGV[1])
+redis.call('SADD', KEYS[3], KEYS[1])
+"""
+
+
+@lru_cache(maxsize=64)
+def _put_script(client: redis.Redis) -> Any:
+    return client.register_script(_PUT)
+
+
+def ledger_entry(key: str, payload: str) -> str:
+    """What the ledger holds for a message in list ``key``."""
+    return f"{key}\n{payload}"
+
+
+def parse_entry(entry: str | bytes) -> tuple[str, str]:
+    """(list key, message) of a ledger entry."""
+    text = entry.decode() if isinstance(entry, bytes) else entry
+    key, _, payload = text.partition("\n")
+    return key, payload
+
+
+class LedgerQoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: str) -> None:
+        """Record the message as unacked and drop its ledger entry, in one transaction."""
+        delivery = message.delivery_info
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
+                .hset(self.unacked_key, delivery_tag,
+                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
+                .hdel(LEDGER_KEY, delivery_tag) \
+                .execute()
+            super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
+
+
+class LedgerChannel(kombu_redis.Channel):
+    QoS = LedgerQoS
+
+    def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
+        """Push ``message`` and write its ledger entry (one Lua call: one round trip)."""
+        if not _is_lane(queue):  # control replies and the like: kombu's own way
+            return super()._put(queue, message, **kwargs)
+        if self._expires and queue in self._expires:
+            raise NotImplementedError("gpulanes queues have no x-expires")
+        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        payload, tag = dumps(message), message["properties"]["delivery_tag"]
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:
+            batch.add("lpush", key, payload)
+            batch.add("hset", LEDGER_KEY, tag, ledger_entry(key, payload))
+            batch.add("sadd", LISTS_KEY, key)
+            return
+        with self.conn_or_acquire() as client:
+            _put_script(client)(keys=[key, LEDGER_KEY, LISTS_KEY], args=[payload, tag])
+
+    def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
+                            pipe: Any, leftmost: bool = False) -> None:
+        """kombu's restore, each push written to the ledger in the same transaction."""
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        tag = (payload.get("properties") or {}).get("delivery_tag")
+        if tag is None:
+            return
+        for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
+            key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
+            pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))).sadd(LISTS_KEY, key)
+
+    def _purge(self, queue: str) -> int:
+        """kombu's purge; the purged messages leave the ledger too."""
+        with self.conn_or_acquire() as client:
+            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
+            with client.pipeline() as pipe:
+                for key in keys:
+                    pipe.lrange(key, 0, -1)
+                held = pipe.execute()
+            tags = [_tag(raw) for raws in held for raw in raws]
+            if tags := [t for t in tags if t]:
+                client.hdel(LEDGER_KEY, *tags)
+        return super()._purge(queue)
+
+
+def _is_lane(queue: str) -> bool:
+    """A lane or a worker's own queue of one: the queues jobs wait in."""
+    return lane_of(queue) in LANES
+
+
+def _tag(raw: bytes | str) -> str | None:
+    try:
+        return loads(raw)["properties"]["delivery_tag"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+class Transport(kombu_redis.Transport):
+    Channel = LedgerChannel
+
+
+class SentinelLedgerChannel(kombu_redis.SentinelChannel, LedgerChannel):
+    pass
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelLedgerChannel
+
+
+def install() -> None:
+    """Make kombu build this transport for every Redis broker URL of this process."""
+    TRANSPORT_ALIASES.update(redis=f"{__name__}:Transport", rediss=f"{__name__}:Transport",
+                             sentinel=f"{__name__}:SentinelTransport")

@@ -1,0 +1,82 @@
+"""The publish ledger: a job popped by a worker that died before recording it comes back."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from beat.ledger import missing, recover_lost
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, attempts_key
+from tasks import submit
+from tasks.transport import parse_entry
+from tests.flaky_model import open_gate
+
+
+def _tags(client, lane: str) -> list[str]:
+    return [json.loads(raw)["properties"]["delivery_tag"] for raw in client.lrange(lane, 0, -1)]
+
+
+def test_every_publish_is_in_the_ledger_with_its_list(clean_redis):
+    submit("one", tier="fast", **SMALL)
+    submit("two", tier="relaxed", **SMALL)
+    entries = {t.decode(): parse_entry(e) for t, e in clean_redis.hgetall(LEDGER_KEY).items()}
+    assert len(entries) == 2
+    for tag, (key, message) in entries.items():
+        assert clean_redis.lrange(key, 0, -1) == [message.encode()]
+        assert json.loads(message)["properties"]["delivery_tag"] == tag
+    assert not missing(clean_redis)
+
+
+def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_redis):
+    kept = submit("kept", tier="standard", **SMALL)
+    lost = submit("lost", tier="standard", **SMALL)
+    raw = clean_redis.rpop("standard")  # a worker's BRPOP, then SIGKILL: nothing else
+    assert json.loads(raw)["headers"]["id"] == kept.id
+    now = time.time()
+    assert recover_lost(clean_redis, grace_s=2, now=now) == 0  # maybe a pop in progress
+    assert clean_redis.hexists(LEDGER_SUSPECTS_KEY, json.loads(raw)["properties"]["delivery_tag"])
+    assert recover_lost(clean_redis, grace_s=2, now=now + 3) == 1
+    assert [json.loads(m)["headers"]["id"] for m in clean_redis.lrange("standard", 0, -1)] \
+        == [lost.id, kept.id]  # back at the front: it is served next
+    assert recover_lost(clean_redis, grace_s=2, now=now + 6, audit=True) == 0  # once only
+    assert not clean_redis.exists(LEDGER_SUSPECTS_KEY)
+
+
+def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis):
+    taken = submit("taken", tier="fast", **SMALL)
+    done = submit("done", tier="fast", **SMALL)
+    for raw in [clean_redis.rpop("fast"), clean_redis.rpop("fast")]:
+        message = json.loads(raw)
+        tag = message["properties"]["delivery_tag"]
+        if message["headers"]["id"] == taken.id:
+            clean_redis.hset("unacked", tag, json.dumps([message, "fast", "fast"]))
+        else:
+            clean_redis.set(f"gpulanes:done:{done.id}", "{}")
+    now = time.time()
+    assert recover_lost(clean_redis, grace_s=0, now=now, audit=True) == 0
+    assert clean_redis.llen("fast") == 0 and clean_redis.hlen(LEDGER_KEY) == 0
+
+
+def test_purge_empties_the_ledger_too(app, clean_redis):
+    submit("purged", tier="relaxed", **SMALL)
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge("relaxed")
+    assert clean_redis.llen("relaxed") == 0 and clean_redis.hlen(LEDGER_KEY) == 0
+
+
+@pytest.mark.cluster
+def test_beat_puts_a_lost_job_back_and_a_worker_runs_it(cluster_factory, clean_redis):
+    cluster_factory(workers=1, beat=True)
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast", **SMALL)
+    wait_at_gate(blocker, gate)  # the only worker is busy: it takes nothing more
+    lost = submit("popped by a worker that died", tier="standard", **SMALL)
+    assert json.loads(clean_redis.rpop("standard"))["headers"]["id"] == lost.id
+    open_gate(gate)
+    assert lost.get(timeout=60)["job_id"] == lost.id  # beat put it back; it ran once
+    assert int(clean_redis.get(attempts_key(lost.id))) == 1
+    blocker.get(timeout=60)
+    wait_until(lambda: clean_redis.hlen(LEDGER_KEY) == 0, what="an empty ledger")
+    assert not clean_redis.exists(LEDGER_SUSPECTS_KEY)
