@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test browser bench clean
+.PHONY: demo test browser bench soak clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/affinity.py
 	$(PY) benchmarks/cache.py
 	$(PY) benchmarks/batching.py
+	$(PY) benchmarks/ledger.py
+
+# The long part of the reliability suite (minutes): faults, then a 20,000-job burst.
+# Each prints its table and exits non-zero if a job was lost or a bound broken.
+soak: $(STAMP)
+	$(PY) benchmarks/soak_faults.py
+	$(PY) benchmarks/soak_load.py
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

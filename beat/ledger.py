@@ -24,12 +24,15 @@ from typing import Any
 
 import redis
 
-from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, LISTS_KEY, done_key
+from routing.names import (LEDGER_KEY, LEDGER_SUSPECTS_KEY, LISTS_KEY, METRICS_KEY, done_key,
+                           metric_field)
 from tasks.transport import parse_entry
 
 log = logging.getLogger(__name__)
 #: Seconds between full comparisons when the sizes agree.
 AUDIT_S = 60.0
+#: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
+RECOVERED_FIELD = metric_field("recovered")
 #: kombu's hash of unacked messages (delivery tag -> message).
 UNACKED_KEY = "unacked"
 
@@ -122,6 +125,7 @@ def recover_lost(client: redis.Redis, grace_s: float, now: float | None = None,
     put_back = sum(_republisher(client)(keys=[LEDGER_KEY, UNACKED_KEY], args=[tag])
                    for tag in due)
     if put_back:
+        client.hincrby(METRICS_KEY, RECOVERED_FIELD, put_back)
         log.warning("%d job(s) taken by a worker that died before recording them: "
                     "put back at the front of their lanes", put_back)
         client.hdel(LEDGER_SUSPECTS_KEY, *due)

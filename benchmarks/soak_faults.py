@@ -78,7 +78,14 @@ def worker_kills(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
         if not wait_replaced(app, host, pid):
             print(f"warning: {host} did not come back", file=sys.stderr)
     stream.stop()
-    return settle(stream, f"worker SIGKILL x{args.kills}", client, SETTLE_S)
+    counts = settle(stream, "", client, SETTLE_S)
+    from beat.ledger import RECOVERED_FIELD
+    from routing.names import METRICS_KEY
+
+    put_back = int(client.hget(METRICS_KEY, RECOVERED_FIELD) or 0)
+    counts.scenario = (f"worker SIGKILL x{args.kills} ({put_back} popped and lost by a "
+                       "killed worker, put back from the ledger)")
+    return counts
 
 
 def redis_restart(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:

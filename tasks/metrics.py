@@ -137,6 +137,11 @@ def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
         family = CounterMetricFamily(f"gpulanes_cache_{kind}", doc)
         family.add_metric([], float(counts.get(f"cache_{kind}", 0)))
         yield family
+    recovered = CounterMetricFamily(
+        "gpulanes_recovered", "Jobs a worker took from a lane and died before recording, "
+        "put back by beat from the publish ledger")
+    recovered.add_metric([], float(counts.get("recovered", 0)))
+    yield recovered
 
 
 class LanesCollector(Collector):

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from beat.ledger import missing, recover_lost
+from beat.ledger import RECOVERED_FIELD, missing, recover_lost
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, attempts_key
+from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key
 from tasks import submit
 from tasks.transport import parse_entry
 from tests.flaky_model import open_gate
@@ -38,6 +38,7 @@ def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_r
     assert recover_lost(clean_redis, grace_s=2, now=now) == 0  # maybe a pop in progress
     assert clean_redis.hexists(LEDGER_SUSPECTS_KEY, json.loads(raw)["properties"]["delivery_tag"])
     assert recover_lost(clean_redis, grace_s=2, now=now + 3) == 1
+    assert clean_redis.hget(METRICS_KEY, RECOVERED_FIELD) == b"1"  # gpulanes_recovered_total
     assert [json.loads(m)["headers"]["id"] for m in clean_redis.lrange("standard", 0, -1)] \
         == [lost.id, kept.id]  # back at the front: it is served next
     assert recover_lost(clean_redis, grace_s=2, now=now + 6, audit=True) == 0  # once only
