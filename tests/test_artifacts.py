@@ -1,0 +1,25 @@
+"""Artifact paths come from job ids only, and only ids that are UUIDs."""
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from tasks.artifacts import artifact_path, save_png
+
+
+@pytest.mark.parametrize("job_id", ["../../etc/passwd", "/tmp/x", "a/b", "", "x" * 36,
+                                    "12345678-1234-1234-1234-1234567890ab/../../x"])
+def test_an_id_that_is_no_uuid_never_becomes_a_path(tmp_path, job_id):
+    with pytest.raises(ValueError):
+        artifact_path(tmp_path, job_id)
+    with pytest.raises(ValueError):
+        save_png(tmp_path, job_id, np.zeros((4, 4, 3), dtype=np.uint8))
+    assert not list(tmp_path.rglob("*"))
+
+
+def test_any_spelling_of_a_uuid_names_the_same_file(tmp_path):
+    job_id = uuid.uuid4()
+    for spelling in (str(job_id), str(job_id).upper(), "{%s}" % job_id, job_id.urn):
+        assert artifact_path(tmp_path, spelling) == tmp_path / f"{job_id}.png"
