@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from functools import lru_cache
 from typing import Any
 
@@ -26,24 +27,31 @@ import redis
 
 from routing.names import (LEDGER_KEY, LEDGER_SUSPECTS_KEY, LISTS_KEY, METRICS_KEY, done_key,
                            metric_field)
-from tasks.transport import parse_entry
+from tasks.transport import ledger_entry, parse_entry
 
 log = logging.getLogger(__name__)
 #: Seconds between full comparisons when the sizes agree.
 AUDIT_S = 60.0
+#: Messages put back per round at most (a burst of losses takes a few rounds).
+MAX_PUT_BACK = 100
+#: kombu's hash of unacked messages (delivery tag -> message), unless configured.
+UNACKED_KEY = "unacked"
 #: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
 RECOVERED_FIELD = metric_field("recovered")
-#: kombu's hash of unacked messages (delivery tag -> message).
-UNACKED_KEY = "unacked"
 
-# KEYS: ledger, unacked. ARGV: tag. Put a lost message back, at the front of its list.
+# KEYS: ledger, unacked. ARGV: old tag, old entry, new tag, new entry, new message.
+# Put a lost message back at the front of its list under a new delivery tag, so
+# that the lost copy, should its worker wake up after all, and the new one are
+# never confused in kombu's unacked records.
 _REPUBLISH = """
-local entry = redis.call('HGET', KEYS[1], ARGV[1])
-if not entry or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
-local cut = string.find(entry, '\\n', 1, true)
-local key, message = string.sub(entry, 1, cut - 1), string.sub(entry, cut + 1)
-if redis.call('LPOS', key, message) then return 0 end
-redis.call('RPUSH', key, message)
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
+local cut = string.find(ARGV[2], '\\n', 1, true)
+local key = string.sub(ARGV[2], 1, cut - 1)
+if redis.call('LPOS', key, string.sub(ARGV[2], cut + 1)) then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
+redis.call('RPUSH', key, ARGV[5])
 return 1
 """
 
@@ -87,46 +95,80 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _settled(client: redis.Redis, tag: str) -> bool:
+def _settled(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     """True (and its entry dropped) when the message was taken or its job finished."""
     entry = client.hget(LEDGER_KEY, tag)
     if entry is None:
         return True
     job_id = json.loads(parse_entry(entry)[1]).get("headers", {}).get("id", "")
-    if client.hexists(UNACKED_KEY, tag) or (job_id and client.exists(done_key(job_id))):
+    if client.hexists(unacked_key, tag) or (job_id and client.exists(done_key(job_id))):
         client.hdel(LEDGER_KEY, tag)
         return True
     return False
 
 
-_audited_at = [0.0]
+def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
+    """Republish the lost message ``tag`` under a new delivery tag; False if not lost."""
+    entry = client.hget(LEDGER_KEY, tag)
+    if entry is None:
+        return False
+    key, payload = parse_entry(entry)
+    message = json.loads(payload)
+    message["properties"]["delivery_tag"] = new_tag = str(uuid.uuid4())
+    fresh = json.dumps(message)
+    return bool(_republisher(client)(keys=[LEDGER_KEY, unacked_key],
+                                     args=[tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
+
+
+class _Rounds:
+    """What one beat process remembers between rounds."""
+
+    audited_at = 0.0
+    mismatched = False
+
+
+def _should_compare(client: redis.Redis, audit: bool | None) -> bool:
+    """In full only if the sizes differ two rounds running, suspects wait, or it is time."""
+    ledger, held = _sizes(client)
+    mismatched, _Rounds.mismatched = _Rounds.mismatched, ledger > held  # a take in flight
+    if audit is None:  # shows for one round at most; a loss stays
+        audit = time.monotonic() - _Rounds.audited_at >= AUDIT_S
+    if audit:
+        _Rounds.audited_at = time.monotonic()
+    return audit or (mismatched and _Rounds.mismatched) or bool(
+        client.exists(LEDGER_SUSPECTS_KEY))
 
 
 def recover_lost(client: redis.Redis, grace_s: float, now: float | None = None,
-                 audit: bool | None = None) -> int:
-    """One round: note messages gone missing, republish those missing past ``grace_s``.
+                 audit: bool | None = None, unacked_key: str = UNACKED_KEY) -> int:
+    """One round: note messages gone missing, put back those missing past ``grace_s``.
 
     ``audit``: compare in full even when the sizes agree (default: every ``AUDIT_S``).
     """
     now = time.time() if now is None else now
-    if audit is None:
-        audit = time.monotonic() - _audited_at[0] >= AUDIT_S
-    if audit:
-        _audited_at[0] = time.monotonic()
-    ledger, held = _sizes(client)
-    if ledger <= held and not audit and not client.exists(LEDGER_SUSPECTS_KEY):
+    if not _should_compare(client, audit):
         return 0
-    gone = {tag for tag in missing(client) if not _settled(client, tag)}
+    gone = {tag for tag in missing(client) if not _checked(_settled, client, tag, unacked_key)}
     seen = {_text(t): float(at) for t, at in client.hgetall(LEDGER_SUSPECTS_KEY).items()}
     client.delete(LEDGER_SUSPECTS_KEY)
     if fresh := {tag: seen.get(tag, now) for tag in gone}:
         client.hset(LEDGER_SUSPECTS_KEY, mapping=fresh)
-    due = [tag for tag, at in fresh.items() if now - at >= grace_s]
-    put_back = sum(_republisher(client)(keys=[LEDGER_KEY, UNACKED_KEY], args=[tag])
-                   for tag in due)
-    if put_back:
-        client.hincrby(METRICS_KEY, RECOVERED_FIELD, put_back)
-        log.warning("%d job(s) taken by a worker that died before recording them: "
-                    "put back at the front of their lanes", put_back)
+    due = [tag for tag, at in fresh.items() if now - at >= grace_s][:MAX_PUT_BACK]
+    done = sum(bool(_checked(put_back, client, tag, unacked_key)) for tag in due)
+    if due:
         client.hdel(LEDGER_SUSPECTS_KEY, *due)
-    return put_back
+    if done:
+        client.hincrby(METRICS_KEY, RECOVERED_FIELD, done)
+        log.warning("%d job(s) taken by a worker that died before recording them: "
+                    "put back at the front of their lanes", done)
+    return done
+
+
+def _checked(step: Any, client: redis.Redis, tag: str, unacked_key: str) -> bool | None:
+    """``step`` for one tag; a malformed entry is dropped and logged, not fatal to the round."""
+    try:
+        return step(client, tag, unacked_key)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.error("ledger entry %s is malformed (%s): dropped", tag, exc)
+        client.hdel(LEDGER_KEY, tag)
+        return True if step is _settled else False

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import redis
 
 import celeryconfig as cfg
-from beat.ledger import recover_lost
+from beat.ledger import UNACKED_KEY, recover_lost
 from routing.names import (FAST, LEDGER_KEY, LISTS_KEY, MOVERS_TASK, RELAXED, WORKERS_KEY,
                            fast_queued_key, lane_keys, worker_queue)
 from routing.policy import WAITED_PAST_BUDGET, next_lane
@@ -177,5 +177,7 @@ def move_queued() -> str:
     lifted = age_relaxed(client, cfg.FAIR_AGING_S, nodes=nodes)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
-    recovered = recover_lost(client, grace_s=max(2.0, 2 * cfg.HEARTBEAT_S))
+    recovered = recover_lost(client, grace_s=max(10.0, 3 * cfg.HEARTBEAT_S),
+                             unacked_key=cfg.broker_transport_options.get("unacked_key",
+                                                                          UNACKED_KEY))
     return f"deadline moves {moved}, aged {lifted}, lost and put back {recovered}"

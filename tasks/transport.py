@@ -21,7 +21,6 @@ Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 from typing import Any
 
 import redis
@@ -39,9 +38,13 @@ redis.call('SADD', KEYS[3], KEYS[1])
 """
 
 
-@lru_cache(maxsize=64)
-def _put_script(client: redis.Redis) -> Any:
-    return client.register_script(_PUT)
+_put_script: list[Any] = []
+
+
+def _put(client: redis.Redis, key: str, payload: str, tag: str) -> None:
+    if not _put_script:  # registered once per process, run on any client
+        _put_script.append(client.register_script(_PUT))
+    _put_script[0](keys=[key, LEDGER_KEY, LISTS_KEY], args=[payload, tag], client=client)
 
 
 def ledger_entry(key: str, payload: str) -> str:
@@ -72,6 +75,12 @@ class LedgerQoS(kombu_redis.QoS):
 class LedgerChannel(kombu_redis.Channel):
     QoS = LedgerQoS
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.global_keyprefix:  # kombu would prefix only the first key of our scripts
+            raise ValueError("gpulanes' transport does not support kombu's global_keyprefix; "
+                             "give each cluster its own Redis database instead")
+
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
         """Push ``message`` and write its ledger entry (one Lua call: one round trip)."""
         if not _is_lane(queue):  # control replies and the like: kombu's own way
@@ -81,37 +90,46 @@ class LedgerChannel(kombu_redis.Channel):
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         payload, tag = dumps(message), message["properties"]["delivery_tag"]
         batch = kwargs.pop("_publish_batch", None)
-        if batch is not None:
-            batch.add("lpush", key, payload)
-            batch.add("hset", LEDGER_KEY, tag, ledger_entry(key, payload))
-            batch.add("sadd", LISTS_KEY, key)
+        if batch is not None:  # one script per message keeps it atomic in a batch too
+            batch.add("eval", _PUT, 3, key, LEDGER_KEY, LISTS_KEY, payload, tag)
             return
         with self.conn_or_acquire() as client:
-            _put_script(client)(keys=[key, LEDGER_KEY, LISTS_KEY], args=[payload, tag])
+            _put(client, key, payload, tag)
 
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
                             pipe: Any, leftmost: bool = False) -> None:
         """kombu's restore, each push written to the ledger in the same transaction."""
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
-        tag = (payload.get("properties") or {}).get("delivery_tag")
-        if tag is None:
+        try:
+            tag = payload["properties"]["delivery_tag"]
+            for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
+                key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
+                pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))).sadd(LISTS_KEY, key)
+        except self.connection_errors:
+            raise  # abort the transaction, as kombu's own restore does
+        except Exception:  # noqa: BLE001  kombu logs what it could not restore
             return
-        for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
-            key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
-            pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))).sadd(LISTS_KEY, key)
 
     def _purge(self, queue: str) -> int:
         """kombu's purge; the purged messages leave the ledger too."""
+        return self._drop_lists(queue)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        """kombu's queue delete; the deleted messages leave the ledger too."""
+        self._drop_lists(queue)
+        super()._delete(queue, *args, **kwargs)
+
+    def _drop_lists(self, queue: str) -> int:
+        """Empty every priority list of ``queue`` in one transaction; drop their entries."""
+        keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
         with self.conn_or_acquire() as client:
-            keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-            with client.pipeline() as pipe:
+            with client.pipeline() as pipe:  # MULTI: read and delete at one instant
                 for key in keys:
-                    pipe.lrange(key, 0, -1)
-                held = pipe.execute()
-            tags = [_tag(raw) for raws in held for raw in raws]
-            if tags := [t for t in tags if t]:
+                    pipe.lrange(key, 0, -1).delete(key)
+                held = pipe.execute()[::2]
+            if tags := [t for raws in held for t in map(_tag, raws) if t]:
                 client.hdel(LEDGER_KEY, *tags)
-        return super()._purge(queue)
+        return sum(map(len, held))
 
 
 def _is_lane(queue: str) -> bool:

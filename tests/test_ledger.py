@@ -18,10 +18,14 @@ def _tags(client, lane: str) -> list[str]:
     return [json.loads(raw)["properties"]["delivery_tag"] for raw in client.lrange(lane, 0, -1)]
 
 
+def _entries(client) -> dict[str, tuple[str, str]]:
+    return {t.decode(): parse_entry(e) for t, e in client.hgetall(LEDGER_KEY).items()}
+
+
 def test_every_publish_is_in_the_ledger_with_its_list(clean_redis):
     submit("one", tier="fast", **SMALL)
     submit("two", tier="relaxed", **SMALL)
-    entries = {t.decode(): parse_entry(e) for t, e in clean_redis.hgetall(LEDGER_KEY).items()}
+    entries = _entries(clean_redis)
     assert len(entries) == 2
     for tag, (key, message) in entries.items():
         assert clean_redis.lrange(key, 0, -1) == [message.encode()]
@@ -35,12 +39,16 @@ def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_r
     raw = clean_redis.rpop("standard")  # a worker's BRPOP, then SIGKILL: nothing else
     assert json.loads(raw)["headers"]["id"] == kept.id
     now = time.time()
-    assert recover_lost(clean_redis, grace_s=2, now=now) == 0  # maybe a pop in progress
+    assert recover_lost(clean_redis, grace_s=2, now=now, audit=True) == 0  # maybe a pop
+    # in progress: noted, not yet put back
     assert clean_redis.hexists(LEDGER_SUSPECTS_KEY, json.loads(raw)["properties"]["delivery_tag"])
     assert recover_lost(clean_redis, grace_s=2, now=now + 3) == 1
     assert clean_redis.hget(METRICS_KEY, RECOVERED_FIELD) == b"1"  # gpulanes_recovered_total
-    assert [json.loads(m)["headers"]["id"] for m in clean_redis.lrange("standard", 0, -1)] \
-        == [lost.id, kept.id]  # back at the front: it is served next
+    back = [json.loads(m) for m in clean_redis.lrange("standard", 0, -1)]
+    assert [m["headers"]["id"] for m in back] == [lost.id, kept.id]  # at the front: next
+    new_tag = back[-1]["properties"]["delivery_tag"]  # a new tag: the lost copy's records,
+    assert new_tag != json.loads(raw)["properties"]["delivery_tag"]  # if it ever wakes,
+    assert set(_entries(clean_redis)) == {new_tag, _tags(clean_redis, "standard")[0]}
     assert recover_lost(clean_redis, grace_s=2, now=now + 6, audit=True) == 0  # once only
     assert not clean_redis.exists(LEDGER_SUSPECTS_KEY)
 
@@ -60,11 +68,44 @@ def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis):
     assert clean_redis.llen("fast") == 0 and clean_redis.hlen(LEDGER_KEY) == 0
 
 
-def test_purge_empties_the_ledger_too(app, clean_redis):
+def test_purge_and_delete_empty_the_ledger_too(app, clean_redis):
     submit("purged", tier="relaxed", **SMALL)
+    submit("deleted", tier="standard", **SMALL)
     with app.connection_for_write() as conn:
-        conn.default_channel.queue_purge("relaxed")
-    assert clean_redis.llen("relaxed") == 0 and clean_redis.hlen(LEDGER_KEY) == 0
+        assert conn.default_channel.queue_purge("relaxed") == 1
+        conn.default_channel._delete("standard", "standard", "standard", "")  # a queue delete
+    assert clean_redis.llen("relaxed") == clean_redis.llen("standard") == 0
+    assert clean_redis.hlen(LEDGER_KEY) == 0
+
+
+def test_a_take_drops_the_entry_and_a_requeue_writes_it_again(app, clean_redis):
+    from kombu import Consumer, Queue
+
+    job = submit("taken through kombu", tier="standard", **SMALL)
+    seen = []
+
+    def take(body, message):
+        seen.append((clean_redis.hlen(LEDGER_KEY), clean_redis.hlen("unacked")))
+        (message.ack if len(seen) > 1 else lambda: message.reject(requeue=True))()
+
+    with app.connection_for_read() as conn:
+        with Consumer(conn, [Queue("standard", no_declare=True)], callbacks=[take],
+                      accept=["json"]):
+            conn.drain_events(timeout=5)  # taken: out of the ledger, into unacked
+            assert _entries(clean_redis)  # requeued: in the list and the ledger again
+            conn.drain_events(timeout=5)
+    assert seen == [(0, 1), (0, 1)]
+    assert clean_redis.hlen(LEDGER_KEY) == clean_redis.hlen("unacked") == 0
+    assert clean_redis.llen("standard") == 0 and job.id
+
+
+def test_a_move_down_takes_the_entry_along(clean_redis):
+    from beat.movers import enforce_deadlines
+
+    submit("late", tier="fast", downgradable=True, **SMALL)
+    enforce_deadlines(clean_redis, {"fast": 1.0}, now=time.time() + 60)
+    ((key, message),) = _entries(clean_redis).values()
+    assert key == "standard" and clean_redis.lrange("standard", 0, -1) == [message.encode()]
 
 
 @pytest.mark.cluster
@@ -74,7 +115,8 @@ def test_beat_puts_a_lost_job_back_and_a_worker_runs_it(cluster_factory, clean_r
     blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast", **SMALL)
     wait_at_gate(blocker, gate)  # the only worker is busy: it takes nothing more
     lost = submit("popped by a worker that died", tier="standard", **SMALL)
-    assert json.loads(clean_redis.rpop("standard"))["headers"]["id"] == lost.id
+    (key, _), = _entries(clean_redis).values()  # the shared lane or the worker's own queue
+    assert json.loads(clean_redis.rpop(key))["headers"]["id"] == lost.id
     open_gate(gate)
     assert lost.get(timeout=60)["job_id"] == lost.id  # beat put it back; it ran once
     assert int(clean_redis.get(attempts_key(lost.id))) == 1
