@@ -149,10 +149,10 @@ def timed_batch(mode: str, first: int, n: int) -> tuple[float, float]:
 
 
 def flush_lanes(client: Any) -> None:
-    """Empty every lane (all priority levels); kombu's bindings stay."""
-    from routing.names import LANES, lane_keys
+    """Empty every lane (all priority levels) and the publish ledger; kombu's bindings stay."""
+    from routing.names import LANES, LEDGER_KEY, lane_keys
 
-    client.delete(*[key for lane in LANES for key in lane_keys(lane)])
+    client.delete(LEDGER_KEY, *[key for lane in LANES for key in lane_keys(lane)])
 
 
 def run_rounds(client: Any, jobs: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
