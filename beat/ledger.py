@@ -164,11 +164,12 @@ def recover_lost(client: redis.Redis, grace_s: float, now: float | None = None,
     return done
 
 
-def _checked(step: Any, client: redis.Redis, tag: str, unacked_key: str) -> bool | None:
-    """``step`` for one tag; a malformed entry is dropped and logged, not fatal to the round."""
+def _checked(step: Any, client: redis.Redis, tag: str, unacked_key: str) -> bool:
+    """``step`` for one tag; a malformed entry is dropped and logged, not fatal to the round
+    (it then counts as settled, and as not put back)."""
     try:
         return step(client, tag, unacked_key)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         log.error("ledger entry %s is malformed (%s): dropped", tag, exc)
         client.hdel(LEDGER_KEY, tag)
-        return True if step is _settled else False
+        return step is _settled

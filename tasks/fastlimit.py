@@ -71,8 +71,9 @@ def release_fast(account: str, job_id: str) -> None:
 
 def fast_waiting(account: str) -> int:
     """How many of ``account``'s fast jobs hold a place now (lapsed ones excluded)."""
-    now_s, now_us = redis_client().time()
-    return redis_client().zcount(fast_queued_key(account), now_s + now_us / 1e6, "+inf")
+    client = redis_client()
+    now_s, now_us = client.time()
+    return client.zcount(fast_queued_key(account), now_s + now_us / 1e6, "+inf")
 
 
 @signals.task_revoked.connect(weak=False)
