@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from routing.names import (LEDGER_KEY, LEDGER_SUSPECTS_KEY, LISTS_KEY, METRICS_KEY, done_key,
-                           metric_field)
+from routing.names import (LANES, LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, done_key,
+                           lane_of_key, lists_key, metric_field)
 from tasks.transport import ledger_entry, parse_entry
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,8 @@ UNACKED_KEY = "unacked"
 #: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
 RECOVERED_FIELD = metric_field("recovered")
 
-# KEYS: ledger, unacked. ARGV: old tag, old entry, new tag, new entry, new message.
+# KEYS: ledger, unacked, the lane's lists. ARGV: old tag, old entry, new tag, new
+# entry, new message.
 # Put a lost message back at the front of its list under a new delivery tag, so
 # that the lost copy, should its worker wake up after all, and the new one are
 # never confused in kombu's unacked records.
@@ -52,7 +53,21 @@ if redis.call('LPOS', key, string.sub(ARGV[2], cut + 1)) then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
 redis.call('RPUSH', key, ARGV[5])
+redis.call('SADD', KEYS[3], key)
 return 1
+"""
+# KEYS: a lane's set of lists. Drops the lists that are empty now: every push adds
+# its list back in the same call or transaction, so a list that holds jobs is never
+# left out, and the depth check of a publish reads only lists that may hold some.
+_FORGET_EMPTY = """
+local dropped = 0
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('LLEN', key) == 0 then
+    redis.call('SREM', KEYS[1], key)
+    dropped = dropped + 1
+  end
+end
+return dropped
 """
 
 
@@ -61,9 +76,14 @@ def _republisher(client: redis.Redis) -> Any:
     return client.register_script(_REPUBLISH)
 
 
+def _lists(client: redis.Redis) -> list[bytes]:
+    """Every list key jobs were ever pushed to, in any lane."""
+    return list(client.sunion([lists_key(lane) for lane in LANES]))
+
+
 def _sizes(client: redis.Redis) -> tuple[int, int]:
     """(ledger entries, messages held in every list), read in one transaction."""
-    keys = list(client.smembers(LISTS_KEY))
+    keys = _lists(client)
     with client.pipeline() as pipe:
         pipe.hlen(LEDGER_KEY)
         for key in keys:
@@ -74,7 +94,7 @@ def _sizes(client: redis.Redis) -> tuple[int, int]:
 
 def missing(client: redis.Redis) -> set[str]:
     """Delivery tags in the ledger but in no list, as of one consistent moment."""
-    keys = list(client.smembers(LISTS_KEY))
+    keys = _lists(client)
     with client.pipeline() as pipe:  # MULTI: the ledger and the lists at one instant
         pipe.hkeys(LEDGER_KEY)
         for key in keys:
@@ -116,8 +136,16 @@ def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     message = json.loads(payload)
     message["properties"]["delivery_tag"] = new_tag = str(uuid.uuid4())
     fresh = json.dumps(message)
-    return bool(_republisher(client)(keys=[LEDGER_KEY, unacked_key],
+    lane_lists = lists_key(lane_of_key(key))
+    return bool(_republisher(client)(keys=[LEDGER_KEY, unacked_key, lane_lists],
                                      args=[tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
+
+
+def forget_empty_lists(client: redis.Redis) -> int:
+    """Drop the empty lists from every lane's set (worker queues of workers long gone,
+    unused priority levels); how many were dropped."""
+    forget = client.register_script(_FORGET_EMPTY)
+    return sum(forget(keys=[lists_key(lane)]) for lane in LANES)
 
 
 class _Rounds:
@@ -135,6 +163,7 @@ def _should_compare(client: redis.Redis, audit: bool | None) -> bool:
         audit = time.monotonic() - _Rounds.audited_at >= AUDIT_S
     if audit:
         _Rounds.audited_at = time.monotonic()
+        forget_empty_lists(client)  # a minute's housekeeping, done with the audit
     return audit or (mismatched and _Rounds.mismatched) or bool(
         client.exists(LEDGER_SUSPECTS_KEY))
 

@@ -28,14 +28,14 @@ import redis
 
 import celeryconfig as cfg
 from beat.ledger import UNACKED_KEY, recover_lost
-from routing.names import (FAST, LEDGER_KEY, LISTS_KEY, MOVERS_TASK, RELAXED, WORKERS_KEY,
-                           fast_queued_key, lane_keys, worker_queue)
+from routing.names import (FAST, LEDGER_KEY, MOVERS_TASK, RELAXED, WORKERS_KEY,
+                           fast_queued_key, lane_keys, lane_of_key, lists_key, worker_queue)
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.celeryapp import app, redis_client
 
 log = logging.getLogger(__name__)
 
-# KEYS: source, target, ledger, lists[, the account's fast places].
+# KEYS: source, target, ledger, the target lane's lists[, the account's fast places].
 # ARGV: message, rewritten, job id, delivery tag. The ledger follows the message
 # (``tasks.transport``).
 _MOVE = """
@@ -98,7 +98,7 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
             break
         if rewritten is not None:
             places = [fast_queued_key(account)] if account else []
-            batch.append(([source, target, LEDGER_KEY, LISTS_KEY, *places],
+            batch.append(([source, target, LEDGER_KEY, lists_key(lane_of_key(target)), *places],
                           [raw, json.dumps(rewritten), *ids]))
     move = _mover(client)
     return sum(move(keys=keys, args=args) for keys, args in reversed(batch))

@@ -142,7 +142,7 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         figures = soak(cluster, app, args)
     import celeryconfig as cfg
     figures.update(max_depth=lane_limits(), budget_s=cfg.MAX_WAIT_FAST_S, procs=args.procs,
-                   jobs=args.jobs, stale_s=cfg.SNAPSHOT_STALE_S)
+                   jobs=args.jobs)
     return figures
 
 

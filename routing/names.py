@@ -27,6 +27,11 @@ def worker_queues(node: str) -> list[str]:
     return [name for lane in LANES for name in (worker_queue(lane, node), lane)]
 
 
+def lane_of_key(key: str) -> str:
+    """The lane a Redis list serves: ``relaxed.gpu0@host\x06\x163`` is ``relaxed``."""
+    return lane_of(key.split("\x06\x16", 1)[0])
+
+
 def lane_keys(lane: str) -> list[str]:
     """The Redis lists that hold ``lane``, first-served first (kombu's naming)."""
     return [lane if pri == 0 else f"{lane}\x06\x16{pri}" for pri in RELAX_PRIORITIES]
@@ -55,9 +60,16 @@ FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
 #: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
 MANIFESTS_KEY = f"{PREFIX}:manifests"
 #: Hash: delivery tag -> "<list key>\n<message>" of every message published and not
-#: yet taken by a worker (``tasks.transport``); and the set of every list key used.
+#: yet taken by a worker (``tasks.transport``).
 LEDGER_KEY = f"{PREFIX}:ledger"
-LISTS_KEY = f"{PREFIX}:lists"
+
+
+def lists_key(lane: str) -> str:
+    """Set: every Redis list key that jobs of ``lane`` were pushed to (its depth is
+    the sum of their lengths; the ledger compares itself with their contents)."""
+    return f"{PREFIX}:lists:{lane}"
+
+
 #: Hash: delivery tag -> when beat first found that ledgered message in no list.
 LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
 #: Hash: job id -> JSON of a job that failed for good.

@@ -111,6 +111,9 @@ class SnapshotCache:
         # each snapshot assigns homes from them, most wanted first.
         self._recent: deque[str] = deque()
         self._demand: dict[str, int] = {}
+        # Lanes a publish found at their maximum depth (``note_full``) -> when: full
+        # until a snapshot measured later arrives, or for one heartbeat at most.
+        self._refused: dict[str, float] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -122,7 +125,7 @@ class SnapshotCache:
         flushed test Redis)."""
         with self._lock:
             self._state, self._sent, self._node_sent, self._warm = None, {}, {}, {}
-            self._demand = {}
+            self._demand, self._refused = {}, {}
             self._log.clear()
             self._recent.clear()
         self.refresh()
@@ -144,7 +147,10 @@ class SnapshotCache:
                     previous = self._state and self._state[1].homes
                     self._state = (snapshot, base_view(snapshot, self.epsilon))
                     self._rehome(previous)
-                    self._forget_sent_before(snapshot.get("measured_at", snapshot["at"]))
+                    measured_at = snapshot.get("measured_at", snapshot["at"])
+                    self._forget_sent_before(measured_at)
+                    self._refused = {lane: at for lane, at in self._refused.items()
+                                     if at >= measured_at}
                     self._replay()
 
     def _loop(self) -> None:
@@ -208,6 +214,16 @@ class SnapshotCache:
                 # newly wanted: home it now (a model left without a home, all slots
                 # taken, is not re-tried on every send; the next snapshot re-homes)
                 self._rehome(self._state[1].homes)
+
+    def note_full(self, lane: str) -> None:
+        """A publish found ``lane`` at its maximum depth: route as if it is full
+        until a snapshot measured after now (or one heartbeat: ``2 * refresh_s``)."""
+        self._refused = {**self._refused, lane: self.clock()}
+
+    def refused(self) -> frozenset[str]:
+        """Lanes held full since a publish found them so (see ``note_full``)."""
+        since = self.clock() - 2 * self.refresh_s
+        return frozenset(lane for lane, at in self._refused.items() if at >= since)
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""

@@ -1,10 +1,12 @@
-"""``submit()``: validate, route, enqueue. No network round trip but the publish,
-plus one for a seeded job (result cache and coalescing, ``tasks.cache``) and
-one for a job routed to the fast lane (its account's limit, ``tasks.fastlimit``)."""
+"""``submit()``: validate, route, enqueue. No network round trip but the publish
+(which also enforces the lane's maximum depth, ``tasks.transport``), plus one for
+a seeded job (result cache and coalescing, ``tasks.cache``) and one for a job
+routed to the fast lane (its account's limit, ``tasks.fastlimit``)."""
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from functools import lru_cache
 
 from celery.result import AsyncResult
@@ -20,6 +22,7 @@ from tasks.errors import LaneFull
 from tasks.fastlimit import admit_fast, release_fast
 from tasks.generate import generate
 from tasks.schema import validate
+from tasks.transport import LaneAtLimit, lane_limit
 
 
 #: The view routing falls back on without a fresh snapshot: every tier in its own
@@ -75,23 +78,41 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
 
 
 def enqueue(job: dict, job_id: str) -> AsyncResult:
-    """Route a validated job dict with the cached view and publish it under ``job_id``."""
+    """Route a validated job dict with the cached view and publish it under ``job_id``.
+
+    The view's lane depths are an estimate; the publish itself checks the lane's
+    depth in Redis. A lane found full there is held full in the view and the job
+    routed again, down the lanes, until one takes it or none can.
+    """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
+    if refused := cache.refused():
+        view = replace(view, full=view.full | refused)
     where = _route(job, view)
-    fast_place = where is not None and where.lane == FAST  # None: every lane is full
-    if fast_place and not admit_fast(job["account"], job_id):  # one round trip, fast only
-        where, fast_place = _route(job, view, over_fast_limit=True), False
-    if where is None:
-        raise LaneFull(RELAXED, view.retry_after_s)
+    fast_place = over_fast_limit = False
+    if where is not None and where.lane == FAST:  # one round trip, fast only
+        fast_place = admit_fast(job["account"], job_id)
+        over_fast_limit = not fast_place
+        if over_fast_limit:
+            where = _route(job, view, over_fast_limit=True)
     try:
-        result = _publish(job, job_id, where)
+        while where is not None:
+            try:
+                result = _publish(job, job_id, where)
+            except LaneAtLimit:
+                cache.note_full(where.lane)
+                view = replace(view, full=view.full | {where.lane})
+                where = _route(job, view, over_fast_limit)
+                continue
+            if fast_place and where.lane != FAST:
+                release_fast(job["account"], job_id)
+            cache.note_sent(where.lane, where.node, job["model"])
+            return result
+        raise LaneFull(RELAXED, view.retry_after_s)
     except BaseException:
         if fast_place:
             release_fast(job["account"], job_id)
         raise
-    cache.note_sent(where.lane, where.node, job["model"])
-    return result
 
 
 def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
@@ -106,6 +127,7 @@ def _publish(job: dict, job_id: str, where: Route) -> AsyncResult:
         options.update(exchange=where.queue, routing_key=where.queue)
     else:
         options["queue"] = where.lane
-    return generate.apply_async(
-        kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
-        task_id=job_id, **options)
+    with lane_limit(cfg.MAX_DEPTH[where.lane]):
+        return generate.apply_async(
+            kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
+            task_id=job_id, **options)

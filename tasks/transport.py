@@ -15,36 +15,77 @@ ever existed. gpulanes keeps a ledger instead, in the same Redis:
 - beat (``beat.ledger``) compares the ledger with what the lists hold and
   republishes a message that is in neither a list nor unacked nor finished.
 
+The same Lua call enforces a lane's maximum depth for new jobs: inside
+:func:`lane_limit` (``submit()``) it sums the lengths of every list of the lane
+and pushes only below the limit, else :class:`LaneAtLimit` is raised and
+nothing is written. Any number of submitters together never pass the limit.
+Messages published outside it (retries, restores) are never refused: a job
+once accepted is not dropped for want of room.
+
 Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
 ``sentinel://`` broker URL by :func:`install` (``tasks.celeryapp``).
 """
 from __future__ import annotations
 
 import time
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
 
 import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
-from routing.names import LANES, LEDGER_KEY, LISTS_KEY, lane_of
+from routing.names import LANES, LEDGER_KEY, lane_of, lists_key
 
-# KEYS: list, ledger, lists. ARGV: message, delivery tag.
+# KEYS: list, ledger, the lane's lists. ARGV: message, delivery tag, the lane's
+# maximum depth (0: none). Returns 0, having written nothing, when the lane is full.
+# The lane's lists are read by name from its set: a standalone Redis allows it.
 _PUT = """
+local limit = tonumber(ARGV[3])
+if limit > 0 then
+  local depth = 0
+  for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    depth = depth + redis.call('LLEN', key)
+  end
+  if depth >= limit then return 0 end
+end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\\n' .. ARGV[1])
 redis.call('SADD', KEYS[3], KEYS[1])
+return 1
 """
 
-
 _put_script: list[Any] = []
+#: The maximum depth of the lane a publish in this context goes to (0: no limit).
+_limit: ContextVar[int] = ContextVar("gpulanes_lane_limit", default=0)
 
 
-def _put(client: redis.Redis, key: str, payload: str, tag: str) -> None:
+class LaneAtLimit(Exception):
+    """A publish inside :func:`lane_limit` found its lane at its maximum depth."""
+
+    def __init__(self, lane: str, limit: int) -> None:
+        super().__init__(f"lane {lane!r} holds {limit} queued jobs, its maximum")
+        self.lane, self.limit = lane, limit
+
+
+@contextmanager
+def lane_limit(depth: int) -> Iterator[None]:
+    """Publishes to a lane made in this block raise :class:`LaneAtLimit` instead of
+    passing ``depth`` jobs queued in that lane (every list of it, every worker's)."""
+    token = _limit.set(depth)
+    try:
+        yield
+    finally:
+        _limit.reset(token)
+
+
+def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, limit: int) -> bool:
     if not _put_script:  # registered once per process, run on any client
         _put_script.append(client.register_script(_PUT))
-    _put_script[0](keys=[key, LEDGER_KEY, LISTS_KEY], args=[payload, tag], client=client)
+    return bool(_put_script[0](keys=[key, LEDGER_KEY, lists_key(lane)],
+                               args=[payload, tag, limit], client=client))
 
 
 def ledger_entry(key: str, payload: str) -> str:
@@ -88,13 +129,16 @@ class LedgerChannel(kombu_redis.Channel):
         if self._expires and queue in self._expires:
             raise NotImplementedError("gpulanes queues have no x-expires")
         key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-        payload, tag = dumps(message), message["properties"]["delivery_tag"]
+        payload, tag, lane = dumps(message), message["properties"]["delivery_tag"], lane_of(queue)
         batch = kwargs.pop("_publish_batch", None)
-        if batch is not None:  # one script per message keeps it atomic in a batch too
-            batch.add("eval", _PUT, 3, key, LEDGER_KEY, LISTS_KEY, payload, tag)
+        if batch is not None:  # one script per message keeps it atomic in a batch too;
+            # kombu's batches report no refusal back, so they are never limited
+            batch.add("eval", _PUT, 3, key, LEDGER_KEY, lists_key(lane), payload, tag, 0)
             return
+        limit = _limit.get()
         with self.conn_or_acquire() as client:
-            _put(client, key, payload, tag)
+            if not _put(client, lane, key, payload, tag, limit):
+                raise LaneAtLimit(lane, limit)
 
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
                             pipe: Any, leftmost: bool = False) -> None:
@@ -104,7 +148,8 @@ class LedgerChannel(kombu_redis.Channel):
             tag = payload["properties"]["delivery_tag"]
             for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
                 key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
-                pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))).sadd(LISTS_KEY, key)
+                pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))) \
+                    .sadd(lists_key(lane_of(queue)), key)
         except self.connection_errors:
             raise  # abort the transaction, as kombu's own restore does
         except Exception:  # noqa: BLE001  kombu logs what it could not restore

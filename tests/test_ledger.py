@@ -8,7 +8,7 @@ import pytest
 
 from beat.ledger import RECOVERED_FIELD, missing, recover_lost
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key
+from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key, lists_key
 from tasks import submit
 from tasks.transport import parse_entry
 from tests.flaky_model import open_gate
@@ -51,6 +51,21 @@ def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_r
     assert set(_entries(clean_redis)) == {new_tag, _tags(clean_redis, "standard")[0]}
     assert recover_lost(clean_redis, grace_s=2, now=now + 6, audit=True) == 0  # once only
     assert not clean_redis.exists(LEDGER_SUSPECTS_KEY)
+
+
+def test_the_audit_forgets_empty_lists_and_a_put_back_adds_its_list_again(clean_redis):
+    """Lane depth is read from each lane's set of lists: empty ones leave it once a
+    minute, a list that holds a job is always in it."""
+    submit("waits", tier="relaxed", **SMALL)
+    submit("lost", tier="standard", **SMALL)
+    clean_redis.rpop("standard")  # popped by a worker that died at once: list empty
+    now = time.time()
+    assert recover_lost(clean_redis, grace_s=2, now=now, audit=True) == 0
+    assert clean_redis.smembers(lists_key("standard")) == set()
+    assert clean_redis.smembers(lists_key("relaxed")) == {b"relaxed"}
+    assert recover_lost(clean_redis, grace_s=2, now=now + 3) == 1
+    assert clean_redis.smembers(lists_key("standard")) == {b"standard"}
+    assert clean_redis.llen("standard") == 1
 
 
 def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis):

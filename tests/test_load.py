@@ -4,16 +4,20 @@ The quick form of ``benchmarks/soak_load.py``: 2,000 submits from 3 spawned
 processes, as fast as they can, against two CPU workers and beat, with lane
 limits small enough that the burst must fill them. Every submit is either
 accepted or refused with ``LaneFull`` (nothing else), refusals come only once
-the relaxed lane is full, every accepted job completes, and neither Redis nor
-the submitters grow beyond generous bounds.
+the relaxed lane is full, no lane ever holds more than its limit (the publish
+checks it in Redis, so the submitters together cannot pass it), every accepted
+job completes, and neither Redis nor the submitters grow beyond generous bounds.
 """
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 
 import celeryconfig as cfg
 from benchmarks.soak_load import accepted_ids, run_burst
 from benchmarks.soak_probe import Probe, collect
+from routing.policy import WAITED_PAST_BUDGET
 
 JOBS, PROCS = 2000, 3
 #: Small enough that a 2,000-job burst fills every lane.
@@ -54,9 +58,14 @@ def test_burst_is_accepted_or_refused_and_every_accepted_job_completes(soaked):
     assert {key.split("->")[1] for key in refusals} == {"relaxed"}
     peak = {lane: max(s.depths[lane] for s in probe.samples) for lane in LIMITS}
     assert peak["relaxed"] >= 0.9 * LIMITS["relaxed"], peak  # refused only when full
-    assert all(peak[lane] <= 2 * LIMITS[lane] for lane in LIMITS), peak
     assert not fate.failed and not fate.missing, (fate.failed, fate.missing[:5])
     assert set(fate.results) == set(accepted)
+    # submits never pass a limit, whatever the other submitters do; only jobs
+    # moved down by beat (accepted long before) may go in above it
+    moved_in = Counter(r["lane"] for r in fate.results.values()
+                       if r.get("downgrade_reason") == WAITED_PAST_BUDGET)
+    assert all(peak[lane] <= LIMITS[lane] + moved_in[lane] for lane in LIMITS), \
+        (peak, moved_in)
 
 
 @pytest.mark.cluster
