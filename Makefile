@@ -55,7 +55,7 @@ bench: $(STAMP)
 # Each prints its table and exits non-zero if a job was lost or a bound broken.
 soak: $(STAMP)
 	$(PY) benchmarks/soak_faults.py
-	$(PY) benchmarks/soak_load.py
+	$(PY) benchmarks/soak_load.py --max-depth 500,2000,4000
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

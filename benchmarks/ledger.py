@@ -8,6 +8,14 @@ also writes each message to the ledger in the same Lua call. It reports
 publishes per second of each, their ratio (median of paired rounds), and
 Redis memory per queued message (``used_memory`` before and after a round,
 lanes emptied between rounds).
+
+Two more modes publish through gpulanes' transport inside
+``tasks.transport.lane_limit`` (as ``submit()`` does), so that each publish
+first sums the lengths of the lane's lists: with the lane in one list, and
+with ``--lists`` lists (a lane spread over that many workers' queues and
+priority levels, each holding a job). For every mode the table also gives
+Redis' own time per publish (``INFO commandstats``, reset before each round):
+the cost the one Redis of a cluster pays, free of this process' noise.
 """
 from __future__ import annotations
 
@@ -25,20 +33,40 @@ from benchmarks.common import markdown_table, plain_kwargs, run_private  # noqa:
 
 TRANSPORTS = {"kombu's Redis transport": "kombu.transport.redis:Transport",
               "gpulanes' (with the ledger)": "tasks.transport:Transport"}
+#: Mode -> (transport, lists the lane is spread over, limit checked).
+LIMITED = "gpulanes' with the lane limit"
 
 
-def one_round(connection: Any, client: Any, jobs: int, size: Any) -> tuple[float, float]:
-    """(publishes per second, bytes of Redis memory per queued message)."""
+def modes(lists: int) -> dict[str, tuple[str, int, bool]]:
+    ours = TRANSPORTS["gpulanes' (with the ledger)"]
+    return {**{name: (cls, 1, False) for name, cls in TRANSPORTS.items()},
+            f"{LIMITED}, lane in 1 list": (ours, 1, True),
+            f"{LIMITED}, lane in {lists} lists": (ours, lists, True)}
+
+
+def one_round(connection: Any, client: Any, jobs: int, size: Any, lists: int = 1,
+              limited: bool = False) -> tuple[float, float, float]:
+    """(publishes per second, bytes of Redis memory per queued message, Redis
+    microseconds per publish)."""
+    from routing.names import lists_key
     from tasks.generate import generate
+    from tasks.transport import lane_limit
 
     client.flushdb()
+    for n in range(1, lists):  # other lists of the lane, one job in each
+        client.lpush(f"standard.gpu{n}@bench", "x")
+        client.sadd(lists_key("standard"), f"standard.gpu{n}@bench")
     before = client.info("memory")["used_memory"]
+    client.config_resetstat()
     began = time.perf_counter()
-    for i in range(jobs):
-        generate.apply_async(kwargs=plain_kwargs("a fox", "standard", "bench", i, size),
-                             queue="standard", connection=connection)
+    with lane_limit(10 ** 9 if limited else 0):
+        for i in range(jobs):
+            generate.apply_async(kwargs=plain_kwargs("a fox", "standard", "bench", i, size),
+                                 queue="standard", connection=connection)
     elapsed = time.perf_counter() - began
-    return jobs / elapsed, (client.info("memory")["used_memory"] - before) / jobs
+    redis_us = sum(stat["usec"] for stat in client.info("commandstats").values())
+    return (jobs / elapsed, (client.info("memory")["used_memory"] - before) / jobs,
+            redis_us / jobs)
 
 
 def _connection(url: str, transport: str) -> Any:
@@ -59,26 +87,29 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
     redis_server = EmbeddedRedis(state).start()
     try:
         client, size = redis_server.client(), JobSize(steps=20, size=256)
-        connections = {name: _connection(app.conf.broker_url, cls)
-                       for name, cls in TRANSPORTS.items()}
-        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in TRANSPORTS}
+        runs = {name: (_connection(app.conf.broker_url, cls), lists, limited)
+                for name, (cls, lists, limited) in modes(args.lists).items()}
+        rounds: dict[str, list[tuple[float, float, float]]] = {name: [] for name in runs}
         for _ in range(args.rounds):
-            for name, connection in connections.items():
-                rounds[name].append(one_round(connection, client, args.jobs, size))
+            for name, (connection, lists, limited) in runs.items():
+                rounds[name].append(one_round(connection, client, args.jobs, size, lists,
+                                              limited))
         return rounds
     finally:
         redis_server.stop()
 
 
-def report(rounds: dict[str, list[tuple[float, float]]], args: argparse.Namespace) -> None:
+def report(rounds: dict[str, list[tuple[float, float, float]]],
+           args: argparse.Namespace) -> None:
     kombu, ours = (rounds[name] for name in TRANSPORTS)
     ratio = statistics.median(o[0] / k[0] for k, o in zip(kombu, ours))
-    rows = [(name, f"{statistics.median(r[0] for r in runs):.0f}",
-             f"{statistics.median(r[1] for r in runs):.0f}")
-            for name, runs in ((name, rounds[name]) for name in TRANSPORTS)]
+    rows = []
+    for name in modes(args.lists):
+        rate, size, redis_us = (statistics.median(column) for column in zip(*rounds[name]))
+        rows.append((name, f"{rate:.0f}", f"{size:.0f}", f"{redis_us:.1f}"))
     print(f"\n{args.jobs} publishes per round, {args.rounds} rounds each, alternating\n")
-    print(markdown_table(["transport", "publishes/s (median round)", "Redis bytes per queued job"],
-                         rows, "lrr"))
+    print(markdown_table(["transport", "publishes/s (median round)",
+                          "Redis bytes per queued job", "Redis µs per publish"], rows, "lrrr"))
     print(f"\nledger / kombu: {ratio:.2f}x the publish rate (median of paired rounds)")
 
 
@@ -87,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--lists", type=int, default=64,
+                        help="lists the lane is spread over in the last mode (default 64)")
     args = parser.parse_args(argv)
     rounds = run_private("gl-ledger-", lambda state: bench(state, args), "Redis stopped")
     if rounds is None:

@@ -47,7 +47,7 @@ class Outcome:
     refused: Counter = field(default_factory=Counter)  # "tier->lane" of each LaneFull
     errors: Counter = field(default_factory=Counter)  # exception type -> count
     first_error: str = ""
-    blind: int = 0  # submits made without a fresh snapshot: routed by tier, no limits
+    blind: int = 0  # submits made without a fresh snapshot: routed by tier (limits checked)
     submit_s: float = 0.0
     rss_kb: dict[str, int] = field(default_factory=dict)  # start, half, end, peak
 

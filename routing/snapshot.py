@@ -218,7 +218,8 @@ class SnapshotCache:
     def note_full(self, lane: str) -> None:
         """A publish found ``lane`` at its maximum depth: route as if it is full
         until a snapshot measured after now (or one heartbeat: ``2 * refresh_s``)."""
-        self._refused = {**self._refused, lane: self.clock()}
+        with self._lock:
+            self._refused = {**self._refused, lane: self.clock()}
 
     def refused(self) -> frozenset[str]:
         """Lanes held full since a publish found them so (see ``note_full``)."""

@@ -89,7 +89,7 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     if refused := cache.refused():
         view = replace(view, full=view.full | refused)
     where = _route(job, view)
-    fast_place = over_fast_limit = False
+    fast_place = over_fast_limit = tried = False
     if where is not None and where.lane == FAST:  # one round trip, fast only
         fast_place = admit_fast(job["account"], job_id)
         over_fast_limit = not fast_place
@@ -98,6 +98,7 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     try:
         while where is not None:
             try:
+                tried = True
                 result = _publish(job, job_id, where)
             except LaneAtLimit:
                 cache.note_full(where.lane)
@@ -112,7 +113,16 @@ def enqueue(job: dict, job_id: str) -> AsyncResult:
     except BaseException:
         if fast_place:
             release_fast(job["account"], job_id)
+        if tried:  # Celery subscribed to the job's result before publishing it
+            _forget_result(job_id)
         raise
+
+
+def _forget_result(job_id: str) -> None:
+    """Drop the result subscription of a job that was never published."""
+    consumer = getattr(generate.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.cancel_for(job_id)
 
 
 def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:

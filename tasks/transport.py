@@ -42,7 +42,9 @@ from routing.names import LANES, LEDGER_KEY, lane_of, lists_key
 # KEYS: list, ledger, the lane's lists. ARGV: message, delivery tag, the lane's
 # maximum depth (0: none). Returns 0, having written nothing, when the lane is full.
 # The lane's lists are read by name from its set: a standalone Redis allows it.
+# A call retried after its reply was lost finds its own entry and does nothing.
 _PUT = """
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local limit = tonumber(ARGV[3])
 if limit > 0 then
   local depth = 0

@@ -21,6 +21,7 @@ from conftest import SMALL
 from routing.names import LANES, LEDGER_KEY, lane_keys, lists_key, worker_queue
 from routing.snapshot import SnapshotCache
 from tasks import submit
+from tasks.api import snapshot_cache
 from tasks.errors import LaneFull
 from tasks.fastlimit import fast_waiting
 from tasks.generate import generate
@@ -46,17 +47,18 @@ def queued_routes(client, lane: str) -> list[dict]:
 
 def test_many_submitters_at_once_never_pass_the_limit(limits, clean_redis):
     outcomes: Counter[str] = Counter()
-    start = threading.Barrier(6)
+    start, counting = threading.Barrier(6), threading.Lock()
 
     def submitter(n: int) -> None:
         start.wait()
         for i in range(15):
             try:
                 submit(f"burst {n}.{i}", tier="relaxed", account=f"a{n}", **SMALL)
-                outcomes["accepted"] += 1
+                outcome = "accepted"
             except LaneFull as exc:
-                assert exc.lane == "relaxed"
-                outcomes["refused"] += 1
+                outcome = "refused" if exc.lane == "relaxed" else f"named {exc.lane}"
+            with counting:
+                outcomes[outcome] += 1
 
     threads = [threading.Thread(target=submitter, args=(n,)) for n in range(6)]
     for thread in threads:
@@ -128,3 +130,25 @@ def test_a_refused_lane_is_held_full_until_a_later_snapshot():
     cache.note_full("relaxed")  # without snapshots it lapses after one heartbeat
     now[0] = 101.3
     assert cache.refused() == frozenset()
+
+
+def test_a_refused_publish_leaves_no_result_subscription(limits, clean_redis):
+    """Celery subscribes to a job's result before it publishes; a job refused at
+    the publish never gets an AsyncResult to unsubscribe it."""
+    consumer = generate.backend.result_consumer
+    kept = [submit(f"fill {i}", tier="relaxed", **SMALL) for i in range(LIMITS["relaxed"])]
+    before = set(consumer.subscribed_to)
+    for i in range(5):
+        with pytest.raises(LaneFull):
+            submit(f"refused {i}", tier="relaxed", **SMALL)
+        snapshot_cache().forget()  # no held-full mark: each try reaches the publish
+    assert set(consumer.subscribed_to) == before
+    assert len(kept) == depth(clean_redis, "relaxed")
+
+
+def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
+    from tasks.transport import _put
+
+    for _ in range(2):  # the second call is a retry of the first under the same tag
+        assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", 0)
+    assert clean_redis.llen("standard") == 1
