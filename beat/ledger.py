@@ -81,25 +81,33 @@ def _lists(client: redis.Redis) -> list[bytes]:
     return list(client.sunion([lists_key(lane) for lane in LANES]))
 
 
+def _at_one_moment(client: redis.Redis, first: str, per_list: str,
+                   *args: Any) -> tuple[Any, list[Any]]:
+    """``first`` on the ledger and ``per_list`` on every lane list, in one transaction;
+    read again when a list joined the lanes' sets meanwhile (one that left was empty)."""
+    keys = _lists(client)
+    for _ in range(3):
+        with client.pipeline() as pipe:  # MULTI: the ledger and the lists at one instant
+            pipe.sunion([lists_key(lane) for lane in LANES])
+            getattr(pipe, first)(LEDGER_KEY)
+            for key in keys:
+                getattr(pipe, per_list)(key, *args)
+            now_keys, ledger, *lists = pipe.execute()
+        if set(now_keys) <= set(keys):
+            break
+        keys = list(now_keys)
+    return ledger, lists
+
+
 def _sizes(client: redis.Redis) -> tuple[int, int]:
     """(ledger entries, messages held in every list), read in one transaction."""
-    keys = _lists(client)
-    with client.pipeline() as pipe:
-        pipe.hlen(LEDGER_KEY)
-        for key in keys:
-            pipe.llen(key)
-        ledger, *held = pipe.execute()
+    ledger, held = _at_one_moment(client, "hlen", "llen")
     return ledger, sum(held)
 
 
 def missing(client: redis.Redis) -> set[str]:
     """Delivery tags in the ledger but in no list, as of one consistent moment."""
-    keys = _lists(client)
-    with client.pipeline() as pipe:  # MULTI: the ledger and the lists at one instant
-        pipe.hkeys(LEDGER_KEY)
-        for key in keys:
-            pipe.lrange(key, 0, -1)
-        tags, *lists = pipe.execute()
+    tags, lists = _at_one_moment(client, "hkeys", "lrange", 0, -1)
     present = {_tag(raw) for raws in lists for raw in raws}
     return {_text(tag) for tag in tags} - present
 

@@ -68,6 +68,16 @@ def test_the_audit_forgets_empty_lists_and_a_put_back_adds_its_list_again(clean_
     assert clean_redis.llen("standard") == 1
 
 
+def test_a_list_that_joins_the_lanes_while_the_ledger_is_read_is_read_too(monkeypatch,
+                                                                          clean_redis):
+    import beat.ledger as ledger
+
+    submit("queued", tier="standard", **SMALL)
+    monkeypatch.setattr(ledger, "_lists", lambda client: [])  # read before its list joined
+    assert not missing(clean_redis)
+    assert ledger._sizes(clean_redis) == (1, 1)
+
+
 def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis):
     taken = submit("taken", tier="fast", **SMALL)
     done = submit("done", tier="fast", **SMALL)
