@@ -76,9 +76,13 @@ def _republisher(client: redis.Redis) -> Any:
     return client.register_script(_REPUBLISH)
 
 
+#: The sets of every lane's lists.
+LANE_LISTS = [lists_key(lane) for lane in LANES]
+
+
 def _lists(client: redis.Redis) -> list[bytes]:
     """Every list key jobs were ever pushed to, in any lane."""
-    return list(client.sunion([lists_key(lane) for lane in LANES]))
+    return list(client.sunion(LANE_LISTS))
 
 
 def _at_one_moment(client: redis.Redis, first: str, per_list: str,
@@ -88,7 +92,7 @@ def _at_one_moment(client: redis.Redis, first: str, per_list: str,
     keys = _lists(client)
     for _ in range(3):
         with client.pipeline() as pipe:  # MULTI: the ledger and the lists at one instant
-            pipe.sunion([lists_key(lane) for lane in LANES])
+            pipe.sunion(LANE_LISTS)
             getattr(pipe, first)(LEDGER_KEY)
             for key in keys:
                 getattr(pipe, per_list)(key, *args)
@@ -149,11 +153,15 @@ def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
                                      args=[tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
 
 
+@lru_cache(maxsize=4)
+def _forgetter(client: redis.Redis) -> Any:
+    return client.register_script(_FORGET_EMPTY)
+
+
 def forget_empty_lists(client: redis.Redis) -> int:
     """Drop the empty lists from every lane's set (worker queues of workers long gone,
     unused priority levels); how many were dropped."""
-    forget = client.register_script(_FORGET_EMPTY)
-    return sum(forget(keys=[lists_key(lane)]) for lane in LANES)
+    return sum(_forgetter(client)(keys=[key]) for key in LANE_LISTS)
 
 
 class _Rounds:
