@@ -225,6 +225,21 @@ MISSES_ALLOWED = setting("MISSES_ALLOWED", positive(int), 2)
 #: Routers fall back to plain tier routing when the snapshot is older than this.
 SNAPSHOT_STALE_S = setting("SNAPSHOT_STALE_S", positive(float), 3 * HEARTBEAT_S + 2)
 
+# --- outages and faults -------------------------------------------------------
+#: Longest one Redis command may take: gpulanes' own clients, kombu's transport and
+#: Celery's result backend all give up after it. ``submit()`` raises
+#: ``BrokerUnavailable`` within about this long when Redis does not answer.
+REDIS_TIMEOUT_S = setting("REDIS_TIMEOUT_S", positive(float), 3.0)
+REDIS_CONNECT_TIMEOUT_S = setting("REDIS_CONNECT_TIMEOUT_S", positive(float), 3.0)
+#: Failures of a worker's own making in a row (disk, device, local files) after
+#: which it stops taking jobs until a self-check passes again.
+SICK_AFTER = setting("SICK_AFTER", positive(int), 3)
+#: How often a worker that stepped aside checks whether it can serve again.
+SICK_PROBE_S = setting("SICK_PROBE_S", positive(float), 5.0)
+#: Celery's task-sent events (one more publish per submit); Flower reads queue
+#: lengths from Redis itself and workers send their own events (``-E``).
+SENT_EVENTS = setting("SENT_EVENTS", flag, False)
+
 # --- operators ---------------------------------------------------------------
 #: Basic-auth login (user:password) the Prometheus exporter asks for; without it
 #: the exporter listens on loopback addresses only.
@@ -241,6 +256,14 @@ result_extended = True
 #: about 2 kB a job): size Redis for this many seconds of completed jobs.
 RESULT_TTL_S = setting("RESULT_TTL_S", positive(int), 24 * 3600)
 result_expires = RESULT_TTL_S
+#: How long a revoke is remembered in Redis; workers load it when they start and
+#: check it before every run (a revoked job never runs, whatever restarted).
+REVOKE_TTL_S = setting("REVOKE_TTL_S", positive(int), RESULT_TTL_S)
+# Every Redis call has a timeout: a Redis that stops answering without closing
+# the connection must not hang a submitter, a worker or beat.
+redis_socket_timeout = REDIS_TIMEOUT_S
+redis_socket_connect_timeout = REDIS_CONNECT_TIMEOUT_S
+broker_connection_timeout = REDIS_CONNECT_TIMEOUT_S
 timezone = "UTC"
 enable_utc = True
 
@@ -257,7 +280,7 @@ worker_prefetch_multiplier = 1
 task_acks_late = True
 task_reject_on_worker_lost = True
 task_track_started = True
-task_send_sent_event = True
+task_send_sent_event = SENT_EVENTS
 worker_send_task_events = True
 worker_hijack_root_logger = False
 # JSON only, above; and what a worker refuses (bad JSON, pickle, unknown tasks,
@@ -286,6 +309,11 @@ broker_transport_options = {
     # sweep for abandoned jobs every few seconds, not every 100 s
     "unacked_restore_interval": max(1, min(10, VISIBILITY_TIMEOUT_S // 4)),
     "unacked_restore_throttle": 1,
+    "socket_timeout": REDIS_TIMEOUT_S,
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_S,
+    # A publisher's connection is tried once, not again and again for seconds: a
+    # submit during an outage fails at once (workers' consumers retry on their own).
+    "max_retries": 0,
     **({"master_name": SENTINEL_MASTER} if SENTINEL_MASTER else {}),
 }
 result_backend_transport_options = {"master_name": SENTINEL_MASTER} if SENTINEL_MASTER else {}

@@ -16,9 +16,8 @@ import logging
 from typing import Any, Iterable, Mapping
 
 import redis
-from kombu.utils.json import loads
 
-from routing.names import HOLDERS_KEY, lease_key
+from tasks.transport import put_back_held
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +27,34 @@ def _parts(incarnation: str) -> tuple[str, float]:
     return host, float(started_at)
 
 
-def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict]) -> set[str]:
+def unheard_holders(incarnations: Iterable[str], workers: Mapping[str, dict],
+                    now: float) -> dict[str, dict]:
+    """Records for processes that hold messages yet never answered a heartbeat (frozen
+    or killed just after they began taking jobs), counted from ``now``: they are not
+    routed to, and are dead once they miss as many rounds as any worker (pure)."""
+    records = {}
+    for incarnation in set(incarnations):
+        host, started_at = _parts(incarnation)
+        worker = workers.get(host)
+        if worker is None or (worker.get("incarnation") != incarnation and not worker["alive"]
+                              and worker.get("started_at", 0) < started_at):
+            records[host] = {"incarnation": incarnation, "started_at": started_at,
+                             "last_seen": now, "missed": 0, "alive": False, "unheard": True}
+    return records
+
+
+def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict],
+                      misses_allowed: int = 2) -> set[str]:
     """Incarnations ("host/pid/start") whose jobs must be put back (pure)."""
     dead = set()
     for incarnation in set(incarnations):
         host, started_at = _parts(incarnation)
         worker = workers.get(host)
         if worker is None:
-            continue  # not heard from yet: too new to judge
+            continue  # not heard from yet: too new to judge (see unheard_holders)
         if worker.get("incarnation") == incarnation:
-            if not worker["alive"]:
+            if not worker["alive"] and (not worker.get("unheard")
+                                        or worker["missed"] >= misses_allowed):
                 dead.add(incarnation)
         elif worker.get("alive") and worker.get("started_at", 0) > started_at:
             dead.add(incarnation)  # restarted under the same name
@@ -45,29 +62,16 @@ def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict]) 
 
 
 def restore_if_held(channel: Any, client: redis.Redis, tag: str, incarnation: str) -> bool:
-    """Put message ``tag`` back in its lane if ``incarnation`` still holds it."""
-    qos = channel.qos
-
-    def move(pipe: redis.client.Pipeline) -> bool:
-        if pipe.hget(HOLDERS_KEY, tag) != incarnation:
-            return False
-        raw = pipe.hget(qos.unacked_key, tag)
-        message, exchange, routing_key = loads(raw) if raw else (None, None, None)
-        if message and pipe.get(lease_key(message["headers"]["id"])) == incarnation:
-            return False  # silent, yet still running it (a warm shutdown): not dead yet
-        pipe.multi()
-        pipe.hdel(HOLDERS_KEY, tag).zrem(qos.unacked_index_key, tag).hdel(qos.unacked_key, tag)
-        if message:
-            channel._do_restore_message(message, exchange, routing_key, pipe)
-        return bool(raw)
-
-    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
+    """Put message ``tag`` back in its lane if ``incarnation`` still holds it and no
+    longer runs it (``tasks.transport.put_back_held``)."""
+    return put_back_held(channel, client, tag, incarnation)
 
 
-def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict]) -> int:
-    """Restore every message a dead incarnation holds; returns how many."""
-    holders = client.hgetall(HOLDERS_KEY)
-    dead = dead_incarnations(holders.values(), workers)
+def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict],
+                 holders: Mapping[str, str], misses_allowed: int) -> int:
+    """Restore every message a dead incarnation holds (``holders``: tag -> incarnation);
+    returns how many."""
+    dead = dead_incarnations(holders.values(), workers, misses_allowed)
     if not dead:
         return 0
     with app.connection_for_write() as conn:

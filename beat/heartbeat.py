@@ -3,7 +3,9 @@
 Each round: broadcast ``lanes_stats`` (answered by each worker's consumer
 thread, even mid-job), fold the replies into the worker record (a worker
 that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead), measure the
-lanes, step the lane policy, and publish it all as one snapshot in Redis.
+lanes, step the lane policy, and publish it all as one snapshot in Redis. Jobs
+queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
+reply) go back to the shared lanes.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from typing import Any
 import redis
 
 import celeryconfig as cfg
-from beat.health import requeue_dead
+from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
-from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, LANES, RELAX_PRIORITIES,
-                           SNAPSHOT_KEY, STATS_COMMAND, USAGE_BUCKET_S, WORKERS_KEY,
-                           lane_keys, usage_key, worker_queue)
+from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, HOLDERS_KEY, LANES,
+                           RELAX_PRIORITIES, SNAPSHOT_KEY, STATS_COMMAND, USAGE_BUCKET_S,
+                           WORKERS_KEY, lane_keys, usage_key, worker_queue)
+from routing.placement import serving
 from routing.policy import relax_levels
 from tasks.celeryapp import app, redis_client
 
@@ -37,7 +40,8 @@ def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
     for host, old in previous.items():
         if host not in replies and now - old["last_seen"] < FORGET_AFTER_S:
             missed = old.get("missed", 0) + 1
-            record[host] = {**old, "missed": missed, "alive": missed < misses_allowed}
+            alive = missed < misses_allowed and not old.get("unheard")
+            record[host] = {**old, "missed": missed, "alive": alive}
     for host, stats in replies.items():
         record[host] = {**stats, "last_seen": now, "missed": 0, "alive": True}
     return record
@@ -114,17 +118,19 @@ def heartbeat() -> str:
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
     replies = ask_workers(cfg.HEARTBEAT_REPLY_S)
     now = time.time()
+    holders = client.hgetall(HOLDERS_KEY)
     workers = merge(previous, replies, now, cfg.MISSES_ALLOWED)
+    workers.update(unheard_holders(holders.values(), workers, now))
     snapshot = build_snapshot(client, workers, now)
     with client.pipeline() as pipe:
         pipe.delete(WORKERS_KEY)
         if workers:
             pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
         pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
-    requeue_dead(app, client, workers)
+    requeue_dead(app, client, workers, holders, cfg.MISSES_ALLOWED)
     for host, worker in workers.items():
-        if not worker["alive"] and worker.get("queued"):
-            return_to_shared_lanes(client, host)
+        if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
+            return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
     keep_replicas(app, workers, cfg.MIN_REPLICAS)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(

@@ -1,4 +1,4 @@
-"""A dead worker's own queues go back to the shared lanes, in order, at the front."""
+"""A dead or sick worker's own queues go back to the shared lanes, in order, at the front."""
 from __future__ import annotations
 
 import logging
@@ -11,12 +11,14 @@ from routing.names import LANES, lane_keys, worker_queue
 log = logging.getLogger(__name__)
 
 
-def return_to_shared_lanes(client: redis.Redis, node: str) -> int:
-    """Move every job queued for worker ``node`` to the front of its shared lane."""
+def return_to_shared_lanes(client: redis.Redis, node: str, why: str = "is gone") -> int:
+    """Move every job queued for worker ``node`` to the front of its shared lane
+    (``why``: for the log, the worker "is gone" or "is sick")."""
     moved = 0
     for lane in LANES:
         for own, shared in zip(lane_keys(worker_queue(lane, node)), lane_keys(lane)):
             moved += readdress(client, own, shared, lane)
     if moved:
-        log.warning("worker %s is gone: %d queued job(s) back in the shared lanes", node, moved)
+        log.warning("worker %s %s: %d queued job(s) back in the shared lanes", node, why,
+                    moved)
     return moved

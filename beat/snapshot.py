@@ -5,6 +5,7 @@ from statistics import mean
 from typing import Any, Mapping
 
 from routing.names import LANES
+from routing.placement import serving
 from routing.policy import Hysteresis, expected_waits, next_state
 
 
@@ -16,8 +17,11 @@ def _service_s(healthy: list[dict], lane: str) -> float | None:
 
 def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
                default_service_s: float) -> dict[str, dict[str, Any]]:
-    """Per lane: depth, in-flight jobs, healthy workers, service time, expected wait."""
-    healthy = [w for w in workers.values() if w.get("alive")]
+    """Per lane: depth, in-flight jobs, serving workers, service time, expected wait.
+
+    A dead or sick worker adds no capacity (and its jobs in flight are its own
+    business: they finish or are retried elsewhere)."""
+    healthy = [w for w in workers.values() if serving(w)]
     measured = {lane: _service_s(healthy, lane) for lane in LANES}
     known = [s for s in measured.values() if s is not None]
     fallback = mean(known) if known else default_service_s

@@ -7,6 +7,8 @@ never accepted). :func:`settle` then waits for every accepted job and counts:
 
 - **completed**: its result came back (``.get()``, the client's own path);
 - **failed**: it failed for good (dead-lettered);
+- **falsely failed**: its caller saw FAILURE although a run of it stored a
+  result (must be 0);
 - **lost**: accepted, but no result by the deadline (must be 0);
 - **re-run**: more than one run began (``attempts_key``, counted by every run
   in Redis): the first was killed, or failed and was retried;
@@ -30,7 +32,7 @@ TIERS = ("fast", "standard", "relaxed")
 #: A few milliseconds per generation (tests/conftest.py's SMALL).
 SMALL = dict(steps=4, width=64, height=64)
 HEADERS = ("scenario", "submitted", "accepted", "refused", "completed", "failed",
-           "re-run", "duplicated", "lost", "seconds")
+           "falsely failed", "re-run", "duplicated", "lost", "seconds")
 
 
 @dataclass
@@ -49,10 +51,14 @@ class Counts:
     seconds: float
     refusals: dict[str, int] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
+    falsely_failed: int = 0
+    #: The longest a refused submit took to raise (seconds).
+    slowest_refusal_s: float = 0.0
 
     def row(self) -> list[Any]:
         return [self.scenario, self.submitted, self.accepted, self.refused, self.completed,
-                self.failed, self.rerun, self.duplicated, self.lost, f"{self.seconds:.1f}"]
+                self.failed, self.falsely_failed, self.rerun, self.duplicated, self.lost,
+                f"{self.seconds:.1f}"]
 
 
 def small_job(index: int) -> dict[str, Any]:
@@ -68,6 +74,8 @@ class JobStream:
         self.make_job = make_job
         self.accepted: dict[str, Any] = {}  # job id -> AsyncResult
         self.refused: Counter[str] = Counter()
+        self.refused_jobs: list[dict[str, Any]] = []  # the first hundred, to submit again
+        self.slowest_refusal_s = 0.0
         self.submitted = 0
         self.started_at = time.monotonic()
         self._stop = threading.Event()
@@ -78,10 +86,14 @@ class JobStream:
         from tasks import submit
 
         index, self.submitted = self.submitted, self.submitted + 1
+        began, job = time.monotonic(), self.make_job(index)
         try:
-            result = submit(**self.make_job(index))
+            result = submit(**job)
         except Exception as exc:  # noqa: BLE001  a refusal: counted, never accepted
             self.refused[type(exc).__name__] += 1
+            if len(self.refused_jobs) < 100:
+                self.refused_jobs.append(job)
+            self.slowest_refusal_s = max(self.slowest_refusal_s, time.monotonic() - began)
             return None
         self.accepted[result.id] = result
         return result
@@ -141,7 +153,7 @@ def wait_quiet(client: Any, job_ids: Iterable[str], timeout_s: float) -> None:
 
 def settle(stream: JobStream, scenario: str, client: Any, timeout_s: float) -> Counts:
     """Wait (up to ``timeout_s`` in all) for every accepted job and count the outcomes."""
-    from routing.names import DUPLICATES_KEY
+    from routing.names import DUPLICATES_KEY, done_key
 
     deadline = time.monotonic() + timeout_s
     outcomes = Counter(_outcome(r, deadline) for r in stream.accepted.values())
@@ -149,11 +161,14 @@ def settle(stream: JobStream, scenario: str, client: Any, timeout_s: float) -> C
     wait_quiet(client, ids, max(1.0, deadline - time.monotonic()))
     duplicates = client.hmget(DUPLICATES_KEY, ids) if ids else []
     lost_ids = [i for i, r in stream.accepted.items() if r.state not in ("SUCCESS", "FAILURE")]
+    false = [i for i, r in stream.accepted.items()
+             if r.state == "FAILURE" and client.exists(done_key(i))]
     return Counts(scenario, stream.submitted, len(ids), sum(stream.refused.values()),
                   outcomes["completed"], outcomes["failed"],
                   sum(runs > 1 for runs in _runs(client, ids)),
                   sum(bool(d) for d in duplicates), outcomes["lost"],
-                  time.monotonic() - stream.started_at, dict(stream.refused), lost_ids)
+                  time.monotonic() - stream.started_at, dict(stream.refused), lost_ids,
+                  len(false), round(stream.slowest_refusal_s, 2))
 
 
 # --- faults ----------------------------------------------------------------------------

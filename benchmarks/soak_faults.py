@@ -1,51 +1,68 @@
 """Fault soak: a stream of jobs through a real cluster while it is broken on purpose.
 
 ``python benchmarks/soak_faults.py`` starts a private cluster (an embedded Redis
-with AOF on, ``--workers`` CPU workers, beat) whose visibility timeout is short
-(``--visibility-s``), and runs, one after another, each while jobs stream in at
-``--rate`` per second:
+with AOF on, ``--workers`` CPU workers, beat) with the default visibility
+timeout, and runs, one after another, each while jobs stream in at ``--rate``
+per second:
 
 1. **worker SIGKILL**: ``--kills`` times, ``--kill-every-s`` after the last
    one is back, a random worker is SIGKILLed wherever it is (running a job,
    or waiting for one; the supervisor's restart backoff grows with each kill);
-2. **Redis restart**: Redis is SIGKILLed, stays down ``--redis-down-s``, and is
-   restarted from its AOF; workers and this (submitting) process reconnect by
-   themselves; submits while it is down are refused, not accepted;
-3. **long jobs**: ``--long-jobs`` jobs that run longer than the visibility
-   timeout, among the stream; each must be delivered and run once;
-4. **supervisor restart**: ``python -m gpu_worker`` is SIGKILLed (its workers
-   get SIGTERM and finish what they hold) and started again at once.
+2. **worker SIGSTOP**: ``--freezes`` times a random worker is paused for
+   ``--freeze-s`` (three times the heartbeat miss window: its jobs run again
+   elsewhere meanwhile) and then resumed: what it ran must stop as stale;
+3. **Redis restart**: Redis is SIGKILLed while long jobs run, stays down
+   ``--redis-down-s``, and is restarted from its AOF; workers and this
+   (submitting) process reconnect by themselves; submits while it is down are
+   refused, not accepted; the jobs that were running must finish within
+   seconds of the restart, not after the visibility timeout;
+4. **Redis SIGSTOP**: Redis stops answering for ``--redis-freeze-s`` without
+   closing a connection; submits meanwhile must raise ``BrokerUnavailable``
+   within about ``GPULANES_REDIS_TIMEOUT_S``, jobs finishing meanwhile must
+   not be reported failed, and a seeded job refused meanwhile must run when
+   submitted again (no claim of it left behind);
+5. **freeze, then crash**: a worker running a long job is paused until the
+   job runs on another worker, resumed, and the new holder is SIGKILLed;
+6. **supervisor restart**: ``python -m gpu_worker`` is SIGKILLed (its workers
+   get SIGTERM and finish what they hold) and started again at once;
+7. **long jobs** (only with ``--visibility-s``, shorter than the jobs):
+   ``--long-jobs`` jobs that run longer than the visibility timeout, among the
+   stream; each must be delivered and run once.
 
 Then it prints one markdown table: per scenario the jobs submitted, accepted
-(``submit()`` returned), refused (it raised), completed, failed, re-run (more
-than one run began: a killed run, then another), duplicated (more than one run
-finished) and lost (accepted, no result by the deadline; must be 0), and the
-scenario's seconds. See ``benchmarks/faults.py`` for how each is counted.
-``--quick`` runs a small size; ``--only`` some scenarios; ``--json`` writes
-the rows.
+(``submit()`` returned), refused (it raised), completed, failed, falsely
+failed, re-run (more than one run began: a killed run, then another),
+duplicated (more than one run finished) and lost (accepted, no result by the
+deadline; must be 0), and the scenario's seconds. See ``benchmarks/faults.py``
+for how each is counted. ``--quick`` runs a small size; ``--only`` some
+scenarios; ``--json`` writes the rows.
 """
 from __future__ import annotations
 
 import argparse
 import gc
 import json
+import os
 import random
+import signal
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.faults import (HEADERS, Counts, JobStream, kill_a_worker,  # noqa: E402
-                               kill_supervisor, settle, small_job, wait_replaced)
+from benchmarks.faults import (HEADERS, SMALL, Counts, JobStream,  # noqa: E402
+                               kill_a_worker, kill_supervisor, settle, small_job,
+                               wait_replaced, worker_pids)
 
-SCENARIOS = ("kill", "redis", "long", "supervisor")
+SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor", "long")
+#: Run unless ``--only`` says otherwise (``long`` needs a short ``--visibility-s``).
+DEFAULT_SCENARIOS = SCENARIOS[:-1]
 #: A long job: about ten seconds of the demo model on one CPU thread here.
 LONG_JOB = dict(steps=150, width=1024, height=1024)
-SETTLE_S = 60.0  # generous: a job here takes milliseconds, a long one seconds
+SETTLE_S = 90.0  # generous: a job here takes milliseconds, a long one seconds
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,19 +71,63 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=25.0, help="jobs offered per second")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--kill-every-s", type=float, default=2.0)
+    parser.add_argument("--freezes", type=int, default=3)
+    parser.add_argument("--freeze-s", type=float, default=6.0)
     parser.add_argument("--stream-s", type=float, default=30.0,
                         help="stream length of the other scenarios (split around the fault)")
     parser.add_argument("--redis-down-s", type=float, default=5.0)
-    parser.add_argument("--visibility-s", type=int, default=3)
+    parser.add_argument("--redis-freeze-s", type=float, default=8.0)
+    parser.add_argument("--visibility-s", type=int, default=None,
+                        help="visibility timeout (default: gpulanes' own, 630 s)")
     parser.add_argument("--long-jobs", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="a small size (the test's)")
+    parser.add_argument("--quick", action="store_true", help="a small size (the tests')")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.quick:
         args.kills, args.kill_every_s, args.stream_s, args.redis_down_s = 2, 3.0, 5.0, 2.0
-        args.long_jobs = 1
+        args.freezes, args.long_jobs = 1, 1
+    if "long" in (args.only or ()) and args.visibility_s is None:
+        parser.error("--only long needs --visibility-s shorter than a long job (say 3)")
     return args
+
+
+def _stream_around(args: argparse.Namespace, fault: Callable[[], Any],
+                   make_job: Callable[[int], dict[str, Any]] = small_job) -> JobStream:
+    """Stream for half of ``--stream-s``, break something, stream the other half."""
+    stream = JobStream(make_job).start(args.rate)
+    time.sleep(args.stream_s / 2)
+    fault()
+    time.sleep(args.stream_s / 2)  # the fault's own clock: a stream on both sides
+    stream.stop()
+    return stream
+
+
+def _metric(client: Any, name: str) -> int:
+    from routing.names import METRICS_KEY, metric_field
+
+    return int(client.hget(METRICS_KEY, metric_field(name)) or 0)
+
+
+def _started(result: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The STARTED meta (worker, pid) of a job once a run of it began."""
+    deadline = time.monotonic() + timeout_s
+    while result.state != "STARTED" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return result.info
+
+
+def _runs_begun(client: Any, job_id: str) -> int:
+    from routing.names import attempts_key
+
+    return int(client.get(attempts_key(job_id)) or 0)
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return predicate()
 
 
 # --- the scenarios: each streams, breaks something, settles --------------------------
@@ -78,26 +139,131 @@ def worker_kills(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
         if not wait_replaced(app, host, pid):
             print(f"warning: {host} did not come back", file=sys.stderr)
     stream.stop()
+    before = _metric(client, "recovered")
     counts = settle(stream, "", client, SETTLE_S)
-    from beat.ledger import RECOVERED_FIELD
-    from routing.names import METRICS_KEY
+    counts.scenario = (f"worker SIGKILL x{args.kills} ({_metric(client, 'recovered') - before}"
+                       " popped and lost by a killed worker, put back from the ledger)")
+    return counts
 
-    put_back = int(client.hget(METRICS_KEY, RECOVERED_FIELD) or 0)
-    counts.scenario = (f"worker SIGKILL x{args.kills} ({put_back} popped and lost by a "
-                       "killed worker, put back from the ledger)")
+
+def worker_freezes(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
+    rng, stream, before = random.Random(2), JobStream().start(args.rate), \
+        _metric(client, "stale_runs")
+    for _ in range(args.freezes):
+        time.sleep(args.kill_every_s)
+        pids = worker_pids(app, args.workers)
+        pid = pids[rng.choice(sorted(pids))]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(args.freeze_s)  # the freeze itself
+        os.kill(pid, signal.SIGCONT)
+    time.sleep(args.kill_every_s)
+    stream.stop()
+    counts = settle(stream, "", client, SETTLE_S)
+    counts.scenario = (f"worker SIGSTOP {args.freeze_s:g}s x{args.freezes} "
+                       f"({_metric(client, 'stale_runs') - before} woken runs stopped as stale)")
     return counts
 
 
 def redis_restart(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
-    stream = JobStream().start(args.rate)
-    time.sleep(args.stream_s / 2)
-    cluster.redis.kill()
-    time.sleep(args.redis_down_s)  # the outage itself
-    cluster.redis.start()
-    time.sleep(args.stream_s / 2)
-    stream.stop()
-    return settle(stream, f"Redis SIGKILL, {args.redis_down_s:g}s down, AOF restart",
-                  cluster.redis.client(), SETTLE_S)
+    from tasks import submit
+
+    running: list[Any] = []
+    came_back: dict[str, float] = {}
+
+    def fault() -> None:
+        running.extend(submit(f"running at the kill {i}", **LONG_JOB) for i in range(2))
+        for result in running:
+            _started(result)
+        cluster.redis.kill()
+        time.sleep(args.redis_down_s)  # the outage itself
+        cluster.redis.start()
+        came_back["at"] = time.time()
+
+    stream = _stream_around(args, fault)
+    stream.accepted.update((r.id, r) for r in running)
+    stream.submitted += len(running)
+    counts = settle(stream, "", cluster.redis.client(), SETTLE_S)
+    ended = [r.result["started_at"] + r.result["run_ms"] / 1000 for r in running
+             if r.successful()]
+    after_s = max(ended) - came_back["at"] if len(ended) == len(running) else float("inf")
+    counts.scenario = (f"Redis SIGKILL, {args.redis_down_s:g}s down, AOF restart (the 2 jobs "
+                       f"running at the kill done {after_s:.1f}s after the restart)")
+    counts.running_done_after_s = round(after_s, 1)  # type: ignore[attr-defined]
+    return counts
+
+
+def _seeded_job(index: int) -> dict[str, Any]:
+    """Every other job seeded (a cache claim on the submit path), the rest as usual."""
+    job = small_job(index)
+    return {**job, "prompt": f"seeded {index}", "seed": index} if index % 2 else job
+
+
+#: A seeded fast job submitted while Redis is frozen, and again once it answers.
+PROBE = dict(prompt="a seeded probe", seed=7, tier="fast", **SMALL)
+
+
+def _refusal(call: Callable[[], Any]) -> str | None:
+    """The name of the error ``call()`` raised, or None if it returned."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001  reported, not raised
+        return type(exc).__name__
+    return None
+
+
+def redis_freeze(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
+    from tasks import submit
+
+    pid, probe = cluster.redis.process.pid, {}
+
+    def fault() -> None:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            probe["refused"] = _refusal(lambda: submit(**PROBE))
+            probe["refusal_s"] = round(time.monotonic() - began, 2)
+            time.sleep(max(0.0, args.redis_freeze_s - (time.monotonic() - began)))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    stream = _stream_around(args, fault, _seeded_job)
+    counts = settle(stream, "", client, SETTLE_S)
+    again = [submit(**job) for job in [PROBE, *stream.refused_jobs[:10]]]
+    stuck = sum(_refusal(lambda r=r: r.get(timeout=30)) is not None for r in again)
+    counts.lost += stuck  # a claim or place left behind would hang or refuse them
+    counts.probe = {**probe, "done_after": stuck == 0}  # type: ignore[attr-defined]
+    counts.scenario = (f"Redis SIGSTOP {args.redis_freeze_s:g}s (every submit meanwhile "
+                       f"refused: {counts.refusals}, the slowest in "
+                       f"{max(counts.slowest_refusal_s, probe['refusal_s']):.1f}s; "
+                       f"{len(again) - stuck} of {len(again)} refused jobs submitted again done)")
+    return counts
+
+
+def freeze_then_crash(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
+    from tasks import submit
+
+    long_job: list[Any] = []
+
+    def fault() -> None:
+        long_job.append(submit("frozen, then its new holder killed", **LONG_JOB))
+        first = _started(long_job[0])
+        os.kill(first["pid"], signal.SIGSTOP)
+        try:
+            _wait(lambda: _runs_begun(client, long_job[0].id) >= 2, 60)
+        finally:
+            os.kill(first["pid"], signal.SIGCONT)
+        second = long_job[0].info
+        if isinstance(second, dict) and second.get("pid") not in (None, first["pid"]):
+            os.kill(second["pid"], signal.SIGKILL)
+
+    stream = _stream_around(args, fault)
+    stream.accepted[long_job[0].id] = long_job[0]
+    stream.submitted += 1
+    counts = settle(stream, "", client, SETTLE_S)
+    runs = _runs_begun(client, long_job[0].id)
+    counts.scenario = (f"worker SIGSTOP mid-job until it runs elsewhere, then that worker "
+                       f"SIGKILLed (the job: {runs} runs begun, one result)")
+    return counts
 
 
 def long_jobs(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
@@ -124,17 +290,17 @@ def long_jobs(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> 
 
 def supervisor_restart(args: argparse.Namespace, cluster: Any, app: Any,
                        client: Any) -> Counts:
-    stream = JobStream().start(args.rate)
-    time.sleep(args.stream_s / 2)
-    kill_supervisor(cluster)
-    cluster.start_workers()
-    time.sleep(args.stream_s / 2)
-    stream.stop()
-    return settle(stream, "supervisor SIGKILL + restart", client, SETTLE_S)
+    def fault() -> None:
+        kill_supervisor(cluster)
+        cluster.start_workers()
+
+    return settle(_stream_around(args, fault), "supervisor SIGKILL + restart", client, SETTLE_S)
 
 
-RUNS: dict[str, Callable[..., Counts]] = {"kill": worker_kills, "redis": redis_restart,
-                                          "long": long_jobs, "supervisor": supervisor_restart}
+RUNS: dict[str, Callable[..., Counts]] = {
+    "kill": worker_kills, "freeze": worker_freezes, "redis": redis_restart,
+    "redis-freeze": redis_freeze, "freeze-crash": freeze_then_crash,
+    "supervisor": supervisor_restart, "long": long_jobs}
 
 
 def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
@@ -144,7 +310,7 @@ def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     rows = []
     with LocalCluster(state, workers=args.workers, device="cpu") as cluster:
         cluster.start(app, fresh=True)
-        for name in args.only or SCENARIOS:
+        for name in args.only or DEFAULT_SCENARIOS:
             counts = RUNS[name](args, cluster, app, cluster.redis.client())
             print(markdown_table(HEADERS, [counts.row()]).splitlines()[-1], flush=True)
             rows.append(counts)
@@ -154,18 +320,22 @@ def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    settings = {"HEARTBEAT_S": 1, "HEARTBEAT_REPLY_S": "0.3", "CACHE": "on"}
+    if args.visibility_s is not None:
+        settings["VISIBILITY_TIMEOUT_S"] = args.visibility_s
     report = run_private("gl-soak-", lambda state: soak(args, state), "cluster stopped",
-                         VISIBILITY_TIMEOUT_S=args.visibility_s, HEARTBEAT_S=1,
-                         HEARTBEAT_REPLY_S="0.3")
+                         **settings)
     if report is None:
         return 130
     rows = report["rows"]
-    print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, "
-          f"visibility timeout {args.visibility_s}s, {report['wall_s']:.0f}s in all\n")
+    import celeryconfig as cfg
+
+    print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, visibility timeout "
+          f"{cfg.VISIBILITY_TIMEOUT_S}s, {report['wall_s']:.0f}s in all\n")
     print(markdown_table(HEADERS, [c.row() for c in rows]))
     if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in rows], indent=2) + "\n")
-    return 1 if any(c.lost for c in rows) else 0
+        args.json.write_text(json.dumps([vars(c) for c in rows], indent=2) + "\n")
+    return 1 if any(c.lost or c.falsely_failed for c in rows) else 0
 
 
 if __name__ == "__main__":

@@ -33,13 +33,30 @@ def free_cache() -> None:
         torch.cuda.empty_cache()
 
 
+class DroppedOut(Exception):
+    """Jobs of a pass whose own check failed between steps: (job, error) pairs."""
+
+    def __init__(self, dropped: list[tuple[Pending, BaseException]]) -> None:
+        super().__init__(f"{len(dropped)} job(s) dropped out of the pass")
+        self.dropped = dropped
+
+
 def deadline_guard(group: list[Pending]):
-    """Between steps: stop once the earliest job of the pass is past GPULANES_MAX_JOB_S."""
+    """Between steps: stop once the earliest job of the pass is past GPULANES_MAX_JOB_S,
+    or once a job's own check fails (it drops out; the others run again without it)."""
     deadline = min(item.deadline for item in group)
 
     def on_step(step: int) -> None:
         if time.monotonic() > deadline:
             raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={cfg.MAX_JOB_S:g}s at step {step}")
+        dropped = []
+        for item in group:
+            try:
+                item.check(step)
+            except Exception as exc:  # noqa: BLE001  the job's own verdict, settled as its own
+                dropped.append((item, exc))
+        if dropped:
+            raise DroppedOut(dropped)
     return on_step
 
 
@@ -95,6 +112,13 @@ def _settle_pass(group: list[Pending], images: list[Any], began: float,
 
 
 def _after_failure(group: list[Pending], exc: Exception) -> None:
+    if isinstance(exc, DroppedOut):
+        for item, error in exc.dropped:
+            settle(item, error=error)
+        rest = [item for item in group if not item.done.is_set()]
+        if rest:
+            run_group(rest)
+        return
     if len(group) == 1:
         settle(group[0], error=exc)
         return

@@ -28,7 +28,9 @@ passes, the fast job enters when the first one ends and runs next. So the
 worst case for a fast job is one pass (today: one job) plus a round trip, not
 the relaxed backlog. Jobs of different shapes never share a pass.
 
-Failures. A failed batched pass is retried one job at a time, so only the
+Failures. A job whose own check fails between steps (revoked, or its run
+taken over by a newer one) drops out: the rest of its pass runs again without
+it. A failed batched pass is retried one job at a time, so only the
 jobs that fail alone fail. Out of GPU memory, the group is split in halves
 (cache freed first) down to single jobs, whose OOM then goes to the task's
 retry like any transient error. ``GPULANES_MAX_JOB_S`` still applies between
@@ -82,6 +84,8 @@ class Pending:
     lane: str
     seq: int
     deadline: float  # monotonic; GPULANES_MAX_JOB_S from arrival
+    #: The job's own check between steps (revoked? taken over?): raises to drop out.
+    check: Callable[[int], None] = lambda step: None
     arrived: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     ran: Ran | None = None
@@ -127,10 +131,12 @@ class Batcher:
         self._runner: threading.Thread | None = None
         self.passes = self.jobs = 0
 
-    def run(self, job: dict, lane: str) -> Ran:
-        """Run ``job`` in some pass and return its own outcome (or raise its own error)."""
+    def run(self, job: dict, lane: str, check: Callable[[int], None] | None = None) -> Ran:
+        """Run ``job`` in some pass and return its own outcome (or raise its own error);
+        ``check`` runs between steps and drops the job out of its pass when it raises."""
         with self._cond:
-            item = Pending(job, lane, next(self._seq), time.monotonic() + cfg.MAX_JOB_S)
+            item = Pending(job, lane, next(self._seq), time.monotonic() + cfg.MAX_JOB_S,
+                           check or (lambda step: None))
             self._pending.append(item)
             self._start_runner()
             self._cond.notify()

@@ -6,19 +6,22 @@ from typing import Any
 from celery.worker.control import control_command, inspect_command
 
 from gpu_worker.batching import BATCHER
+from gpu_worker.health import HEALTH
 from gpu_worker.runtime import RUNTIME
-from routing.names import PREWARM_COMMAND, STATS_COMMAND, lane_of
+from routing.names import CONSUME_COMMAND, PREWARM_COMMAND, STATS_COMMAND, lane_of
 
 
 @inspect_command(name=STATS_COMMAND)
 def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
-    """gpulanes load figures: device, in-flight jobs, service time, warm models."""
+    """gpulanes load figures: device, in-flight jobs, service time, warm models, and
+    ``sick`` (why this worker stepped aside, or None)."""
     reply = RUNTIME.stats()
     queues = [q.name for q in state.consumer.task_consumer.queues]
     reply["queues"] = queues
     reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
     reply["concurrency"] = state.consumer.controller.concurrency
     reply["batching"] = BATCHER.stats()
+    reply.update(HEALTH.stats())
     return reply
 
 
@@ -29,3 +32,33 @@ def lanes_prewarm(state: Any, model: str, **_: Any) -> dict[str, str]:
         return {"ok": RUNTIME.prewarm(model)}
     except KeyError as exc:
         return {"error": str(exc)}
+
+
+def consume_only(consumer: Any, queues: list[str]) -> None:
+    """Make ``consumer`` consume exactly ``queues``, in this order (in its own thread).
+
+    Queue order is lane priority with kombu's priority cycle, and adding a queue
+    appends it: so unless the order is already right, every queue goes and the
+    wanted ones come back in order, in this one step.
+    """
+    current = [q.name for q in consumer.task_consumer.queues]
+    if current == queues:
+        return
+    for queue in current:
+        consumer.cancel_task_queue(queue)
+    for queue in queues:
+        consumer.add_task_queue(queue)
+
+
+@control_command(name=CONSUME_COMMAND, args=[("queues", str)], signature="<queue,...>")
+def lanes_consume(state: Any, queues: str | list[str] = "", **_: Any) -> dict[str, str]:
+    """Consume exactly these queues, in order; none to step aside (``gpu_worker.health``).
+
+    One command for the whole list: Celery applies each ``add_consumer`` through
+    kombu's ``Hub.call_soon``, which keeps pending calls in a set, so several are
+    applied in any order, and the order is the lanes' priority.
+    """
+    names = [q for q in (queues.split(",") if isinstance(queues, str) else queues) if q]
+    # like Celery's own add/cancel_consumer: change the consumer between its reads
+    state.consumer.call_soon(consume_only, state.consumer, names)
+    return {"ok": f"consuming {', '.join(names) or 'nothing'}"}

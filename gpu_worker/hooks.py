@@ -5,11 +5,11 @@ Add a concern (VRAM guard, metrics, ...) by writing a hook and listing it in
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict, deque
-from functools import cached_property
 from typing import Any, Callable
 
 from celery import signals
@@ -19,9 +19,12 @@ from kombu.transport.redis import Channel as RedisChannel
 import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
+from gpu_worker.health import HEALTH_HOOK
+from gpu_worker.lease import Lease, renew
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of, lease_key
-from routing.store import connect
+from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
+from tasks.outage import OUTAGE
+from tasks.transport import put_back_held, set_holder
 
 log = logging.getLogger(__name__)
 #: Exit status of a worker whose models failed to load (EX_CONFIG).
@@ -106,43 +109,31 @@ class JobStats(Hook):
             RUNTIME.job_finished(lane, (time.perf_counter() - began) * 1000 if ok else None)
 
 
-# KEYS: holders hash. ARGV: delivery tag, incarnation. Drop the entry if it is ours.
-_RELEASE = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then redis.call('HDEL', KEYS[1], ARGV[1]) end
-"""
-
-
 class HeldJobs(Hook):
-    """Record in Redis which worker incarnation holds each broker message.
+    """Which broker messages this worker process holds, and the lease of each run.
 
-    Redis has no acks: if this process dies, beat's health check finds its
-    messages here and puts them back at once instead of after the visibility
-    timeout. An entry goes when its job is done (the message is acked right
-    after) and, on a clean shutdown, when kombu puts the message back itself.
+    kombu's take records in Redis which process holds each message
+    (``tasks.transport``): if this process dies, beat's health check puts its
+    messages back at once instead of after the visibility timeout. Here the
+    process keeps its own list, so it can keep them fresh (:class:`KeepHeld`)
+    and notice a record of its own in Redis that it does not hold (an ack lost
+    in an outage, a record restored from the AOF): such an orphan goes back to
+    its lane, or is dropped if its job finished.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._received: dict[str, deque[str]] = defaultdict(deque)
         self._running: dict[int, tuple[str, str]] = {}  # pool thread -> (tag, job id)
-
-    @cached_property
-    def _redis(self):
-        return connect(cfg.broker_url, cfg.SENTINEL_MASTER)
-
-    @cached_property
-    def _release(self):
-        return self._redis.register_script(_RELEASE)
+        self._leases: dict[int, Lease] = {}  # pool thread -> its run's lease
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_received: self.on_received, signals.task_prerun: self.on_prerun,
                 signals.task_postrun: self.on_postrun, signals.worker_shutdown: self.on_shutdown}
 
     def on_received(self, request: Any = None, **_: Any) -> None:
-        tag = request.message.delivery_tag
         with self._lock:  # a retry's message (same id) may arrive before the run ends
-            self._received[request.id].append(tag)
-        self._redis.hset(HOLDERS_KEY, tag, RUNTIME.incarnation)
+            self._received[request.id].append(request.message.delivery_tag)
 
     def on_prerun(self, task_id: str, **_: Any) -> None:
         with self._lock:
@@ -154,32 +145,48 @@ class HeldJobs(Hook):
 
     def on_postrun(self, **_: Any) -> None:
         with self._lock:
-            tag, _ = self._running.pop(threading.get_ident(), (None, None))
-        if tag is not None:
-            self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
+            self._running.pop(threading.get_ident(), None)
+            self._leases.pop(threading.get_ident(), None)
 
-    def held(self) -> tuple[list[str], list[str]]:
-        """(delivery tags of every message this process holds, ids of the jobs it runs)."""
+    def current_tag(self) -> str | None:
+        """The delivery tag of the message this pool thread runs."""
+        with self._lock:
+            return self._running.get(threading.get_ident(), (None, None))[0]
+
+    def attach(self, lease: Lease) -> None:
+        """The run on this pool thread holds ``lease``: keep it extended."""
+        with self._lock:
+            self._leases[threading.get_ident()] = lease
+
+    def held(self) -> tuple[list[str], list[Lease]]:
+        """(delivery tags of every message this process holds, the leases of its runs)."""
         with self._lock:
             waiting = [tag for tags in self._received.values() for tag in tags]
-            running = list(self._running.values())
-        return waiting + [tag for tag, _ in running], [job_id for _, job_id in running]
+            return waiting + [tag for tag, _ in self._running.values()], \
+                list(self._leases.values())
 
     def on_shutdown(self, **_: Any) -> None:
-        ours = [tag for tag, who in self._redis.hgetall(HOLDERS_KEY).items()
-                if who == RUNTIME.incarnation]
-        for tag in ours:
-            self._release(keys=[HOLDERS_KEY], args=[tag, RUNTIME.incarnation])
+        with contextlib.suppress(*OUTAGE):
+            settle_orphans(set(self.held()[0]), confirmed=None)
 
 
-# KEYS: kombu's unacked index, then the lease of each running job. ARGV: now,
-# incarnation, lease ttl, then the delivery tags. XX: an acked tag stays gone.
-_KEEP = """
-for i = 4, #ARGV do redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i]) end
-for i = 2, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[2] then redis.call('EXPIRE', KEYS[i], ARGV[3]) end
-end
-"""
+def settle_orphans(held: set[str], confirmed: set[str] | None) -> set[str]:
+    """Records in Redis naming this process as holder of a message it does not hold:
+    those also among ``confirmed`` (seen last time: not a take in flight; None: all)
+    go back to their lane, or are dropped if their job finished. Returns the rest."""
+    from tasks.celeryapp import app, redis_client  # the app exists by now
+
+    client = redis_client()
+    orphans = {tag for tag, who in client.hgetall(HOLDERS_KEY).items()
+               if who == RUNTIME.incarnation and tag not in held}
+    due = orphans if confirmed is None else orphans & confirmed
+    if due:
+        with app.connection_for_write() as conn:
+            back = sum(put_back_held(conn.default_channel, client, tag, RUNTIME.incarnation,
+                                     unless_running=False) for tag in due)
+        log.warning("%d message(s) recorded as held here but not held (an ack lost in an "
+                    "outage?): %d put back in their lanes, the rest finished", len(due), back)
+    return orphans - due
 
 
 class KeepHeld(Hook):
@@ -188,19 +195,20 @@ class KeepHeld(Hook):
     kombu redelivers an unacked message once its delivery is older than the
     visibility timeout, even while a live worker runs it. So, every
     ``cfg.KEEPALIVE_S``, this worker dates each message it holds from now (the
-    score in kombu's unacked index) and extends the lease of each job it runs.
-    A worker that dies stops: its jobs come back after the timeout, or at once
-    through beat's health check.
+    score in kombu's unacked index) and extends the lease of each job it runs
+    (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
+    jobs come back after the timeout, or at once through beat's health check.
+    After Redis failed to answer, and every ``ORPHANS_EVERY`` rounds, it also
+    settles the orphans of :func:`settle_orphans`.
     """
+
+    ORPHANS_EVERY = 10
 
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
         index = cfg.broker_transport_options.get("unacked_index_key")
         self.index_key = index or RedisChannel.unacked_index_key
-
-    @cached_property
-    def _keep(self):
-        return connect(cfg.broker_url, cfg.SENTINEL_MASTER).register_script(_KEEP)
+        self._suspects: set[str] = set()
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_ready: self.on_ready}
@@ -210,22 +218,45 @@ class KeepHeld(Hook):
         threading.Thread(target=self._loop, name="keep-held", daemon=True).start()
 
     def _loop(self) -> None:
+        rounds, failed = 0, False
         while True:
             time.sleep(cfg.KEEPALIVE_S)
+            rounds += 1
             try:
                 self.refresh()
+                if failed or rounds % self.ORPHANS_EVERY == 0 or self._suspects:
+                    self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
+                failed = False
             except Exception:  # noqa: BLE001  Redis away: try again next round
                 log.warning("could not keep held jobs fresh", exc_info=True)
+                failed = True
 
     def refresh(self) -> None:
-        tags, running = self.held.held()
-        if tags or running:
-            self._keep(keys=[self.index_key, *map(lease_key, running)],
-                       args=[time.time(), RUNTIME.incarnation, cfg.LEASE_TTL_S, *tags])
+        tags, leases = self.held.held()
+        if tags or leases:
+            renew(leases, tags, self.index_key)
+
+
+class WorkerSetup(Hook):
+    """What a worker process sets up once its identity is known (after the models load):
+    its takes record it as holder; its outcome writes wait out a Redis outage instead of
+    failing the job; the revokes made while it was away are loaded."""
+
+    def handlers(self) -> dict[Signal, Callable[..., Any]]:
+        return {signals.worker_init: self.on_worker_init}
+
+    def on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        from tasks.control import load_revokes
+
+        set_holder(RUNTIME.incarnation)
+        backend = sender.app.backend
+        backend.always_retry, backend.max_retries = True, float("inf")
+        log.info("%d revoked job(s) loaded", load_revokes())
 
 
 HELD_JOBS = HeldJobs()
-HOOKS: list[Hook] = [OwnQueues(), WarmModels(), JobStats(), HELD_JOBS, KeepHeld(HELD_JOBS)]
+HOOKS: list[Hook] = [OwnQueues(), WarmModels(), WorkerSetup(), JobStats(), HELD_JOBS,
+                     KeepHeld(HELD_JOBS), HEALTH_HOOK]
 
 
 def install() -> None:

@@ -194,4 +194,4 @@ def cluster_pins() -> ManifestPins:
     import celeryconfig as cfg
     from routing.store import connect
 
-    return ManifestPins(connect(cfg.broker_url, cfg.SENTINEL_MASTER))
+    return ManifestPins(connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S))

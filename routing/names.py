@@ -43,6 +43,9 @@ MOVERS_TASK = "gpulanes.move_queued"
 STATS_COMMAND = "lanes_stats"
 #: Custom worker control command: load a model ahead of traffic.
 PREWARM_COMMAND = "lanes_prewarm"
+#: Custom worker control command: consume exactly these queues, in this order (a
+#: sick worker stepping aside sends itself none, and its queues when it is well).
+CONSUME_COMMAND = "lanes_consume"
 
 PREFIX = "gpulanes"
 #: Hash: worker hostname -> JSON of its last heartbeat reply.
@@ -76,6 +79,8 @@ LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
 DEAD_KEY = f"{PREFIX}:dead"
 #: Hash: job id -> how many more runs of it finished after the first (should stay empty).
 DUPLICATES_KEY = f"{PREFIX}:duplicates"
+#: Sorted set: revoked job id -> when it was revoked (unix s); kept GPULANES_REVOKE_TTL_S.
+REVOKED_KEY = f"{PREFIX}:revoked"
 #: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
 HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.

@@ -4,17 +4,23 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from typing import Collection, Iterable, Mapping
+from typing import Any, Collection, Iterable, Mapping
+
+
+def serving(worker: Mapping[str, Any]) -> bool:
+    """Whether jobs may go to this worker record: alive (it answers heartbeats) and
+    not sick (it did not step aside after failures of its own making)."""
+    return bool(worker.get("alive")) and not worker.get("sick")
 
 
 def holders(workers: Mapping[str, dict], model: str) -> list[str]:
-    """Healthy workers that hold ``model`` warm or are loading it."""
-    return sorted(host for host, w in workers.items() if w.get("alive") and (
+    """Serving workers that hold ``model`` warm or are loading it."""
+    return sorted(host for host, w in workers.items() if serving(w) and (
         model in w.get("warm_models", ()) or model in w.get("loading_models", ())))
 
 
 def prewarm_targets(workers: Mapping[str, dict], model: str, replicas: int) -> list[str]:
-    """Healthy workers to load ``model`` on so that ``replicas`` hold it.
+    """Serving workers to load ``model`` on so that ``replicas`` hold it.
 
     Least busy first (fewest jobs in flight, then fewest warm models), so a
     prewarm lands where it displaces the least.
@@ -24,7 +30,7 @@ def prewarm_targets(workers: Mapping[str, dict], model: str, replicas: int) -> l
         return []
     have = set(holders(workers, model))
     candidates = [(sum(w.get("in_flight", {}).values()), len(w.get("warm_models", ())), host)
-                  for host, w in workers.items() if w.get("alive") and host not in have]
+                  for host, w in workers.items() if serving(w) and host not in have]
     return [host for *_, host in sorted(candidates)[:missing]]
 
 

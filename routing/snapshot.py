@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Callable, Mapping
 
 from routing.names import LANES
-from routing.placement import assign_homes, ring
+from routing.placement import assign_homes, ring, serving
 from routing.policy import PolicyView
 
 log = logging.getLogger(__name__)
@@ -43,25 +43,26 @@ def _cold_s(workers: Mapping[str, dict]) -> dict[str, float]:
 def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
     """The routing view of a snapshot, lane fullness aside (built once per snapshot)."""
     lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
-    alive = {host: w for host, w in snapshot.get("workers", {}).items() if w.get("alive")}
-    drain = {host: d for host, w in alive.items() if (d := _drain_s(w)) is not None}
+    # a sick worker (alive, but stepped aside) takes no jobs: off the ring, no capacity
+    routable = {host: w for host, w in snapshot.get("workers", {}).items() if serving(w)}
+    drain = {host: d for host, w in routable.items() if (d := _drain_s(w)) is not None}
     known = sorted(drain.values())
-    cold = _cold_s(alive)
+    cold = _cold_s(routable)
     return PolicyView(
         at=snapshot["at"],
         overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
         exhausted=frozenset(snapshot.get("exhausted", ())),
         levels=snapshot.get("levels", {}),
         retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
-        ring=ring(alive), epsilon=epsilon,
+        ring=ring(routable), epsilon=epsilon,
         loads={host: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
-               for host, w in alive.items()},
+               for host, w in routable.items()},
         warm={host: tuple(dict.fromkeys([*w.get("warm_models", ()),
                                          *w.get("loading_models", ())]))
-              for host, w in alive.items()},
-        slots={host: w.get("slots", 1) for host, w in alive.items()},
+              for host, w in routable.items()},
+        slots={host: w.get("slots", 1) for host, w in routable.items()},
         # a worker not measured yet drains like the median one
-        drain_s={host: drain.get(host, known[len(known) // 2]) for host in alive} if known
+        drain_s={host: drain.get(host, known[len(known) // 2]) for host in routable} if known
         else {},
         cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
     )

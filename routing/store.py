@@ -9,7 +9,13 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
+
+#: A broken connection (Redis restarted, a reset) is retried once on a new one; a
+#: timeout never is: a Redis that does not answer must not hold its caller longer.
+ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
 
 
 def redis_url(broker_url: str) -> str:
@@ -37,13 +43,17 @@ def sentinel_client(broker_url: str, master_name: str, **kwargs) -> redis.Redis:
     return sentinel.master_for(master_name, password=password, db=db, **kwargs)
 
 
-def connect(broker_url: str, master_name: str | None = None, **kwargs) -> redis.Redis:
-    """A client with short timeouts: callers are on hot paths or in beat ticks.
+def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 5.0,
+            **kwargs) -> redis.Redis:
+    """A client whose every call gives up after ``timeout_s`` (callers are on hot
+    paths or in beat ticks), reconnecting once after a broken connection, never
+    retrying a timeout (redis-py's own default retries ten times).
 
     ``master_name``: for a ``sentinel://`` URL (``GPULANES_SENTINEL_MASTER``).
     """
-    kwargs.setdefault("socket_timeout", 5)
-    kwargs.setdefault("socket_connect_timeout", 5)
+    kwargs.setdefault("socket_timeout", timeout_s)
+    kwargs.setdefault("socket_connect_timeout", timeout_s)
+    kwargs.setdefault("retry", ONE_RECONNECT)
     kwargs.setdefault("decode_responses", True)
     if broker_url.startswith("sentinel://"):
         if not master_name:

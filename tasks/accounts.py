@@ -20,16 +20,21 @@ from routing.names import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
 from tasks.errors import InvalidJob
 from tasks.schema import check_account
 
-# KEYS: balance hash, exhausted set. ARGV: account, delta, starting balance.
-_ADD = """
-local left = redis.call('HGET', KEYS[1], ARGV[1])
-if not left then left = ARGV[3] end
-left = tonumber(left) + tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], tostring(left))
-if left <= 0 then redis.call('SADD', KEYS[2], ARGV[1])
-else redis.call('SREM', KEYS[2], ARGV[1]) end
-return tostring(left)
+#: Lua: ``add(balances, exhausted, account, delta, starting balance)`` -> what is left;
+#: an account at zero or below joins the exhausted set, one above leaves it.
+ADD_FUNCTION = """
+local function add(balances, exhausted, account, delta, start)
+  local left = redis.call('HGET', balances, account)
+  if not left then left = start end
+  left = tonumber(left) + tonumber(delta)
+  redis.call('HSET', balances, account, tostring(left))
+  if left <= 0 then redis.call('SADD', exhausted, account)
+  else redis.call('SREM', exhausted, account) end
+  return tostring(left)
+end
 """
+# KEYS: balance hash, exhausted set. ARGV: account, delta, starting balance.
+_ADD = ADD_FUNCTION + "return add(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])"
 
 
 def _client() -> redis.Redis:

@@ -1,7 +1,8 @@
 """``submit()``: validate, route, enqueue. No network round trip but the publish
-(which also enforces the lane's maximum depth, ``tasks.transport``), plus one for
-a seeded job (result cache and coalescing, ``tasks.cache``) and one for a job
-routed to the fast lane (its account's limit, ``tasks.fastlimit``)."""
+(which also enforces the lane's maximum depth and, for a fast job, its account's
+fast places: ``tasks.transport``), plus one for a seeded job (result cache and
+coalescing, ``tasks.cache``). Every round trip gives up after
+``GPULANES_REDIS_TIMEOUT_S`` and leaves nothing behind."""
 from __future__ import annotations
 
 import time
@@ -13,16 +14,18 @@ from celery.result import AsyncResult
 
 import celeryconfig as cfg
 from routing.lanes import Route
-from routing.names import FAST, RELAXED, SNAPSHOT_KEY
+from routing.names import FAST, RELAXED, SNAPSHOT_KEY, fast_queued_key
 from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from routing.store import connect
-from tasks.cache import LEADS_RUN, claim, release
-from tasks.errors import LaneFull
-from tasks.fastlimit import admit_fast, release_fast
+from tasks import fastlimit
+from tasks.backend import no_subscription
+from tasks.cache import LEADS_RUN, RunClaim, claim, release
+from tasks.errors import BrokerUnavailable, LaneFull
 from tasks.generate import generate
+from tasks.outage import OUTAGE
 from tasks.schema import validate
-from tasks.transport import LaneAtLimit, lane_limit
+from tasks.transport import LaneAtLimit, PublishRefused, publishing
 
 
 #: The view routing falls back on without a fresh snapshot: every tier in its own
@@ -60,69 +63,62 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
 
     Raises :class:`tasks.errors.InvalidJob` naming the bad field, or
     :class:`tasks.errors.LaneFull` when the relaxed lane is full, before
-    anything is enqueued.
+    anything is enqueued; :class:`tasks.errors.BrokerUnavailable` when Redis
+    does not answer within ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing behind
+    (no job, no cache claim, no fast place): submitting again is safe.
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
                    steps=steps, width=width, height=height, downgradable=downgradable)
     body, job_id = job.as_dict(), str(uuid.uuid4())
-    if seed is None or not cfg.CACHE:  # a drawn seed is never shared: no extra round trip
-        return enqueue(body, job_id)
-    shared = claim(body, job_id)  # one round trip: a cached result, a run to join, or ours
-    if shared is not None:
-        return shared
     try:
-        return enqueue({**body, LEADS_RUN: True}, job_id)
-    except BaseException:
-        release(job_id)  # callers that joined meanwhile must not wait for a run never sent
-        raise
+        if seed is None or not cfg.CACHE:  # a drawn seed is never shared: no extra round trip
+            return enqueue(body, job_id)
+        shared = claim(body, job_id)  # one round trip: a cached result, a run to join, or ours
+        if isinstance(shared, AsyncResult):
+            return shared
+        if shared is None:  # an identical run is being claimed right now: run alone
+            return enqueue(body, job_id)
+        try:
+            return enqueue({**body, LEADS_RUN: True}, job_id, run=shared)
+        except BaseException:
+            release(shared)  # best effort: an unpublished claim also lapses by itself
+            raise
+    except OUTAGE as exc:
+        raise BrokerUnavailable(f"Redis did not answer within GPULANES_REDIS_TIMEOUT_S="
+                                f"{cfg.REDIS_TIMEOUT_S:g}s ({type(exc).__name__}: {exc}); "
+                                "nothing was enqueued, submit again later") from exc
 
 
-def enqueue(job: dict, job_id: str) -> AsyncResult:
+def enqueue(job: dict, job_id: str, run: RunClaim | None = None) -> AsyncResult:
     """Route a validated job dict with the cached view and publish it under ``job_id``.
 
     The view's lane depths are an estimate; the publish itself checks the lane's
     depth in Redis. A lane found full there is held full in the view and the job
-    routed again, down the lanes, until one takes it or none can.
+    routed again, down the lanes, until one takes it or none can. A fast job
+    takes one of its account's fast places in the same publish; with all of
+    them taken it is routed again, as over its account's limit.
     """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
     if refused := cache.refused():
         view = replace(view, full=view.full | refused)
-    where = _route(job, view)
-    fast_place = over_fast_limit = tried = False
-    if where is not None and where.lane == FAST:  # one round trip, fast only
-        fast_place = admit_fast(job["account"], job_id)
-        over_fast_limit = not fast_place
-        if over_fast_limit:
-            where = _route(job, view, over_fast_limit=True)
-    try:
-        while where is not None:
-            try:
-                tried = True
-                result = _publish(job, job_id, where)
-            except LaneAtLimit:
-                cache.note_full(where.lane)
-                view = replace(view, full=view.full | {where.lane})
-                where = _route(job, view, over_fast_limit)
-                continue
-            if fast_place and where.lane != FAST:
-                release_fast(job["account"], job_id)
+    where, over_fast_limit = _route(job, view), False
+    while where is not None:
+        try:
+            result = _publish(job, job_id, where, run, over_fast_limit)
+        except LaneAtLimit:
+            cache.note_full(where.lane)
+            view = replace(view, full=view.full | {where.lane})
+        except PublishRefused as refused:
+            if refused.why == "late":
+                raise BrokerUnavailable("Redis ran the publish only after it was given up "
+                                        "on (too late): nothing was enqueued") from refused
+            over_fast_limit = True  # all of its account's fast places are taken
+        else:
             cache.note_sent(where.lane, where.node, job["model"])
             return result
-        raise LaneFull(RELAXED, view.retry_after_s)
-    except BaseException:
-        if fast_place:
-            release_fast(job["account"], job_id)
-        if tried:  # Celery subscribed to the job's result before publishing it
-            _forget_result(job_id)
-        raise
-
-
-def _forget_result(job_id: str) -> None:
-    """Drop the result subscription of a job that was never published."""
-    consumer = getattr(generate.backend, "result_consumer", None)
-    if consumer is not None:
-        consumer.cancel_for(job_id)
+        where = _route(job, view, over_fast_limit)
+    raise LaneFull(RELAXED, view.retry_after_s)
 
 
 def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
@@ -131,13 +127,25 @@ def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route 
                   over_fast_limit)
 
 
-def _publish(job: dict, job_id: str, where: Route) -> AsyncResult:
+def _publish(job: dict, job_id: str, where: Route, run: RunClaim | None,
+             over_fast_limit: bool) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)
     else:
         options["queue"] = where.lane
-    with lane_limit(cfg.MAX_DEPTH[where.lane]):
+    places = None
+    if where.lane == FAST and cfg.FAST_JOBS_PER_ACCOUNT and not over_fast_limit:
+        places = (fast_queued_key(job["account"]), cfg.FAST_JOBS_PER_ACCOUNT,
+                  fastlimit.PLACE_LAPSE_S)
+    # retry=False: a broken connection is retried once by the client itself; a
+    # Redis that does not answer must not hold the caller for several timeouts.
+    # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
+    # or failed leaves no subscription behind, and no outage of it holds the caller.
+    with publishing(limit=cfg.MAX_DEPTH[where.lane], fast_places=places,
+                    deadline=time.time() + cfg.REDIS_TIMEOUT_S,
+                    run=(run.pointer, run.run, cfg.result_expires) if run else None), \
+            no_subscription():
         return generate.apply_async(
             kwargs={"job": job, "route": where.as_dict(), "submitted_at": time.time()},
-            task_id=job_id, **options)
+            task_id=job_id, retry=False, **options)

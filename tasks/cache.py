@@ -7,13 +7,17 @@ height): the same six give the same PNG bit for bit. ``submit()`` hashes them
 - finds a finished result under that digest (a *hit*): the caller gets a copy
   marked ``cached: true`` that names the same PNG (artifacts are files,
   referenced, never copied or stored twice), and no GPU is touched; a PNG
-  that has vanished is a miss and its entry is dropped;
+  that has vanished, or whose size or sha256 no longer match the result's, is a
+  miss and its entry is dropped;
 - finds a run of the same digest, queued or running, of a tier at least as
   fast as the caller's: the caller *follows* it under its own job id,
   registered in the run's hash, and the worker that closes the run writes the
   caller's result (``tasks.coalesce``); a faster caller leads a run of its
   own instead, so coalescing never makes a fast job wait in a slower lane; or
-- claims the digest for the caller's job, which is then published as usual.
+- claims the digest for the caller's job, which is then published as usual;
+  the claim is provisional until that publish confirms it in the same step,
+  so a claim whose job never reached a lane (Redis stopped answering in
+  between) lapses by itself and no one ever waits on it.
 
 Admission is LRU-K with K=2: a result enters the cache only when its digest
 was seen before. Sightings live in a pybloom-live ``ScalableBloomFilter`` in
@@ -33,10 +37,13 @@ admitted, and pay no round trip for it.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import threading
 import time
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -49,7 +56,9 @@ from pybloom_live import ScalableBloomFilter
 import celeryconfig as cfg
 from routing.names import (CACHE_LRU_KEY, GENERATE_TASK, LANES, METRICS_KEY, RUN_KEY_PREFIX,
                            cache_entry_key, inflight_key, run_key)
+from tasks.artifacts import file_sha256
 from tasks.celeryapp import app, redis_client
+from tasks.outage import OUTAGE
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
@@ -61,9 +70,13 @@ _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 
 # KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash
 # (cache_hits / cache_joins / cache_misses counted there). ARGV: caller id,
-# 'a' (admit) and/or 'd' (drop the entry: its PNG is gone), follower JSON, now, tier rank.
+# 'a' (admit) and/or 'd' (drop the entry: its PNG is gone or changed), follower JSON,
+# now, tier rank, seconds an unpublished claim lives.
 # A caller joins a run only if that run's tier is as fast as its own: a fast job never
 # waits in a relaxed run; it leads its own, and later callers join the faster one.
+# A claim is provisional until the publish of its job confirms it (``tasks.transport``):
+# nobody joins it before, and one whose job was never published lapses by itself.
+# A caller finding such a claim runs alone ('solo').
 _CLAIM = """
 if string.find(ARGV[2], 'd', 1, true) then
   redis.call('DEL', KEYS[1])
@@ -83,19 +96,39 @@ if leader then
   local run = '%(run_prefix)s' .. leader
   local rank = redis.call('HGET', run, 'rank')
   if rank and tonumber(rank) <= tonumber(ARGV[5]) then
+    if redis.call('HGET', run, 'confirmed') ~= '1' then
+      redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
+      return {'solo', ''}
+    end
     redis.call('HSET', run, 'f:' .. ARGV[1], ARGV[3])
     if admit == '1' then redis.call('HSET', run, 'admit', '1') end
     redis.call('HINCRBY', KEYS[5], 'cache_joins', 1)
     return {'follow', leader}
   end
 end
-redis.call('SET', KEYS[3], ARGV[1], 'EX', %(run_ttl_s)d)
+redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6])
 redis.call('HSET', KEYS[4], 'pointer', KEYS[3], 'entry', KEYS[1], 'admit', admit,
            'rank', ARGV[5])
-redis.call('EXPIRE', KEYS[4], %(run_ttl_s)d)
+redis.call('EXPIRE', KEYS[4], ARGV[6])
 redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
 return {'lead', ''}
-""" % {"run_prefix": RUN_KEY_PREFIX, "run_ttl_s": cfg.result_expires}
+""" % {"run_prefix": RUN_KEY_PREFIX}
+# KEYS: the run's pointer, the run. ARGV: the leader's id. Drops a claim not published.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[2], 'confirmed') ~= '1' then redis.call('DEL', KEYS[2]) end
+"""
+#: How long an unconfirmed claim lives: well past the longest a submit takes to publish.
+PROVISIONAL_S = math.ceil(4 * cfg.REDIS_TIMEOUT_S) + 10
+
+
+@dataclass(frozen=True)
+class RunClaim:
+    """The caller leads a new run of its digest: publish its job to confirm it."""
+
+    job_id: str
+    pointer: str
+    run: str
 
 
 class Sightings:
@@ -152,19 +185,20 @@ def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
     return out
 
 
-@lru_cache(maxsize=1)
-def _claim_script() -> Any:
-    return redis_client().register_script(_CLAIM)
+@lru_cache(maxsize=2)
+def _script(source: str) -> Any:
+    return redis_client().register_script(source)
 
 
 def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
            drop: bool) -> tuple[str, str]:
     now, rank = time.time(), LANES.index(job["tier"])
     follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
-    return _claim_script()(
+    return _script(_CLAIM)(
         keys=[cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id),
               METRICS_KEY],
-        args=[job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank])
+        args=[job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank,
+              PROVISIONAL_S])
 
 
 def _store(job_id: str, result: dict[str, Any]) -> None:
@@ -193,22 +227,36 @@ def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncRes
     return EagerResult(job_id, result, states.SUCCESS, name=GENERATE_TASK)
 
 
-def claim(job: dict[str, Any], job_id: str) -> AsyncResult | None:
+def claim(job: dict[str, Any], job_id: str) -> AsyncResult | RunClaim | None:
     """Serve a seeded ``job`` from the cache or attach it to an identical run in
-    flight, returning the caller's result; None: ``job_id`` now leads, publish it."""
+    flight, returning the caller's result; a :class:`RunClaim`: ``job_id`` leads a
+    new run, publish it; None: an identical run is being claimed, run alone."""
     key = digest(job)
     admit = sightings().seen_before(key)
     verdict, value = _claim(key, job, job_id, admit, drop=False)
     if verdict == "hit":
         cached = json.loads(value)
-        if Path(cached["image"]).is_file():
+        if intact(cached):
             return _serve(cached, job, job_id)
-        verdict, value = _claim(key, job, job_id, admit, drop=True)  # its PNG is gone: a miss
-    return AsyncResult(job_id, app=app) if verdict == "follow" else None
+        verdict, value = _claim(key, job, job_id, admit, drop=True)  # a miss after all
+    if verdict == "follow":
+        return AsyncResult(job_id, app=app)
+    return RunClaim(job_id, inflight_key(key), run_key(job_id)) if verdict == "lead" else None
 
 
-def release(job_id: str) -> None:
-    """Give up a claim whose job could not be published: its followers fail with it."""
-    from tasks.coalesce import fail_followers
+def intact(result: dict[str, Any]) -> bool:
+    """Whether the artifact a result names is still the one it made: same size and
+    sha256 (a result stored before artifacts carried them: the file exists)."""
+    path = Path(result["image"])
+    if "sha256" not in result:
+        return path.is_file()
+    try:
+        return path.stat().st_size == result["bytes"] and file_sha256(path) == result["sha256"]
+    except OSError:
+        return False
 
-    fail_followers(job_id, "it could not be enqueued")
+
+def release(run: RunClaim) -> None:
+    """Drop a claim whose job could not be published (best effort: it lapses anyway)."""
+    with contextlib.suppress(*OUTAGE):
+        _script(_RELEASE)(keys=[run.pointer, run.run], args=[run.job_id])

@@ -8,10 +8,12 @@ from celery import Celery
 
 from gpu_worker import hooks
 from routing.store import connect
-from tasks import transport
+from tasks import backend, transport
 
 transport.install()  # before the app makes any broker connection
-app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat", "beat.movers"])
+backend.install()
+app = Celery("gpulanes", include=["tasks.generate", "beat.heartbeat", "beat.movers"],
+             control="tasks.control:LanesControl")  # revokes kept in Redis
 app.config_from_object("celeryconfig")
 hooks.install()
 
@@ -19,4 +21,5 @@ hooks.install()
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
     """A redis-py client on the broker's Redis, for gpulanes' own keys."""
-    return connect(app.conf.broker_url, app.conf.broker_transport_options.get("master_name"))
+    return connect(app.conf.broker_url, app.conf.broker_transport_options.get("master_name"),
+                   timeout_s=app.conf.redis_socket_timeout)

@@ -20,6 +20,7 @@ import redis
 from routing.names import SNAPSHOT_KEY
 from routing.store import connect
 from tasks.errors import GpulanesError, InvalidJob
+from tasks.outage import OUTAGE
 
 #: Longest error text shown in the dead-letter table; ``--json`` has it all.
 ERROR_CHARS = 60
@@ -33,16 +34,18 @@ class LanesGroup(click.Group):
             return super().invoke(ctx)
         except GpulanesError as exc:  # a bad field, a full lane, a failed job
             raise click.ClickException(str(exc)) from exc
-        except redis.RedisError as exc:
+        except (redis.RedisError, *OUTAGE) as exc:
             url = ctx.obj.app.conf.broker_url if ctx.obj else "the broker URL"
             raise click.ClickException(
-                f"cannot talk to Redis at {url} ({exc}); is the broker running?") from exc
+                f"cannot talk to Redis at {url} ({type(exc).__name__}: {exc}); "
+                "is the broker running?") from exc
 
 
 def _client(ctx: click.Context) -> redis.Redis:
     """A Redis client for the broker of the app Celery loaded (``-A``)."""
     conf = ctx.obj.app.conf
-    return connect(conf.broker_url, conf.broker_transport_options.get("master_name"))
+    return connect(conf.broker_url, conf.broker_transport_options.get("master_name"),
+                   timeout_s=conf.redis_socket_timeout)
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -253,11 +256,17 @@ def _in_flight(worker: dict[str, Any]) -> int:
     return sum(jobs.values()) if isinstance(jobs, dict) else int(jobs)
 
 
+def _health(worker: dict[str, Any]) -> str:
+    """``yes``; ``NO (missed 2)`` when silent; ``SICK: <reason>`` when it stepped aside."""
+    if not worker.get("alive"):
+        return f"NO (missed {worker.get('missed', '?')})"
+    return f"SICK: {worker['sick']}" if worker.get("sick") else "yes"
+
+
 def _worker_rows(snapshot: dict[str, Any]) -> list[tuple]:
     rows = []
     for host, worker in sorted(snapshot.get("workers", {}).items()):
-        alive = "yes" if worker.get("alive") else f"NO (missed {worker.get('missed', '?')})"
-        rows.append((host, alive, worker.get("device", "-"), _in_flight(worker),
+        rows.append((host, _health(worker), worker.get("device", "-"), _in_flight(worker),
                      _warm(worker)))
     return rows
 
@@ -288,7 +297,7 @@ def render_status(snapshot: dict[str, Any]) -> str:
              table(["lane", "depth", "in flight", "workers", "service", "expected wait",
                     "overloaded"], _lane_rows(snapshot)), ""]
     workers = _worker_rows(snapshot)
-    parts.append(table(["worker", "alive", "device", "in flight", "warm models (cold start)"],
+    parts.append(table(["worker", "health", "device", "in flight", "warm models (cold start)"],
                        workers)
                  if workers else "no workers have answered a heartbeat")
     exhausted = snapshot.get("exhausted", [])

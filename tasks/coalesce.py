@@ -43,13 +43,17 @@ from tasks.celeryapp import app, redis_client
 from tasks.errors import JobFailed
 
 log = logging.getLogger(__name__)
+#: How long a settled run stays, marked, for a retried settle to find (``_SETTLE``).
+SETTLED_KEPT_S = 300
 
 # KEYS: the run, the LRU set. ARGV: leader id, result JSON ('' = no admission), ttl s,
-# max entries, now. Returns the followers as id, JSON, id, JSON...
+# max entries, now, seconds a settled run is kept. Returns the followers as id, JSON,
+# id, JSON... A settled run is kept a while, marked: a call retried after a lost reply
+# gets the same followers again (writing their results twice is harmless), and
+# nothing else (no admission twice, no promotion of a finished run).
 _SETTLE = """
 local run = redis.call('HGETALL', KEYS[1])
 if #run == 0 then return {} end
-redis.call('DEL', KEYS[1])
 local meta, followers = {}, {}
 for i = 1, #run, 2 do
   if string.sub(run[i], 1, 2) == 'f:' then
@@ -57,6 +61,9 @@ for i = 1, #run, 2 do
     followers[#followers + 1] = run[i + 1]
   else meta[run[i]] = run[i + 1] end
 end
+if meta.settled then return followers end
+redis.call('HSET', KEYS[1], 'settled', '1')
+redis.call('EXPIRE', KEYS[1], ARGV[6])
 if redis.call('GET', meta.pointer) == ARGV[1] then redis.call('DEL', meta.pointer) end
 if ARGV[2] ~= '' and meta.admit == '1' then
   redis.call('SET', meta.entry, ARGV[2], 'EX', ARGV[3])
@@ -76,7 +83,7 @@ return followers
 # Returns {heir id, heir JSON}, or nil when no follower is left.
 _PROMOTE = """
 local run = redis.call('HGETALL', KEYS[1])
-if #run == 0 then return false end
+if #run == 0 or redis.call('HEXISTS', KEYS[1], 'settled') == 1 then return false end
 redis.call('DEL', KEYS[1])
 local heir, job, best, pointer = nil, nil, nil, nil
 for i = 1, #run, 2 do
@@ -115,7 +122,7 @@ def settle(leader_id: str, result: dict[str, Any] | None) -> list[tuple[str, dic
     flat = _script(_SETTLE)(
         keys=[run_key(leader_id), CACHE_LRU_KEY],
         args=[leader_id, json.dumps(result) if result is not None else "",
-              cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time()])
+              cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time(), SETTLED_KEPT_S])
     return [(flat[i], json.loads(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 

@@ -21,16 +21,22 @@ def summary(exc: BaseException) -> str:
     return "\n".join(lines[-TRACEBACK_LINES:])
 
 
-def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
-         exc: BaseException, attempts: int, message: dict[str, Any] | None = None) -> None:
-    """Record a job that failed for good, under its id (a rerun replaces it);
-    ``message`` describes a message the worker refused (``tasks.rejects``)."""
+def dead_entry(job_id: str, kwargs: dict[str, Any], reason: str, exc: BaseException,
+               attempts: int, message: dict[str, Any] | None = None) -> str:
+    """The JSON a dead letter keeps: the job, its route, why, where it broke."""
     entry = {"job_id": job_id, "job": kwargs["job"], "route": kwargs["route"],
              "reason": reason, "error": f"{type(exc).__name__}: {exc}",
              "traceback": summary(exc), "attempts": attempts, "failed_at": time.time()}
     if message is not None:
         entry["message"] = message
-    client.hset(DEAD_KEY, job_id, json.dumps(entry))
+    return json.dumps(entry)
+
+
+def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
+         exc: BaseException, attempts: int, message: dict[str, Any] | None = None) -> None:
+    """Record a job that failed for good, under its id (a rerun replaces it);
+    ``message`` describes a message the worker refused (``tasks.rejects``)."""
+    client.hset(DEAD_KEY, job_id, dead_entry(job_id, kwargs, reason, exc, attempts, message))
 
 
 def dead_jobs(client: redis.Redis) -> list[dict[str, Any]]:

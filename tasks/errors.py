@@ -29,6 +29,14 @@ class InvalidJob(GpulanesError, ValueError):
         return (type(self), (self.field, str(self).split(": ", 1)[1]))
 
 
+class BrokerUnavailable(GpulanesError, ConnectionError):
+    """Redis did not answer within ``GPULANES_REDIS_TIMEOUT_S``; nothing was enqueued.
+
+    Nothing of the call is left behind (no job, no cache claim, no fast place):
+    submitting again later is safe.
+    """
+
+
 class LaneFull(GpulanesError):
     """Every lane that could take the job is at its maximum depth; try again later."""
 
@@ -49,7 +57,36 @@ class ShardError(ModelError):
 
 
 class TransientJobError(GpulanesError):
-    """A failure worth retrying: out of memory, a lost connection, a lost worker."""
+    """A failure worth retrying: out of memory, a lost connection, a lost worker.
+
+    ``retry_after_s``: the retry waits at least this long (a model that knows when
+    its trouble clears, say a throttled store, can say so); otherwise the backoff.
+    """
+
+    def __init__(self, message: str = "", retry_after_s: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.retry_after_s))
+
+
+class WorkerFault(GpulanesError):
+    """A failure of this worker, not of the job (disk, device, local files): the job
+    runs again on another worker, and a worker whose jobs keep failing so steps aside."""
+
+
+class ArtifactError(WorkerFault):
+    """A job's output could not be written where this worker keeps artifacts."""
+
+
+class LeaseLost(GpulanesError):
+    """This run no longer holds its job: a newer run took it over while this one was
+    frozen or cut off. The run stops and writes nothing (never reaches a caller)."""
+
+
+class JobRevoked(GpulanesError):
+    """The job was revoked before or while it ran: it stops and is never charged."""
 
 
 class JobTimeout(GpulanesError):

@@ -1,103 +1,105 @@
 """The ``generate`` task: run one job on this worker's warm model, write its PNG.
 
-A job id has one result, however often its message is delivered. One copy
-runs at a time: it holds a lease in Redis, and a copy that finds the lease
-taken steps aside (``Ignore``: acked, no state written). The first run to
-finish stores its result under the id, and a later copy returns it.
+A job id has one result, however often its message is delivered. The runs of
+a job are numbered; the run that begins holds the job's lease
+(``gpu_worker.lease``) and every write it makes is fenced by its number
+(``tasks.runs``):
+
+- a copy that finds the lease taken steps aside (``Ignore``: acked, no state
+  written), and a copy of a finished job returns its result;
+- a run that a newer one took over while it was frozen or cut off from Redis
+  stops at its next step and writes nothing;
+- a revoked job never runs, and a running one stops at its next step, uncharged;
+- a failure of the worker's own (disk, device) sends the job to another worker
+  without spending its retries (``gpu_worker.health``); another transient
+  failure retries one lane down after a backoff; anything else, or too many
+  tries, dead-letters it;
+- outcomes are recorded through Redis outages (``tasks.runs.persist``): a
+  caller never sees a false failure, and nothing is charged twice.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 import time
-from functools import lru_cache
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
-import redis
-from celery.exceptions import Ignore
+from celery import signals
+from celery.exceptions import Ignore, Retry
+from celery.worker.state import revoked as revoked_ids
 
 import celeryconfig as cfg
 from gpu_worker.batching import BATCHER, Ran
+from gpu_worker.health import HEALTH, is_worker_fault
+from gpu_worker.hooks import HELD_JOBS
+from gpu_worker.lease import Lease
 from gpu_worker.runtime import RUNTIME
-from routing.names import DUPLICATES_KEY
-from routing.names import (FAST, GENERATE_TASK, USAGE_BUCKET_S, attempts_key, done_key,
-                           fast_queued_key, lane_of, lease_key, metric_field, usage_key)
+from routing.names import (DUPLICATES_KEY, FAST, GENERATE_TASK, METRICS_KEY, attempts_key,
+                           lane_of, lease_key, metric_field)
 from routing.policy import RETRY, next_lane
-from tasks.accounts import charge_fast_seconds
+from tasks import runs
 from tasks.artifacts import save_png
-from tasks.celeryapp import app, redis_client
 from tasks.cache import LEADS_RUN
+from tasks.celeryapp import app, redis_client
 from tasks.coalesce import close_run, fail_followers
-from tasks.deadletter import bury
-from tasks.errors import JobFailed, JobTimeout
+from tasks.deadletter import dead_entry
+from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
 import tasks.fastlimit  # noqa: F401  its handler frees a revoked job's place
-from tasks.metrics import add_counts, job_counts
+from tasks.metrics import job_counts
 from tasks.rejects import CheckedTask
 from tasks.retry import backoff_s, is_transient
+from tasks.transport import PublishRefused, publishing
 
 log = logging.getLogger(__name__)
+#: ``METRICS_KEY`` field: runs stopped because a newer run had taken their job over.
+STALE_FIELD = metric_field("stale_runs")
 
 
-# KEYS: done, lease, attempts[, the account's fast places]. ARGV: holder, lease
-# ttl, attempts ttl, job id.
-_BEGIN = """
-if KEYS[4] then redis.call('ZREM', KEYS[4], ARGV[4]) end
-local done = redis.call('GET', KEYS[1])
-if done then return {'done', done} end
-if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'EX', ARGV[2]) then return {'busy', ''} end
-local attempt = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
-return {'run', tostring(attempt)}
-"""
-# A lease lapses before Redis' visibility timeout redelivers a dead runner's
-# message, and the running worker extends it (gpu_worker.hooks.KeepHeld); beat
-# drops a dead runner's lease at once.
-LEASE_TTL_S = cfg.LEASE_TTL_S
-# A job's run counter outlives every copy of it: redeliveries and each retry's run and backoff.
-ATTEMPTS_TTL_S = math.ceil(2 * cfg.VISIBILITY_TIMEOUT_S
-                           + (cfg.MAX_RETRIES + 1) * (cfg.MAX_JOB_S + cfg.RETRY_CAP_S))
+def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
+    """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
+    job_id, tag = task.request.id, HELD_JOBS.current_tag() or ""
+    fast = job["account"] if route.get("requested_tier") == FAST else None
 
+    def call() -> tuple[float, tuple[str, str]]:
+        sent_at = time.monotonic()
+        return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast)
 
-@lru_cache(maxsize=1)
-def _begin_script() -> Any:
-    return redis_client().register_script(_BEGIN)
-
-
-def _begin(job_id: str, job: dict, route: dict) -> tuple[int, dict | None]:
-    """Take the job's lease and count this run; or its earlier result; or Ignore.
-
-    A fast job gives back its account's fast place (``tasks.fastlimit``) here.
-    """
-    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id)]
-    if route.get("requested_tier") == FAST:
-        keys.append(fast_queued_key(job["account"]))
-    verdict, value = _begin_script()(
-        keys=keys, args=[RUNTIME.incarnation, LEASE_TTL_S, ATTEMPTS_TTL_S, job_id])
-    if verdict == "busy":  # another copy runs now; it will store the result
+    sent_at, (verdict, value) = runs.persist(call, f"the start of job {job_id}")
+    if verdict == "done":  # a redelivery of a job that already finished
+        return json.loads(value)
+    if verdict == "busy":  # another run holds it now; it will store the result
         raise Ignore()
-    return (0, json.loads(value)) if verdict == "done" else (int(value), None)
+    if verdict == "revoked":
+        _revoked(task, None)
+    lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
+    HELD_JOBS.attach(lease)
+    return lease
 
 
-def _deadline_guard(deadline: float):
+def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
+    """Between steps: stop past ``GPULANES_MAX_JOB_S``, once revoked, or once stale."""
+    deadline = time.monotonic() + cfg.MAX_JOB_S
+
     def on_step(step: int) -> None:
         if time.monotonic() > deadline:
             raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={cfg.MAX_JOB_S:g}s at step {step}")
+        if job_id in revoked_ids:
+            raise JobRevoked(f"job {job_id} was revoked at step {step}")
+        lease.check()
     return on_step
 
 
-def _run(job: dict, lane: str) -> Ran:
+def _run(job: dict, lane: str, on_step: Callable[[int], None]) -> Ran:
     """Generate on the warm model: alone, or through the batcher when the model batches
     or the worker has several pool threads (its runner makes one pass at a time, so
     jobs of a model that does not batch never share the device)."""
     if cfg.for_model(cfg.MAX_BATCH, job["model"]) > 1 or (BATCHER.capacity or 1) > 1:
-        return BATCHER.run(job, lane)
+        return BATCHER.run(job, lane, on_step)
     model, load_ms = RUNTIME.model(job["model"])
     began = time.perf_counter()
     pixels = model.generate(job["prompt"], seed=job["seed"], steps=job["steps"],
-                            width=job["width"], height=job["height"],
-                            on_step=_deadline_guard(time.monotonic() + cfg.MAX_JOB_S))
+                            width=job["width"], height=job["height"], on_step=on_step)
     return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
@@ -106,70 +108,120 @@ def _lane(task: Any, route: dict) -> str:
     return lane_of((task.request.delivery_info or {}).get("routing_key") or route["lane"])
 
 
-def _give_up(task: Any, kwargs: dict, reason: str, exc: BaseException,
-             attempt: int, what: str) -> NoReturn:
-    bury(redis_client(), task.request.id, kwargs, reason, exc, attempt)
-    with redis_client().pipeline() as pipe:
-        pipe.delete(lease_key(task.request.id))
-        add_counts(pipe, {metric_field("failures", _lane(task, kwargs["route"])): 1}).execute()
+def _stale(task: Any, lease: Lease) -> NoReturn:
+    log.warning("job %s: run %d was taken over by a newer run while frozen or cut off; "
+                "it stops and writes nothing", task.request.id, lease.attempt)
+    runs.persist(lambda: redis_client().hincrby(METRICS_KEY, STALE_FIELD, 1), "a stale run")
+    raise Ignore()
+
+
+def _revoked(task: Any, lease: Lease | None) -> NoReturn:
+    """A revoked job: not run (or stopped), never charged; REVOKED for its caller."""
+    job_id = task.request.id
+    if lease is not None:
+        runs.persist(lambda: runs.release(job_id, lease.token, lease.attempt),
+                     f"the release of revoked job {job_id}")
+    app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
+    signals.task_revoked.send(sender=task, request=task.request, terminated=False,
+                              signum=None, expired=False)  # fast place, coalesced run
+    log.info("job %s was revoked: not run", job_id)
+    raise Ignore()
+
+
+def _give_up(task: Any, kwargs: dict, lease: Lease, reason: str, exc: BaseException,
+             what: str) -> NoReturn:
+    job_id = task.request.id
+    entry = dead_entry(job_id, kwargs, reason, exc, lease.attempt)
+    failures = metric_field("failures", _lane(task, kwargs["route"]))
+    if not runs.persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry,
+                                             failures), f"the failure of job {job_id}"):
+        _stale(task, lease)
     if kwargs["job"].get(LEADS_RUN):
-        fail_followers(task.request.id, what)
+        runs.persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
     raise JobFailed(what) from exc
 
 
-def _fail_or_retry(task: Any, exc: Exception, attempt: int, kwargs: dict) -> NoReturn:
-    """Retry a transient failure one lane down, after a backoff; else dead-letter it."""
+def _retry(task: Any, exc: Exception, lease: Lease, kwargs: dict, route: dict,
+           countdown: float) -> NoReturn:
+    """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
+    still holds the job may, and the same step releases its lease."""
+    lane = route["lane"]
+    signature = task.signature_from_request(
+        task.request, None, {**kwargs, "route": route}, countdown=countdown,
+        retries=task.request.retries + 1, queue=lane, exchange=lane, routing_key=lane)
+    fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
+             lease.attempt)
+
+    def publish() -> None:
+        with publishing(fence=fence):
+            signature.apply_async(retry=False)
+
+    try:
+        runs.persist(publish, f"the retry of job {task.request.id}")
+    except PublishRefused:  # the fence: a newer run holds the job
+        _stale(task, lease)
+    retries = metric_field("retries", _lane(task, kwargs["route"]))
+    runs.persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
+    raise Retry(exc=exc, when=countdown, sig=signature)
+
+
+def _fail_or_retry(task: Any, exc: Exception, lease: Lease, kwargs: dict) -> NoReturn:
+    """Sort a failed run: stale, revoked, the worker's fault, transient, or for good."""
+    if isinstance(exc, LeaseLost):
+        _stale(task, lease)
+    if isinstance(exc, JobRevoked):
+        _revoked(task, lease)
+    HEALTH.failed(exc)
+    route, attempt = kwargs["route"], lease.attempt
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
+    faults = route.get("worker_faults", 0)
+    if is_worker_fault(exc) and faults < cfg.SICK_AFTER + cfg.MAX_RETRIES:
+        log.warning("%s; this worker's fault: the job goes back to its lane", what)
+        _retry(task, exc, lease, kwargs, {**route, "lane": lane_of(route["lane"]),
+                                          "worker_faults": faults + 1,
+                                          "lane_since": time.time()}, 0)
+    if is_worker_fault(exc):
+        _give_up(task, kwargs, lease, "worker_faults", exc,
+                 f"{what} (gave up after {faults + 1} workers failed it)")
     if not is_transient(exc):
-        _give_up(task, kwargs, "error", exc, attempt, what)
-    if attempt > cfg.MAX_RETRIES:
-        _give_up(task, kwargs, "retries_exhausted", exc, attempt,
+        _give_up(task, kwargs, lease, "error", exc, what)
+    if attempt - faults > cfg.MAX_RETRIES:
+        _give_up(task, kwargs, lease, "retries_exhausted", exc,
                  f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
-    route = dict(kwargs["route"])
+    route = dict(route)
     lane = next_lane(route["lane"]) or route["lane"]
     if lane != route["requested_tier"]:
         route.update(lane=lane, downgraded_from=route["requested_tier"], downgrade_reason=RETRY)
-    countdown = backoff_s(attempt, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S)
+    countdown = max(backoff_s(attempt - faults, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S),
+                    getattr(exc, "retry_after_s", 0.0))
     route["lane_since"] = time.time() + countdown  # its wait in the new lane starts then
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
-    with redis_client().pipeline() as pipe:
-        pipe.delete(lease_key(task.request.id))  # the retry is the next copy
-        add_counts(pipe, {metric_field("retries", _lane(task, kwargs["route"])): 1}).execute()
-    raise task.retry(exc=exc, countdown=countdown, max_retries=None,
-                     kwargs={**kwargs, "route": route},
-                     queue=lane, exchange=lane, routing_key=lane)
+    _retry(task, exc, lease, kwargs, route, countdown)
 
 
-def _account_for(client: redis.Redis, result: dict, account: str) -> None:
-    """Usage for fair relax; fast seconds only for a run in the fast lane."""
-    run_s = result["run_ms"] / 1000
-    bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
-    with client.pipeline() as pipe:
-        pipe.hincrbyfloat(bucket, account, run_s).expire(bucket, cfg.FAIR_WINDOW_S + USAGE_BUCKET_S)
-        add_counts(pipe, job_counts(result)).execute()
-    if result["lane"] == FAST:
-        charge_fast_seconds(account, run_s, client)
-
-
-def _finish(job_id: str, result: dict, job: dict) -> dict:
-    """Store the first result of this id; a later run returns it instead of its own."""
-    client = redis_client()
-    with client.pipeline() as pipe:
-        pipe.set(done_key(job_id), json.dumps(result), nx=True, ex=cfg.result_expires)
-        stored, _, earlier = pipe.delete(lease_key(job_id)).get(done_key(job_id)).execute()
-    if not stored:  # two runs of one id both finished: never meant to happen, so say so
+def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
+    """Record the run's result (fenced, counted and charged in one step) and return the
+    job's result: this one, or the one recorded first."""
+    job_id = task.request.id
+    verdict, value = runs.persist(
+        lambda: runs.finish(job_id, lease.token, lease.attempt, result, job["account"],
+                            job_counts(result), result["lane"] == FAST),
+        f"the result of job {job_id}")
+    if verdict == "stale":
+        _stale(task, lease)
+    recorded = result if verdict == "stored" else json.loads(value)
+    if recorded.get("attempts") != lease.attempt:  # another run finished first: never meant
         log.warning("job %s finished again after its first result was stored", job_id)
-        with client.pipeline() as pipe:
-            pipe.hincrby(DUPLICATES_KEY, job_id, 1).expire(DUPLICATES_KEY, cfg.result_expires)
-            pipe.execute()
-        return json.loads(earlier)
-    _account_for(client, result, job["account"])
+        runs.persist(lambda: redis_client().pipeline().hincrby(DUPLICATES_KEY, job_id, 1)
+                     .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
+        return recorded
+    HEALTH.succeeded()
     if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run
-        close_run(job_id, result)
-    return result
+        runs.persist(lambda: close_run(job_id, recorded), f"the followers of job {job_id}")
+    return recorded
 
 
 # max_retries=None: gpulanes counts attempts itself (redeliveries included).
@@ -179,25 +231,27 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one validated job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()
     kwargs = {"job": job, "route": route, "submitted_at": submitted_at}
-    attempt, earlier = _begin(self.request.id, job, route)
-    if earlier is not None:  # a redelivery of a job that already finished
-        return earlier
-    if attempt > cfg.MAX_RETRIES + 1:  # its workers kept dying under it
-        _give_up(self, kwargs, "worker_lost", JobFailed("worker lost"), attempt,
-                 f"job {self.request.id} reached attempt {attempt}: its earlier runs "
+    lease = _begin(self, job, route)
+    if isinstance(lease, dict):  # a redelivery of a job that already finished
+        return lease
+    if lease.attempt > cfg.MAX_RETRIES + 1 + route.get("worker_faults", 0):
+        _give_up(self, kwargs, lease, "worker_lost", JobFailed("worker lost"),
+                 f"job {self.request.id} reached attempt {lease.attempt}: its earlier runs "
                  "were lost with their workers or failed")
     lane = _lane(self, route)
     try:
-        ran = _run(job, lane)
-        image = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels)
+        ran = _run(job, lane, _step_guard(self.request.id, lease))
+        lease.check()  # a stale run writes no artifact
+        artifact = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
-        _fail_or_retry(self, exc, attempt, kwargs)
-    return _finish(self.request.id, {
+        _fail_or_retry(self, exc, lease, kwargs)
+    return _finish(self, lease, {
         **{k: v for k, v in route.items() if k != "lane_since"},
-        "job_id": self.request.id, "image": str(image), "lane": lane,
+        "job_id": self.request.id, "image": str(artifact.path), "bytes": artifact.bytes,
+        "sha256": artifact.sha256, "lane": lane,
         "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
         "queued_ms": round((started_at - submitted_at) * 1000, 1),
-        "run_ms": round(ran.run_ms, 1), "attempts": attempt, "cached": False,
+        "run_ms": round(ran.run_ms, 1), "attempts": lease.attempt, "cached": False,
         "cold_start": ran.load_ms is not None, "load_ms": round(ran.load_ms or 0.0, 1),
         "batch_size": ran.batch_size, "batch_wait_ms": round(ran.wait_ms, 1),
         **{k: job[k] for k in ("model", "seed", "steps", "width", "height")},

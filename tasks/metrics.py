@@ -101,9 +101,11 @@ def lane_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
 
 
 def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
-    """Health, load, warm models and cold-start seconds per worker."""
+    """Health (up, sick), load, warm models and cold-start seconds per worker."""
     up = GaugeMetricFamily("gpulanes_worker_up", "1 while the worker answers heartbeats",
                            labels=["worker"])
+    sick = GaugeMetricFamily("gpulanes_worker_sick", "1 while the worker stepped aside after "
+                             "failures of its own making (disk, device)", labels=["worker"])
     busy = GaugeMetricFamily("gpulanes_worker_in_flight", "Jobs the worker is running",
                              labels=["worker"])
     warm = GaugeMetricFamily("gpulanes_worker_warm_models", "Models the worker holds warm",
@@ -112,11 +114,12 @@ def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
                              "What loading the model cost the worker", labels=["worker", "model"])
     for host, worker in sorted(snapshot.get("workers", {}).items()):
         up.add_metric([host], 1.0 if worker.get("alive") else 0.0)
+        sick.add_metric([host], 1.0 if worker.get("sick") else 0.0)
         busy.add_metric([host], sum(worker.get("in_flight", {}).values()))
         warm.add_metric([host], len(worker.get("warm_models", ())))
         for model, load_ms in sorted(worker.get("load_ms", {}).items()):
             cold.add_metric([host, model], load_ms / 1000)
-    yield from (up, busy, warm, cold)
+    yield from (up, sick, busy, warm, cold)
 
 
 def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
@@ -137,11 +140,14 @@ def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
         family = CounterMetricFamily(f"gpulanes_cache_{kind}", doc)
         family.add_metric([], float(counts.get(f"cache_{kind}", 0)))
         yield family
-    recovered = CounterMetricFamily(
-        "gpulanes_recovered", "Jobs a worker took from a lane and died before recording, "
-        "put back by beat from the publish ledger")
-    recovered.add_metric([], float(counts.get("recovered", 0)))
-    yield recovered
+    for name, field, doc in (
+            ("gpulanes_recovered", "recovered", "Jobs a worker took from a lane and died "
+             "before recording, put back by beat from the publish ledger"),
+            ("gpulanes_stale_runs", "stale_runs", "Runs stopped because a newer run had "
+             "taken their job over while they were frozen or cut off")):
+        family = CounterMetricFamily(name, doc)
+        family.add_metric([], float(counts.get(field, 0)))
+        yield family
 
 
 class LanesCollector(Collector):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import reprlib
 import secrets
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,19 @@ def _integer(field: str, value: Any, low: int, high: int) -> int:
     return value
 
 
+#: Unicode categories that show nothing on their own: formats (zero-width spaces and
+#: joiners, bidi controls), controls, separators, and combining marks with no base.
+INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Zs", "Zl", "Zp", "Mn", "Me"})
+#: Letters and symbols that render blank (Hangul fillers, the blank Braille pattern).
+BLANK_CHARACTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+
+
+def _visible(text: str) -> bool:
+    """Whether ``text`` shows anything: not only blanks and invisible characters."""
+    return any(unicodedata.category(ch) not in INVISIBLE_CATEGORIES
+               and ch not in BLANK_CHARACTERS and not ch.isspace() for ch in text)
+
+
 def _text(field: str, value: Any, max_chars: int) -> str:
     if not isinstance(value, str):
         raise InvalidJob(field, f"must be a string, got {type(value).__name__}")
@@ -67,6 +81,9 @@ def _text(field: str, value: Any, max_chars: int) -> str:
     except UnicodeEncodeError as exc:  # a lone surrogate: no message, log or hash can carry it
         raise InvalidJob(field, f"is not valid Unicode text ({exc.reason} at "
                          f"position {exc.start})") from None
+    if not _visible(value):
+        raise InvalidJob(field, "holds only invisible characters (zero-width, bidi controls, "
+                         "blanks); it must show some text")
     return value
 
 

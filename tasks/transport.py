@@ -15,12 +15,31 @@ ever existed. gpulanes keeps a ledger instead, in the same Redis:
 - beat (``beat.ledger``) compares the ledger with what the lists hold and
   republishes a message that is in neither a list nor unacked nor finished.
 
-The same Lua call enforces a lane's maximum depth for new jobs: inside
-:func:`lane_limit` (``submit()``) it sums the lengths of every list of the lane
-and pushes only below the limit, else :class:`LaneAtLimit` is raised and
-nothing is written. Any number of submitters together never pass the limit.
-Messages published outside it (retries, restores) are never refused: a job
-once accepted is not dropped for want of room.
+The same Lua call checks, before it writes anything, what the publisher asked
+for in :func:`publishing` and refuses the whole publish if one fails:
+
+- a lane's maximum depth for new jobs (``submit()``): it sums the lengths of
+  every list of the lane and pushes only below the limit, else
+  :class:`LaneAtLimit`. Any number of submitters together never pass the
+  limit. Messages published outside it (retries, restores) are never refused:
+  a job once accepted is not dropped for want of room;
+- a deadline (``submit()``): a publish that reaches Redis after its caller gave
+  up (a Redis frozen for a while executes what was sent meanwhile) writes
+  nothing (:class:`PublishRefused`, ``late``);
+- the account's fast place (a fast job, ``tasks.fastlimit``): taken in the
+  same step, so a refused or failed publish leaves no place behind;
+- the run of a result-cache claim is confirmed (``tasks.cache``): a claim whose
+  job was never published lapses by itself and no caller waits on it;
+- a fence (a worker's retry of its job, ``tasks.generate``): only the run that
+  still holds the job may publish its next copy, and the same step releases
+  the run's lease.
+
+Every message put back on a list (kombu's restores after the visibility
+timeout or a warm shutdown, a requeue, beat's put-backs) gets a new delivery
+tag, so a worker that held the old copy, should it wake up, can only ever ack,
+reject or restore its own dead copy, never the new one. A worker records which
+process holds a message in the transaction that records it unacked, and an
+ack drops that record with kombu's.
 
 Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
 ``sentinel://`` broker URL by :func:`install` (``tasks.celeryapp``).
@@ -28,8 +47,10 @@ Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
 from __future__ import annotations
 
 import time
+import uuid
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import redis
@@ -37,14 +58,34 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
-from routing.names import LANES, LEDGER_KEY, lane_of, lists_key
+from routing.names import HOLDERS_KEY, LANES, LEDGER_KEY, done_key, lane_of, lease_key, lists_key
+from routing.store import ONE_RECONNECT
 
-# KEYS: list, ledger, the lane's lists. ARGV: message, delivery tag, the lane's
-# maximum depth (0: none). Returns 0, having written nothing, when the lane is full.
+#: Lua: whether the run ``token`` (run number ``n``) still holds its job: the lease
+#: is its own, or lapsed with no newer run begun (``gpu_worker.lease``).
+HOLDS = """
+local function holds(lease_key, counter_key, token, n)
+  local lease = redis.call('GET', lease_key)
+  if lease then return lease == token end
+  return tonumber(redis.call('GET', counter_key) or '0') == tonumber(n)
+end
+"""
+
+# KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
+# places, a claimed run's pointer and hash, the job's lease and run counter.
+# ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (unix s,
+# 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl s,
+# fence token ('' : none), the fenced run's number.
+# Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
+# -1 too late, -2 the account's fast places are taken, -3 the fence does not hold.
 # The lane's lists are read by name from its set: a standalone Redis allows it.
 # A call retried after its reply was lost finds its own entry and does nothing.
-_PUT = """
+_PUT = HOLDS + """
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if tonumber(ARGV[4]) > 0 and now > tonumber(ARGV[4]) then return -1 end
+if ARGV[9] ~= '' and not holds(KEYS[7], KEYS[8], ARGV[9], ARGV[10]) then return -3 end
 local limit = tonumber(ARGV[3])
 if limit > 0 then
   local depth = 0
@@ -53,6 +94,19 @@ if limit > 0 then
   end
   if depth >= limit then return 0 end
 end
+local places = tonumber(ARGV[5])
+if places > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= places then return -2 end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[7])
+  redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[6])) + 60)
+end
+if KEYS[5] ~= '' and redis.call('GET', KEYS[5]) == ARGV[7] then
+  redis.call('EXPIRE', KEYS[5], ARGV[8])
+  redis.call('HSET', KEYS[6], 'confirmed', '1')
+  redis.call('EXPIRE', KEYS[6], ARGV[8])
+end
+if ARGV[9] ~= '' then redis.call('DEL', KEYS[7]) end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\\n' .. ARGV[1])
 redis.call('SADD', KEYS[3], KEYS[1])
@@ -60,34 +114,77 @@ return 1
 """
 
 _put_script: list[Any] = []
-#: The maximum depth of the lane a publish in this context goes to (0: no limit).
-_limit: ContextVar[int] = ContextVar("gpulanes_lane_limit", default=0)
+#: The identity ("host/pid/start") of the worker process consuming here, if any.
+_holder: list[str] = []
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a publish must satisfy, checked in the same step as the push."""
+
+    limit: int = 0                    #: the lane's maximum depth (0: none)
+    deadline: float = 0.0             #: unix s after which the publish is refused (0: none)
+    fast_places: tuple[str, int, float] | None = None  #: (key, allowed, lapse s)
+    run: tuple[str, str, int] | None = None  #: a claimed run: (pointer, hash, ttl s)
+    fence: tuple[str, str, str, int] | None = None  #: (lease, counter, token, run number)
+
+
+_conditions: ContextVar[Conditions] = ContextVar("gpulanes_publish", default=Conditions())
 
 
 class LaneAtLimit(Exception):
-    """A publish inside :func:`lane_limit` found its lane at its maximum depth."""
+    """A publish inside :func:`publishing` found its lane at its maximum depth."""
 
     def __init__(self, lane: str, limit: int) -> None:
         super().__init__(f"lane {lane!r} holds {limit} queued jobs, its maximum")
         self.lane, self.limit = lane, limit
 
 
+class PublishRefused(Exception):
+    """A publish inside :func:`publishing` failed a condition; nothing was written.
+    ``why``: ``late``, ``fast_places`` or ``fence``."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"publish refused: {why}")
+        self.why = why
+
+
+_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence"}
+
+
 @contextmanager
-def lane_limit(depth: int) -> Iterator[None]:
-    """Publishes to a lane made in this block raise :class:`LaneAtLimit` instead of
-    passing ``depth`` jobs queued in that lane (every list of it, every worker's)."""
-    token = _limit.set(depth)
+def publishing(**conditions: Any) -> Iterator[None]:
+    """Publishes to a lane made in this block meet :class:`Conditions` or write nothing
+    (:class:`LaneAtLimit`, :class:`PublishRefused`)."""
+    token = _conditions.set(Conditions(**conditions))
     try:
         yield
     finally:
-        _limit.reset(token)
+        _conditions.reset(token)
 
 
-def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, limit: int) -> bool:
+def lane_limit(depth: int) -> Any:
+    """Publishes to a lane made in this block raise :class:`LaneAtLimit` instead of
+    passing ``depth`` jobs queued in that lane (every list of it, every worker's)."""
+    return publishing(limit=depth)
+
+
+def set_holder(identity: str) -> None:
+    """Name the worker process that consumes here: its takes record it as holder."""
+    _holder[:] = [identity]
+
+
+def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,
+         when: Conditions) -> int:
     if not _put_script:  # registered once per process, run on any client
         _put_script.append(client.register_script(_PUT))
-    return bool(_put_script[0](keys=[key, LEDGER_KEY, lists_key(lane)],
-                               args=[payload, tag, limit], client=client))
+    places, allowed, lapse_s = when.fast_places or ("", 0, 0)
+    pointer, run, run_ttl_s = when.run or ("", "", 0)
+    lease, counter, token, attempt = when.fence or ("", "", "", 0)
+    return int(_put_script[0](
+        keys=[key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter],
+        args=[payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
+              token, attempt], client=client))
 
 
 def ledger_entry(key: str, payload: str) -> str:
@@ -104,15 +201,23 @@ def parse_entry(entry: str | bytes) -> tuple[str, str]:
 
 class LedgerQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
-        """Record the message as unacked and drop its ledger entry, in one transaction."""
+        """Record the message as unacked (and who holds it) and drop its ledger entry,
+        in one transaction."""
         delivery = message.delivery_info
         with self.pipe_or_acquire() as pipe:
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
                 .hset(self.unacked_key, delivery_tag,
                       dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
-                .hdel(LEDGER_KEY, delivery_tag) \
-                .execute()
+                .hdel(LEDGER_KEY, delivery_tag)
+            if _holder:
+                pipe.hset(HOLDERS_KEY, delivery_tag, _holder[0])
+            pipe.execute()
             super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        """kombu's unacked records of ``delivery_tag``, and its holder, dropped (ack,
+        reject, restore): one copy's records only, since a copy put back gets a new tag."""
+        return super()._remove_from_indices(delivery_tag, pipe).hdel(HOLDERS_KEY, delivery_tag)
 
 
 class LedgerChannel(kombu_redis.Channel):
@@ -123,6 +228,12 @@ class LedgerChannel(kombu_redis.Channel):
         if self.global_keyprefix:  # kombu would prefix only the first key of our scripts
             raise ValueError("gpulanes' transport does not support kombu's global_keyprefix; "
                              "give each cluster its own Redis database instead")
+
+    def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
+        params = super()._connparams(asynchronous)
+        if not asynchronous:  # commands (not BRPOP/LISTEN): survive one broken connection
+            params["retry"] = ONE_RECONNECT
+        return params
 
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
         """Push ``message`` and write its ledger entry (one Lua call: one round trip)."""
@@ -135,19 +246,28 @@ class LedgerChannel(kombu_redis.Channel):
         batch = kwargs.pop("_publish_batch", None)
         if batch is not None:  # one script per message keeps it atomic in a batch too;
             # kombu's batches report no refusal back, so they are never limited
-            batch.add("eval", _PUT, 3, key, LEDGER_KEY, lists_key(lane), payload, tag, 0)
+            batch.add("eval", _PUT, 8, key, LEDGER_KEY, lists_key(lane), "", "", "", "", "",
+                      payload, tag, 0, 0, 0, 0, "", 0, "", 0)
             return
-        limit = _limit.get()
+        when = _conditions.get()
         with self.conn_or_acquire() as client:
-            if not _put(client, lane, key, payload, tag, limit):
-                raise LaneAtLimit(lane, limit)
+            verdict = _put(client, lane, key, payload, tag,
+                           (message.get("headers") or {}).get("id") or "", when)
+        if verdict == 0:
+            raise LaneAtLimit(lane, when.limit)
+        if verdict < 0:
+            raise PublishRefused(_REFUSALS[verdict])
 
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
                             pipe: Any, leftmost: bool = False) -> None:
-        """kombu's restore, each push written to the ledger in the same transaction."""
+        """kombu's restore under a new delivery tag, written to the ledger in the same
+        transaction: the copy that was taken keeps its tag, and with it only its own records."""
+        try:
+            payload["properties"]["delivery_tag"] = tag = str(uuid.uuid4())
+        except (KeyError, TypeError):  # not an envelope: kombu logs what it cannot restore
+            return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         try:
-            tag = payload["properties"]["delivery_tag"]
             for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
                 key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
                 pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))) \
@@ -177,6 +297,44 @@ class LedgerChannel(kombu_redis.Channel):
             if tags := [t for raws in held for t in map(_tag, raws) if t]:
                 client.hdel(LEDGER_KEY, *tags)
         return sum(map(len, held))
+
+
+def holder_of(lease: str | None) -> str | None:
+    """The worker process named in a job's lease (``"<host/pid/start>#<run>#<tag>"``)."""
+    return lease.split("#", 1)[0] if lease else None
+
+
+def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
+                  unless_running: bool = True) -> bool:
+    """Put the message ``tag`` back at the front of its lane, under a new tag, if
+    ``holder`` still holds it; a message whose job already finished is only dropped.
+
+    ``unless_running``: leave it while ``holder`` still extends the job's lease (a
+    warm shutdown runs it, silent to heartbeats). One transaction that re-checks
+    the holder, so a message that meanwhile went elsewhere stays there.
+    """
+    qos = channel.qos
+
+    def move(pipe: redis.client.Pipeline) -> bool:
+        if _text(pipe.hget(HOLDERS_KEY, tag)) != holder:
+            return False
+        raw = pipe.hget(qos.unacked_key, tag)
+        message, exchange, routing_key = loads(raw) if raw else (None, None, None)
+        job_id = ((message or {}).get("headers") or {}).get("id") or ""
+        if unless_running and holder_of(_text(pipe.get(lease_key(job_id)))) == holder:
+            return False
+        finished = bool(job_id) and bool(pipe.exists(done_key(job_id)))
+        pipe.multi()
+        qos._remove_from_indices(tag, pipe)
+        if message and not finished:
+            channel._do_restore_message(message, exchange, routing_key, pipe)
+        return bool(raw) and not finished
+
+    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _is_lane(queue: str) -> bool:

@@ -103,6 +103,7 @@ def clean_redis(redis_server):
     keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
     if keys:
         client.delete(*keys)
+    shutil.rmtree(STATE_DIR / "flaky", ignore_errors=True)  # the test model's run counts
     from tasks.api import snapshot_cache
     if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
         snapshot_cache().forget()

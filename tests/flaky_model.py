@@ -1,16 +1,30 @@
 """A test model we own: the real demo model, made to fail on request.
 
-The prompt says how: ``transient:N ...`` raises a transient error on the
-first N runs of that (prompt, seed) in this worker; ``transient:always`` on
-every run; ``oom:N ...`` raises torch's CUDA out-of-memory error on the first N
-runs; ``bug ...`` raises a plain bug (never retried); ``gate:NAME ...``
-holds the job until the file ``$GPULANES_STATE_DIR/gates/NAME`` exists (see
-``open_gate``), so a test can act while it runs, whatever the machine's speed.
+The prompt's leading words say how (several may be combined, in any order):
+
+- ``transient:N`` raises a transient error on the first N runs of that
+  (prompt, seed) in the whole cluster; ``transient:always`` on every run;
+  ``transient:N@S`` asks for a retry no sooner than S seconds;
+- ``oom:N`` raises torch's CUDA out-of-memory error on the first N runs in
+  this worker;
+- ``bug`` raises a plain bug (never retried);
+- ``gate:NAME`` holds the job until the file ``$GPULANES_STATE_DIR/gates/NAME``
+  exists (see ``open_gate``), so a test can act while it runs, whatever the
+  machine's speed;
+- ``io`` writes a scratch file in this worker's own folder first, as a model
+  keeping a local cache would: a test that breaks that folder for one worker
+  (``break_disk``) gives it real I/O errors, and only it.
+
+Every run is counted across processes (``runs_started``, ``runs_finished``), so
+a test can tell how many runs of a job began and how many reached their end.
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -18,8 +32,12 @@ from pathlib import Path
 GATE_TIMEOUT_S = 60.0
 
 
+def _state() -> Path:
+    return Path(os.environ["GPULANES_STATE_DIR"])
+
+
 def gate_path(name: str) -> Path:
-    return Path(os.environ["GPULANES_STATE_DIR"]) / "gates" / name
+    return _state() / "gates" / name
 
 
 def open_gate(name: str) -> None:
@@ -42,8 +60,63 @@ def _wait_for_gate(name: str) -> None:
     while not gate_path(name).exists() and time.monotonic() < deadline:
         time.sleep(0.005)
 
-from gpu_worker import demo_model
-from tasks.errors import TransientJobError
+
+def _run_log(prompt: str, seed: int, what: str) -> Path:
+    key = hashlib.blake2b(f"{prompt}\n{seed}".encode(), digest_size=8).hexdigest()
+    return _state() / "flaky" / f"{key}.{what}"
+
+
+def _count(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _note(path: Path) -> int:
+    """Append one line (atomic with O_APPEND across processes); the lines now."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as log:
+        log.write(b"run\n")
+    return _count(path)
+
+
+def runs_started(prompt: str, seed: int) -> int:
+    """Runs of (prompt, seed) that entered the model, in every worker."""
+    return _count(_run_log(prompt, seed, "started"))
+
+
+def runs_finished(prompt: str, seed: int) -> int:
+    """Runs of (prompt, seed) whose model call returned an image, in every worker."""
+    return _count(_run_log(prompt, seed, "finished"))
+
+
+def scratch_dir(hostname: str) -> Path:
+    """The folder an ``io`` job writes to on worker ``hostname``."""
+    return _state() / "flaky" / "scratch" / hostname
+
+
+def break_disk(hostname: str) -> None:
+    """Make ``io`` jobs fail on ``hostname`` with a real OS error: its folder becomes a file."""
+    path = scratch_dir(hostname)
+    shutil.rmtree(path, ignore_errors=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not a folder\n")
+
+
+def mend_disk(hostname: str) -> None:
+    path = scratch_dir(hostname)
+    if path.is_file():
+        path.unlink()
+
+
+from gpu_worker import demo_model  # noqa: E402
+from tasks.errors import TransientJobError  # noqa: E402
+
+
+def _directives(prompt: str) -> list[str]:
+    words = prompt.split()
+    return [w for w in words[:4] if ":" in w or w in ("bug", "io")]
 
 
 class FlakyModel:
@@ -56,30 +129,51 @@ class FlakyModel:
 
     def generate(self, prompt: str, *, seed: int, **kwargs):
         self._act_on(prompt, seed)
-        return self.inner.generate(prompt, seed=seed, **kwargs)
+        image = self.inner.generate(prompt, seed=seed, **kwargs)
+        _note(_run_log(prompt, seed, "finished"))
+        return image
 
     def generate_batch(self, prompts, seeds, **kwargs):
         """A batch fails if any of its prompts asks to (the whole pass, as a real
         model's would); gates hold the whole pass."""
         for prompt, seed in zip(prompts, seeds):
             self._act_on(prompt, seed)
-        return self.inner.generate_batch(prompts, seeds, **kwargs)
+        images = self.inner.generate_batch(prompts, seeds, **kwargs)
+        for prompt, seed in zip(prompts, seeds):
+            _note(_run_log(prompt, seed, "finished"))
+        return images
 
     def _act_on(self, prompt: str, seed: int) -> None:
         self.runs[(prompt, seed)] += 1
-        how = prompt.split()[0]
-        if how == "transient:always" or (
-                how.startswith("transient:") and how != "transient:always"
-                and self.runs[(prompt, seed)] <= int(how.split(":")[1])):
-            raise TransientJobError(f"simulated out-of-memory (run {self.runs[(prompt, seed)]})")
-        if how.startswith("oom:") and self.runs[(prompt, seed)] <= int(how.split(":")[1]):
-            import torch
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
-                                              "(simulated)")
-        if how.startswith("gate:"):
-            _wait_for_gate(how.split(":", 1)[1])
-        if how == "bug":
-            raise ValueError("simulated bug in the model")
+        here = self.runs[(prompt, seed)]
+        cluster_run = _note(_run_log(prompt, seed, "started"))
+        for how in _directives(prompt):
+            if how.startswith("transient:"):
+                times, _, after_s = how.split(":")[1].partition("@")
+                if times == "always" or cluster_run <= int(times):
+                    raise TransientJobError(f"simulated out-of-memory (run {cluster_run})",
+                                            retry_after_s=float(after_s or 0))
+            if how.startswith("oom:") and here <= int(how.split(":")[1]):
+                import torch
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate "
+                                                  "2.00 GiB (simulated)")
+            if how == "io":
+                _scratch()
+            if how.startswith("gate:"):
+                _wait_for_gate(how.split(":", 1)[1])
+            if how == "bug":
+                raise ValueError("simulated bug in the model")
+
+
+def _scratch() -> None:
+    """Write and drop a scratch file in this worker's own folder (real file I/O)."""
+    from gpu_worker.runtime import RUNTIME
+
+    folder = scratch_dir(RUNTIME.hostname)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / uuid.uuid4().hex
+    path.write_bytes(b"scratch")
+    path.unlink()
 
 
 def load(*, name: str, device: str, model_dir: Path) -> FlakyModel:

@@ -142,7 +142,7 @@ def reference(tmp_path_factory):
 
     def png(prompt: str, seed: int) -> bytes:
         pixels = model.generate(prompt, seed=seed, **SMALL)
-        return save_png(folder, str(uuid.uuid4()), pixels).read_bytes()
+        return save_png(folder, str(uuid.uuid4()), pixels).path.read_bytes()
     yield png
     torch.set_num_threads(previous)
 

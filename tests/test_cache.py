@@ -179,6 +179,18 @@ def test_a_vanished_artifact_is_a_miss(cluster, clean_redis):
     assert gpu_runs(clean_redis) == 3
 
 
+@pytest.mark.parametrize("damage", ["truncated", "overwritten"])
+def test_a_damaged_artifact_is_a_miss(cluster, clean_redis, damage):
+    hit = admit(f"damaged {damage}")
+    assert hit["bytes"] == os.path.getsize(hit["image"]) and len(hit["sha256"]) == 64
+    data = open(hit["image"], "rb").read()
+    with open(hit["image"], "wb") as png:  # same size, other bytes; or half of it
+        png.write(data[: len(data) // 2] if damage == "truncated" else data[::-1])
+    again = run(f"damaged {damage}", 1)
+    assert again["cached"] is False and open(again["image"], "rb").read() == data
+    assert gpu_runs(clean_redis) == 3
+
+
 # --- coalescing ------------------------------------------------------------------------
 def test_identical_submits_in_flight_share_one_run(cluster, clean_redis, app):
     gate, before = new_gate(), served(app)

@@ -80,20 +80,17 @@ def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypa
     assert clean_redis.zcard(fast_queued_key("gone")) == 1  # the lapsed ones went
 
 
-def test_redis_trouble_admits_without_a_place(limit, monkeypatch, clean_redis, caplog):
-    import redis
+def test_a_publish_that_reaches_redis_too_late_takes_nothing(limit, monkeypatch, clean_redis):
+    """The place is taken in the publish itself: a publish Redis runs after its caller
+    gave up (here: a deadline already past) writes no job, no ledger entry, no place."""
+    from routing.names import LEDGER_KEY
+    from tasks.errors import BrokerUnavailable
 
-    import tasks.fastlimit as fastlimit
-
-    def down():
-        def call(**_):
-            raise redis.ConnectionError("no route to host")
-        return call
-
-    monkeypatch.setattr(fastlimit, "_admit_script", down)
-    for i in range(3):
-        submit(f"blip {i}", tier="fast", account="blip", **SMALL)
-    assert _lanes(clean_redis) == [3, 0, 0] and "admitted without one" in caplog.text
+    monkeypatch.setattr(cfg, "REDIS_TIMEOUT_S", -1.0)
+    with pytest.raises(BrokerUnavailable, match="too late"):
+        submit("late", tier="fast", account="late", **SMALL)
+    assert _lanes(clean_redis) == [0, 0, 0] and not clean_redis.hlen(LEDGER_KEY)
+    assert fast_waiting("late") == 0
 
 
 def test_a_job_moved_down_by_its_deadline_gives_its_place_back(limit, clean_redis):

@@ -11,6 +11,7 @@ import base64
 import json
 import math
 import re
+import unicodedata
 
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
@@ -40,9 +41,17 @@ def _utf8(text: str) -> bool:
     return True
 
 
+def _shows_something(text: str) -> bool:
+    """A letter, number, punctuation or symbol (a spacing mark, a private or unassigned
+    character too) that is not one of the blank fillers: something a reader sees."""
+    return any((unicodedata.category(ch)[0] in "LNPS"
+                or unicodedata.category(ch) in ("Mc", "Co", "Cn"))
+               and ch not in "\u115f\u1160\u3164\uffa0\u2800" for ch in text)
+
+
 def _text_ok(value, max_chars: int) -> bool:
     return (isinstance(value, str) and bool(value.strip()) and len(value) <= max_chars
-            and "\x00" not in value and _utf8(value))
+            and "\x00" not in value and _utf8(value) and _shows_something(value))
 
 
 def _int_ok(value, low: int, high: int) -> bool:

@@ -51,13 +51,21 @@ def test_a_silent_holder_that_still_extends_its_lease_keeps_the_message(clean_re
 
 
 def test_a_message_another_worker_took_stays_with_it(clean_redis):
+    """A message put back gets a new delivery tag: the worker that held the old copy,
+    should it wake up, can only touch its own dead copy's records, never the new one's."""
     job = _publish()
     with _connection() as a, _connection() as b, _connection() as beat:
         channel_a = a.channel()
-        tag = channel_a.basic_get("standard", no_ack=False).delivery_tag
-        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
-        channel_a.close()  # A's warm shutdown: kombu puts the message back itself
-        assert b.channel().basic_get("standard", no_ack=False).delivery_tag == tag
-        clean_redis.hset(HOLDERS_KEY, tag, "gpu1@h/2/2.0")  # B's HeldJobs hook
-        assert not restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        old = channel_a.basic_get("standard", no_ack=False)
+        clean_redis.hset(HOLDERS_KEY, old.delivery_tag, "gpu0@h/1/1.0")
+        channel_a.qos.restore_unacked()  # A's warm shutdown: kombu puts the message back
+        assert not clean_redis.hexists(HOLDERS_KEY, old.delivery_tag)
+        new = b.channel().basic_get("standard", no_ack=False)
+        assert new.headers["id"] == job and new.delivery_tag != old.delivery_tag
+        clean_redis.hset(HOLDERS_KEY, new.delivery_tag, "gpu1@h/2/2.0")  # B's take
+        assert not restore_if_held(beat.default_channel, redis_client(), old.delivery_tag,
+                                   "gpu0@h/1/1.0")
+        channel_a.qos.ack(old.delivery_tag)  # A wakes up late and acks its copy
+        assert clean_redis.hexists("unacked", new.delivery_tag)  # B's record stands
+        assert clean_redis.hget(HOLDERS_KEY, new.delivery_tag) == b"gpu1@h/2/2.0"
         assert job not in _ids(clean_redis)  # B keeps it: nothing runs twice

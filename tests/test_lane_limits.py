@@ -32,6 +32,9 @@ LIMITS = {"fast": 4, "standard": 6, "relaxed": 10}
 
 @pytest.fixture
 def limits(monkeypatch):
+    # The router's copy of the limits too (made, with the defaults, before they change),
+    # and back after: later tests keep the defaults.
+    monkeypatch.setattr(snapshot_cache(), "max_depth", dict(LIMITS))
     monkeypatch.setattr(cfg, "MAX_DEPTH", dict(LIMITS))
     return LIMITS
 
@@ -147,8 +150,9 @@ def test_a_refused_publish_leaves_no_result_subscription(limits, clean_redis):
 
 
 def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
-    from tasks.transport import _put
+    from tasks.transport import Conditions, _put
 
     for _ in range(2):  # the second call is a retry of the first under the same tag
-        assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", 0)
+        assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", "job-1",
+                    Conditions()) == 1
     assert clean_redis.llen("standard") == 1

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from beat.health import dead_incarnations
+from beat.health import dead_incarnations, unheard_holders
 from beat.heartbeat import merge
 from beat.snapshot import lane_loads, next_policy
 from routing.policy import (FAST_OVERLOADED, FAST_TIME_EXHAUSTED, LANE_FULL, NO_CAPACITY_WAIT_S,
@@ -208,3 +208,19 @@ def test_dead_incarnations():
                "gpu9@h/40/60.0",   # not heard from yet: left alone
                "gpu0@h/10/5.0"]    # holds two messages
     assert dead_incarnations(holders, workers) == {"gpu0@h/10/5.0", "gpu1@h/30/10.0"}
+
+
+def test_a_holder_never_heard_from_is_judged_like_any_silent_worker():
+    """A worker frozen (or killed) before it ever answered a heartbeat, yet holding a job:
+    counted from the round its hold was seen, never routed to, dead after the misses."""
+    holders = ["gpu2@h/50/70.0"]
+    workers = merge({}, {}, now=1.0, misses_allowed=2)
+    workers.update(unheard_holders(holders, workers, now=1.0))
+    assert not workers["gpu2@h"]["alive"] and not dead_incarnations(holders, workers, 2)
+    for now in (2.0, 3.0):
+        workers = merge(workers, {}, now=now, misses_allowed=2)
+        workers.update(unheard_holders(holders, workers, now))
+        assert not workers["gpu2@h"]["alive"]
+    assert dead_incarnations(holders, workers, 2) == {"gpu2@h/50/70.0"}
+    answered = merge(workers, {"gpu2@h": {"incarnation": "gpu2@h/50/70.0"}}, 4.0, 2)
+    assert answered["gpu2@h"]["alive"] and not dead_incarnations(holders, answered, 2)

@@ -1,0 +1,132 @@
+"""One run's hold on its job: a lease in Redis, fenced by the run's number.
+
+A job's runs are numbered by its run counter (``routing.names.attempts_key``),
+which each run that starts increments. The run holds the job's lease,
+``"<worker incarnation>#<run number>#<delivery tag>"``, for ``cfg.LEASE_TTL_S`` seconds (three
+keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).
+Every write a run makes about its job (its result, its retry, its dead letter,
+its charge) checks in the same Lua call that the run still holds the job: the
+lease is its own, or lapsed with no newer run begun (``tasks.transport.HOLDS``).
+A run that fails that check is *stale*: a newer run took over while it was
+frozen or cut off. It stops and writes nothing (:class:`LeaseLost`).
+
+The worker also knows, without asking Redis, until when its lease surely
+holds: an extension sent at ``t`` keeps the lease at least until ``t + ttl``
+(Redis counts from when it runs the command, later). Between steps a run
+compares the clock with that moment; once it has passed (its process was
+frozen, or Redis did not answer) the run asks Redis before its next step, and
+stops if a newer run holds the job. A newer run starts only after the lease
+lapsed, so two runs of one job never compute past one step together.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from functools import lru_cache
+from typing import Any, Iterable
+
+import redis
+
+import celeryconfig as cfg
+from routing.names import attempts_key, lease_key
+from routing.store import connect
+from tasks.errors import LeaseLost
+from tasks.outage import OUTAGE
+from tasks.transport import HOLDS
+
+log = logging.getLogger(__name__)
+
+# KEYS: kombu's unacked index, then (lease, run counter) per run. ARGV: now, lease
+# ttl, the number of delivery tags, the tags, then (token, run number) per run.
+# Dates each held message from now (XX: an acked one stays gone) and extends each
+# lease the run still holds, taking it again if it lapsed with no newer run begun.
+# Returns 1 or 0 per run.
+_RENEW = HOLDS + """
+local tags = tonumber(ARGV[3])
+for i = 4, 3 + tags do redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i]) end
+local held = {}
+for k = 2, #KEYS, 2 do
+  local token, n = ARGV[3 + tags + k - 1], ARGV[3 + tags + k]
+  local ok = holds(KEYS[k], KEYS[k + 1], token, n)
+  if ok then redis.call('SET', KEYS[k], token, 'EX', ARGV[2]) end
+  held[#held + 1] = ok and 1 or 0
+end
+return held
+"""
+#: Longest wait between two tries to reach Redis while a run confirms its lease.
+CONFIRM_BACKOFF_MAX_S = 1.0
+
+
+@lru_cache(maxsize=1)
+def _client() -> redis.Redis:
+    return connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S)
+
+
+@lru_cache(maxsize=1)
+def _renew_script() -> Any:
+    return _client().register_script(_RENEW)
+
+
+class Lease:
+    """Run number ``attempt`` of ``job_id``, held by this worker process as ``token``;
+    taken by a call sent at ``sent_at`` (monotonic)."""
+
+    def __init__(self, job_id: str, attempt: int, token: str, sent_at: float) -> None:
+        self.job_id, self.attempt, self.token = job_id, attempt, token
+        self.keys = (lease_key(job_id), attempts_key(job_id))
+        self._valid_until = sent_at + cfg.LEASE_TTL_S  # monotonic
+        self._lost = False
+        self._lock = threading.Lock()
+
+    def renewed(self, sent_at: float, held: bool) -> None:
+        """An extension sent at ``sent_at`` (monotonic) found the job ``held`` or not."""
+        with self._lock:
+            if not held:
+                self._lost = True
+            elif not self._lost:
+                self._valid_until = max(self._valid_until, sent_at + cfg.LEASE_TTL_S)
+
+    def check(self) -> None:
+        """Between steps: return if the run still holds its job, else raise :class:`LeaseLost`.
+
+        Free while the lease surely holds; past that, one round trip to Redis,
+        waited out for as long as Redis does not answer (nothing else can take
+        the job meanwhile but a newer run, which the answer then reveals).
+        """
+        with self._lock:
+            if not self._lost and time.monotonic() < self._valid_until:
+                return
+        if not self._lost:
+            self._confirm()
+        if self._lost:
+            raise LeaseLost(f"run {self.attempt} of job {self.job_id} was taken over by a "
+                            "newer run: it stops here and writes nothing")
+
+    def _confirm(self) -> None:
+        delay_s = 0.05
+        while True:
+            try:
+                renew([self], tags=())
+            except OUTAGE as exc:
+                log.warning("job %s: cannot confirm its lease (%s); waiting for Redis",
+                            self.job_id, exc)
+                time.sleep(delay_s)
+                delay_s = min(CONFIRM_BACKOFF_MAX_S, delay_s * 2)
+                continue
+            return
+
+
+def renew(leases: list[Lease], tags: Iterable[str], index_key: str = "unacked_index",
+          now: float | None = None) -> list[int]:
+    """Date ``tags`` from now in kombu's unacked index and extend every lease still
+    held, in one round trip; 1 or 0 per lease (each lease is told)."""
+    tags = list(tags)
+    sent_at = time.monotonic()
+    keys = [index_key, *(key for lease in leases for key in lease.keys)]
+    args = [time.time() if now is None else now, cfg.LEASE_TTL_S, len(tags), *tags,
+            *(value for lease in leases for value in (lease.token, lease.attempt))]
+    held = _renew_script()(keys=keys, args=args)
+    for lease, ok in zip(leases, held):
+        lease.renewed(sent_at, bool(ok))
+    return held

@@ -1,0 +1,47 @@
+"""Celery's Redis result backend, without the result subscription ``submit()`` does
+not need.
+
+Celery subscribes to a task's result (Redis pub/sub) just before it publishes the
+task. Over a pub/sub connection that Redis dropped (a restart), that subscription
+reconnects with Celery's backend retry policy, about twenty seconds, and then
+raises ``RuntimeError``: a submit would hang and fail untyped while the publish
+itself would have answered at once. ``AsyncResult.get()`` subscribes by itself
+and reads the stored result first, so inside :func:`no_subscription` the backend
+leaves it to ``get()``: the publish is the only round trip of an unseeded submit.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterator
+
+from celery.app.backends import BACKEND_ALIASES
+from celery.backends.redis import RedisBackend, SentinelBackend
+
+_skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
+
+
+@contextmanager
+def no_subscription() -> Iterator[None]:
+    """Tasks sent in this block are not subscribed to until someone waits on them."""
+    token = _skip.set(True)
+    try:
+        yield
+    finally:
+        _skip.reset(token)
+
+
+class ResultBackend(RedisBackend):
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        if not _skip.get():
+            super().on_task_call(producer, task_id)
+
+
+class SentinelResultBackend(ResultBackend, SentinelBackend):
+    pass
+
+
+def install() -> None:
+    """Make Celery build this backend for every Redis result backend URL."""
+    BACKEND_ALIASES.update(redis=f"{__name__}:ResultBackend", rediss=f"{__name__}:ResultBackend",
+                           sentinel=f"{__name__}:SentinelResultBackend")

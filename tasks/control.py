@@ -1,0 +1,60 @@
+"""Revokes that survive restarts: every revoke is also kept in Redis.
+
+Celery tells running workers of a revoke by broadcast and each keeps it in
+memory, so a worker that starts later (a restart, a new host) never hears of
+it and runs the job. gpulanes keeps every revoke in a Redis sorted set (job
+id -> when, trimmed after ``GPULANES_REVOKE_TTL_S``): written by the app's
+control (``AsyncResult.revoke()``, ``app.control.revoke()``, Flower and
+``celery control revoke`` all go through it), loaded by each worker when it
+starts, and checked in the Lua call that begins every run (``tasks.runs``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable
+
+import celeryconfig as cfg
+from celery.app.control import Control
+from celery.worker import state as worker_state
+
+from routing.names import REVOKED_KEY
+
+#: The most revokes a worker loads when it starts (Celery keeps 50,000 in memory);
+#: the begin check in Redis covers any beyond.
+LOAD_AT_MOST = 50_000
+
+
+def record_revokes(job_ids: Iterable[str]) -> int:
+    """Keep ``job_ids`` as revoked in Redis (and trim those past their time)."""
+    from tasks.celeryapp import redis_client
+
+    ids, now = [str(i) for i in job_ids], time.time()
+    if not ids:
+        return 0
+    with redis_client().pipeline() as pipe:
+        pipe.zadd(REVOKED_KEY, dict.fromkeys(ids, now))
+        pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - cfg.REVOKE_TTL_S)
+        pipe.expire(REVOKED_KEY, cfg.REVOKE_TTL_S)
+        pipe.execute()
+    return len(ids)
+
+
+def load_revokes() -> int:
+    """Add the revokes kept in Redis to this worker's own (Celery drops them on receipt)."""
+    from tasks.celeryapp import redis_client
+
+    ids = redis_client().zrevrangebyscore(REVOKED_KEY, "+inf", time.time() - cfg.REVOKE_TTL_S,
+                                          start=0, num=LOAD_AT_MOST)
+    worker_state.revoked.update(ids)
+    return len(ids)
+
+
+class LanesControl(Control):
+    """Celery's control, with every revoke also kept in Redis before it is broadcast."""
+
+    def broadcast(self, command: str, arguments: dict | None = None, *args: Any,
+                  **kwargs: Any) -> Any:
+        if command == "revoke":
+            ids = (arguments or {}).get("task_id")
+            record_revokes([ids] if isinstance(ids, str) else ids or [])
+        return super().broadcast(command, arguments, *args, **kwargs)

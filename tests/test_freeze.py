@@ -1,0 +1,134 @@
+"""Frozen workers and revokes on real processes, with the default visibility timeout.
+
+A worker paused by the kernel (SIGSTOP) is the fault a fleet sees every day: a
+VM migrated, a GC stall. Each test counts what ran: runs begun and runs that
+reached their end are counted by the test model itself, across processes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+import celeryconfig as cfg
+from benchmarks.faults import JobStream, settle, wait_replaced, worker_pids
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from routing.names import HOLDERS_KEY, LANES, METRICS_KEY
+from tasks import submit
+from tasks.accounts import fast_seconds_left
+from tasks.generate import STALE_FIELD
+from tests.flaky_model import open_gate, runs_finished, runs_started
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    # the default timeout (2 x GPULANES_MAX_JOB_S + the retry cap): nothing here waits it out
+    assert "GPULANES_VISIBILITY_TIMEOUT_S" not in os.environ and cfg.VISIBILITY_TIMEOUT_S > 600
+    return cluster_factory(workers=2, beat=True)
+
+
+def _holder_of(client, job_id: str) -> str | None:
+    """The worker process ("host/pid/start") recorded as holding a message of ``job_id``."""
+    for tag, who in client.hgetall(HOLDERS_KEY).items():
+        raw = client.hget("unacked", tag)
+        if raw and json.loads(raw)[0]["headers"]["id"] == job_id:
+            return who.decode()
+    return None
+
+
+def _pid(incarnation: str) -> int:
+    return int(incarnation.rsplit("/", 2)[1])
+
+
+def _logged(cluster, text: str) -> bool:
+    return text in (cluster.log_dir / "workers.log").read_text(errors="replace")
+
+
+def _stale_runs(client) -> int:
+    return int(client.hget(METRICS_KEY, STALE_FIELD) or 0)
+
+
+def test_a_worker_frozen_mid_job_stops_at_its_next_step(cluster, app, clean_redis):
+    """Finding 2: the frozen copy used to wake up and run to the end beside the new one."""
+    gate, seed = new_gate(), 21
+    prompt = f"gate:{gate} frozen mid-job"
+    stream = JobStream().start(rate_per_s=8)
+    job = submit(prompt, model="flaky", seed=seed, **SMALL)
+    wait_at_gate(job, gate)
+    frozen = job.info  # STARTED meta of the first run: its worker and pid
+    os.kill(frozen["pid"], signal.SIGSTOP)
+    try:
+        wait_until(lambda: runs_started(prompt, seed) == 2, timeout_s=30,
+                   what="a second run on the other worker")
+    finally:
+        os.kill(frozen["pid"], signal.SIGCONT)
+    open_gate(gate)  # both copies are at the gate now: the woken one is stale
+    out = job.get(timeout=60)
+    wait_until(lambda: _stale_runs(clean_redis) == 1, timeout_s=30,
+               what="the woken copy to find itself stale and stop")
+    stream.stop()
+    stream.accepted[job.id] = job
+    counts = settle(stream, "worker SIGSTOP mid-job", clean_redis, timeout_s=60)
+    assert out["attempts"] == 2 and out["worker"] != frozen["hostname"]
+    assert runs_finished(prompt, seed) == 1  # the stale copy stopped after one step
+    assert counts.lost == 0 and counts.duplicated == 0 and counts.failed == 0
+    assert counts.completed == counts.accepted > 10
+
+
+def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, app,
+                                                                     clean_redis):
+    """Finding 1: a worker frozen while it held a job's retry came back, acked the
+    put-back copy's record (same delivery tag), and the job was lost when the new
+    holder died. Now every put-back copy has a tag of its own."""
+    gate, seed = new_gate(), 22
+    prompt = f"transient:1@6 gate:{gate} retried, frozen, then its new holder killed"
+    job = submit(prompt, model="flaky", seed=seed, **SMALL)
+    holder = wait_until(lambda: runs_started(prompt, seed) == 1 and _holder_of(clean_redis,
+                                                                               job.id),
+                        timeout_s=30, what="a worker to hold the retry, waiting 6 s")
+    os.kill(_pid(holder), signal.SIGSTOP)
+    try:
+        wait_until(lambda: runs_started(prompt, seed) == 2, timeout_s=40,
+                   what="the retry put back and begun on the other worker")
+    finally:
+        os.kill(_pid(holder), signal.SIGCONT)
+    second = job.info
+    assert second["pid"] != _pid(holder)
+    wait_until(lambda: _logged(cluster, f"gpulanes.generate[{job.id}] ignored"), timeout_s=30,
+               what="the woken holder's copy to step aside")
+    os.kill(second["pid"], signal.SIGKILL)  # the new holder dies mid-run
+    open_gate(gate)
+    out = job.get(timeout=60)  # beat put its copy back: a third run
+    assert out["attempts"] == 3 and runs_finished(prompt, seed) == 1
+    assert wait_replaced(app, second["hostname"], second["pid"])
+
+
+def test_revoked_jobs_never_run_though_a_worker_restarts(cluster, app, clean_redis,
+                                                         monkeypatch):
+    """Finding 5: a worker restarted after a revoke never heard of it and ran the jobs."""
+    monkeypatch.setattr(cfg, "ROUTE_HASHING", False)  # shared lanes: each worker takes one
+    gates = [new_gate(), new_gate()]
+    blockers = [submit(f"gate:{g} hold a worker", model="flaky", **SMALL) for g in gates]
+    for result, gate in zip(blockers, gates):
+        wait_at_gate(result, gate)
+    before = fast_seconds_left("revoker")
+    queued = [submit(f"revoked {i}", model="flaky", seed=100 + i, account="revoker",
+                     tier=LANES[i % 3], **SMALL) for i in range(45)]
+    for result in queued:
+        result.revoke()
+    victim = blockers[0].info
+    os.kill(victim["pid"], signal.SIGKILL)  # its replacement never hears the broadcast
+    assert wait_replaced(app, victim["hostname"], victim["pid"])
+    open_gate(gates[0])  # the replacement reruns the killed blocker, then drains the lanes
+    blockers[0].get(timeout=60)
+    wait_until(lambda: all(r.state == "REVOKED" for r in queued), timeout_s=60,
+               what="every revoked job dropped")
+    open_gate(gates[1])
+    blockers[1].get(timeout=60)
+    assert sum(runs_started(f"revoked {i}", 100 + i) for i in range(45)) == 0
+    assert fast_seconds_left("revoker") == before  # nothing charged
+    assert worker_pids(app, 2)[victim["hostname"]] != victim["pid"]
