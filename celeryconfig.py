@@ -264,6 +264,9 @@ REVOKE_TTL_S = setting("REVOKE_TTL_S", positive(int), RESULT_TTL_S)
 redis_socket_timeout = REDIS_TIMEOUT_S
 redis_socket_connect_timeout = REDIS_CONNECT_TIMEOUT_S
 broker_connection_timeout = REDIS_CONNECT_TIMEOUT_S
+# submit() threads wait this long at most for a pooled broker connection (all of them
+# may be waiting on a Redis that stopped answering).
+broker_pool_acquire_timeout = REDIS_TIMEOUT_S
 timezone = "UTC"
 enable_utc = True
 
@@ -300,6 +303,11 @@ KEEPALIVE_S = min(HEARTBEAT_S, VISIBILITY_TIMEOUT_S / 4)
 #: last extended it: beat takes a held lease for a live runner, and Redis'
 #: visibility timeout must not return a job before its dead runner's lease lapses.
 LEASE_TTL_S = max(1, min(math.ceil(3 * KEEPALIVE_S), VISIBILITY_TIMEOUT_S - 1))
+#: How long a job's run records (its run counter, a handed-over lease) are kept: past
+#: every copy of it, its redeliveries and each retry's run and backoff, the runs on
+#: workers that failed it for their own reasons included.
+RUNS_KEPT_S = math.ceil(2 * VISIBILITY_TIMEOUT_S + (2 * MAX_RETRIES + SICK_AFTER + 1)
+                        * (MAX_JOB_S + RETRY_CAP_S))
 broker_transport_options = {
     "queue_order_strategy": "priority",  # honour the -Q order: fast first
     # Lanes do priority; message priority only orders accounts inside relaxed

@@ -56,15 +56,11 @@ def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict],
             if not worker["alive"] and (not worker.get("unheard")
                                         or worker["missed"] >= misses_allowed):
                 dead.add(incarnation)
-        elif worker.get("alive") and worker.get("started_at", 0) > started_at:
-            dead.add(incarnation)  # restarted under the same name
+        elif worker.get("started_at", 0) > started_at:
+            # restarted under the same name (alive or not yet heard): the old process
+            # is gone, or finishing what it runs, whose lease then keeps its job
+            dead.add(incarnation)
     return dead
-
-
-def restore_if_held(channel: Any, client: redis.Redis, tag: str, incarnation: str) -> bool:
-    """Put message ``tag`` back in its lane if ``incarnation`` still holds it and no
-    longer runs it (``tasks.transport.put_back_held``)."""
-    return put_back_held(channel, client, tag, incarnation)
 
 
 def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict],
@@ -76,7 +72,7 @@ def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict],
         return 0
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        restored = sum(restore_if_held(channel, client, tag, who)
+        restored = sum(put_back_held(channel, client, tag, who)
                        for tag, who in holders.items() if who in dead)
     log.warning("dead worker(s) %s: %d job(s) put back in their lanes", sorted(dead), restored)
     return restored

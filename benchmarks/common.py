@@ -32,12 +32,14 @@ class JobSize:
 # --- a private cluster -------------------------------------------------------------
 @contextmanager
 def state_dir(prefix: str) -> Iterator[Path]:
-    """A fresh folder under /tmp (short: it holds the Redis socket), removed on exit."""
+    """A fresh folder under /tmp (short: it holds the Redis socket), removed on exit
+    unless ``GPULANES_KEEP_STATE`` is set (to read the logs afterwards)."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     try:
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if not os.environ.get("GPULANES_KEEP_STATE"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def private_env(state: Path, **extra: Any) -> None:

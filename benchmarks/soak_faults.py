@@ -8,9 +8,10 @@ per second:
 1. **worker SIGKILL**: ``--kills`` times, ``--kill-every-s`` after the last
    one is back, a random worker is SIGKILLed wherever it is (running a job,
    or waiting for one; the supervisor's restart backoff grows with each kill);
-2. **worker SIGSTOP**: ``--freezes`` times a random worker is paused for
-   ``--freeze-s`` (three times the heartbeat miss window: its jobs run again
-   elsewhere meanwhile) and then resumed: what it ran must stop as stale;
+2. **worker SIGSTOP**: ``--freezes`` times the worker running a job of a second
+   or two is paused for ``--freeze-s`` (three times the heartbeat miss window:
+   the job runs again elsewhere meanwhile) and then resumed: its run must stop
+   as stale;
 3. **Redis restart**: Redis is SIGKILLed while long jobs run, stays down
    ``--redis-down-s``, and is restarted from its AOF; workers and this
    (submitting) process reconnect by themselves; submits while it is down are
@@ -55,7 +56,7 @@ if not __package__:  # run as a script: make the project importable
 from benchmarks.common import markdown_table, run_private  # noqa: E402
 from benchmarks.faults import (HEADERS, SMALL, Counts, JobStream,  # noqa: E402
                                kill_a_worker, kill_supervisor, settle, small_job,
-                               wait_replaced, worker_pids)
+                               wait_replaced)
 
 SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor", "long")
 #: Run unless ``--only`` says otherwise (``long`` needs a short ``--visibility-s``).
@@ -146,20 +147,29 @@ def worker_kills(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
     return counts
 
 
+#: A job of a second or two here: long enough to be frozen in the middle of.
+MEDIUM_JOB = dict(steps=100, width=512, height=512)
+
+
 def worker_freezes(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
-    rng, stream, before = random.Random(2), JobStream().start(args.rate), \
-        _metric(client, "stale_runs")
-    for _ in range(args.freezes):
+    """Each round a worker is frozen in the middle of a job, long enough for the job to
+    run again elsewhere; the woken run must stop as stale."""
+    from tasks import submit
+
+    stream, before, frozen = JobStream().start(args.rate), _metric(client, "stale_runs"), []
+    for index in range(args.freezes):
         time.sleep(args.kill_every_s)
-        pids = worker_pids(app, args.workers)
-        pid = pids[rng.choice(sorted(pids))]
+        frozen.append(submit(f"frozen mid-job {index}", **MEDIUM_JOB))
+        pid = _started(frozen[-1])["pid"]
         os.kill(pid, signal.SIGSTOP)
         time.sleep(args.freeze_s)  # the freeze itself
         os.kill(pid, signal.SIGCONT)
     time.sleep(args.kill_every_s)
     stream.stop()
+    stream.accepted.update((r.id, r) for r in frozen)
+    stream.submitted += len(frozen)
     counts = settle(stream, "", client, SETTLE_S)
-    counts.scenario = (f"worker SIGSTOP {args.freeze_s:g}s x{args.freezes} "
+    counts.scenario = (f"worker SIGSTOP {args.freeze_s:g}s mid-job x{args.freezes} "
                        f"({_metric(client, 'stale_runs') - before} woken runs stopped as stale)")
     return counts
 
@@ -308,6 +318,7 @@ def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     from tasks.cluster import LocalCluster
 
     rows = []
+    print(f"state folder: {state}", flush=True)
     with LocalCluster(state, workers=args.workers, device="cpu") as cluster:
         cluster.start(app, fresh=True)
         for name in args.only or DEFAULT_SCENARIOS:
@@ -333,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, visibility timeout "
           f"{cfg.VISIBILITY_TIMEOUT_S}s, {report['wall_s']:.0f}s in all\n")
     print(markdown_table(HEADERS, [c.row() for c in rows]))
+    for counts in rows:
+        if counts.lost_ids:
+            print(f"lost in {counts.scenario}: {counts.lost_ids[:20]}")
     if args.json:
         args.json.write_text(json.dumps([vars(c) for c in rows], indent=2) + "\n")
     return 1 if any(c.lost or c.falsely_failed for c in rows) else 0

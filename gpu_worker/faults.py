@@ -1,10 +1,9 @@
 """Worker faults: which failures are this worker's own, and how it tells their cause went.
 
-A failure of the worker's own making (disk, device, model files) says nothing
-about the job. Each kind has its self-check: an I/O error writes a file where it
-failed and where artifacts go, a device error runs a tiny op on the device, a
-model that could not be loaded is loaded again. A check raises while the cause
-is still there.
+A failure of the worker's own making (disk, device) says nothing about the job.
+Each kind has its self-check: an I/O error writes a file where it failed and where
+artifacts go, a device error runs a tiny op on the device. A check raises while
+the cause is still there.
 """
 from __future__ import annotations
 
@@ -30,8 +29,12 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def is_worker_fault(exc: BaseException) -> bool:
-    """Disk, device, model files: this worker's trouble, not the job's."""
-    if isinstance(exc, (WorkerFault, ModelError)):
+    """Disk, device: this worker's trouble, not the job's. (A model that does not load
+    is not: a broken checkpoint in the shared store would fail it everywhere, and every
+    worker stepping aside for it would stop the fleet, other models included.)"""
+    if isinstance(exc, ModelError):
+        return False
+    if isinstance(exc, WorkerFault):
         return True
     if isinstance(exc, OSError) and not isinstance(exc, (ConnectionError, TimeoutError)):
         return True  # PermissionError, NotADirectoryError, ENOSPC, EIO...
@@ -69,18 +72,10 @@ def check_device() -> None:
         raise RuntimeError(f"device {RUNTIME.device} computed a wrong sum")
 
 
-def check_model(model: str | None) -> None:
-    """Load ``model`` again (it stays warm for the next job); nothing if unknown."""
-    if model:
-        RUNTIME.model(model)
-
-
-def self_check(exc: BaseException, model: str | None = None) -> Callable[[], None]:
-    """The check that must pass before serving again after ``exc``: model files ->
-    load ``model`` again; I/O -> write in the folder that failed and in
-    ``GPULANES_ARTIFACT_DIR``; anything else (a device error) -> a device op."""
-    if isinstance(exc, ModelError):
-        return lambda: check_model(model)
+def self_check(exc: BaseException) -> Callable[[], None]:
+    """The check that must pass before serving again after ``exc``: I/O -> write in
+    the folder that failed and in ``GPULANES_ARTIFACT_DIR``; anything else (a device
+    error) -> a device op."""
     cause = exc if isinstance(exc, OSError) else exc.__cause__
     if isinstance(exc, WorkerFault) or isinstance(cause, OSError):
         folders = list(dict.fromkeys(filter(None, (folder_of(cause), Path(cfg.ARTIFACT_DIR)))))

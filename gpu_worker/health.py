@@ -22,12 +22,11 @@ from celery.utils.dispatch import Signal
 
 import celeryconfig as cfg
 from gpu_worker.faults import is_worker_fault, self_check
-from routing.names import CONSUME_COMMAND, GENERATE_TASK, worker_queues
+from gpu_worker.hook import Hook
+from routing.names import CONSUME_COMMAND, worker_queues
 
 __all__ = ["HEALTH", "HEALTH_HOOK", "HealthHook", "Lever", "SelfHealth", "is_worker_fault"]
 log = logging.getLogger(__name__)
-#: The model of the job each pool thread runs (set at prerun): a model fault's check loads it.
-_running = threading.local()
 
 
 class Lever:
@@ -79,7 +78,7 @@ class SelfHealth:
                 return
             self.sick = (f"{self.faults_in_a_row} jobs in a row failed here: "
                          f"{type(exc).__name__}: {exc}")
-            self._check = self_check(exc, getattr(_running, "model", None))
+            self._check = self_check(exc)
         log.error("stepping aside (no more jobs until a self-check passes): %s", self.sick)
         if self.lever is not None:
             self._pull(self.lever.step_aside)
@@ -130,28 +129,19 @@ class SelfHealth:
 HEALTH = SelfHealth()
 
 
-class HealthHook:
-    """Gives :data:`HEALTH` its lever once the worker consumes, and notes each
-    job's model; a worker hook (``handlers()``/``connect()``, see gpu_worker.hooks)."""
+class HealthHook(Hook):
+    """Gives :data:`HEALTH` its lever once the worker consumes."""
 
     def __init__(self, health: SelfHealth = HEALTH) -> None:
         self.health = health
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
-        return {signals.worker_ready: self.on_ready, signals.task_prerun: self.on_prerun}
-
-    def connect(self) -> None:
-        for signal, handler in self.handlers().items():
-            signal.connect(handler, weak=False)
+        return {signals.worker_ready: self.on_ready}
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:
         # In the consumer thread: its queue list is safe to read here.
         queues = [queue.name for queue in sender.task_consumer.queues]
         self.health.lever = Lever(sender.app, sender.hostname, queues)
-
-    def on_prerun(self, task: Any = None, kwargs: dict | None = None, **_: Any) -> None:
-        if getattr(task, "name", None) == GENERATE_TASK:
-            _running.model = ((kwargs or {}).get("job") or {}).get("model")
 
 
 HEALTH_HOOK = HealthHook()

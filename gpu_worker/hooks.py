@@ -20,6 +20,7 @@ import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.health import HEALTH_HOOK
+from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
 from gpu_worker.runtime import RUNTIME
 from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
@@ -29,17 +30,6 @@ from tasks.transport import put_back_held, set_holder
 log = logging.getLogger(__name__)
 #: Exit status of a worker whose models failed to load (EX_CONFIG).
 EXIT_NOT_WARM = 78
-
-
-class Hook:
-    """Maps Celery signals to bound handlers; ``connect`` wires them."""
-
-    def handlers(self) -> dict[Signal, Callable[..., Any]]:
-        raise NotImplementedError
-
-    def connect(self) -> None:
-        for signal, handler in self.handlers().items():
-            signal.connect(handler, weak=False)
 
 
 class OwnQueues(Hook):
@@ -129,11 +119,22 @@ class HeldJobs(Hook):
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_received: self.on_received, signals.task_prerun: self.on_prerun,
-                signals.task_postrun: self.on_postrun, signals.worker_shutdown: self.on_shutdown}
+                signals.task_postrun: self.on_postrun, signals.task_revoked: self.on_revoked,
+                signals.worker_shutdown: self.on_shutdown}
 
     def on_received(self, request: Any = None, **_: Any) -> None:
         with self._lock:  # a retry's message (same id) may arrive before the run ends
             self._received[request.id].append(request.message.delivery_tag)
+
+    def on_revoked(self, request: Any = None, **_: Any) -> None:
+        """A message dropped before it ran (revoked) is no longer held."""
+        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        with self._lock:
+            tags = self._received.get(getattr(request, "id", None))
+            if tags is not None and tag in tags:
+                tags.remove(tag)
+                if not tags:
+                    del self._received[request.id]
 
     def on_prerun(self, task_id: str, **_: Any) -> None:
         with self._lock:
@@ -198,11 +199,9 @@ class KeepHeld(Hook):
     score in kombu's unacked index) and extends the lease of each job it runs
     (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
     jobs come back after the timeout, or at once through beat's health check.
-    After Redis failed to answer, and every ``ORPHANS_EVERY`` rounds, it also
-    settles the orphans of :func:`settle_orphans`.
+    After Redis failed to answer (an outage, a restart), it also settles the orphans
+    of :func:`settle_orphans`, until none is left to confirm.
     """
-
-    ORPHANS_EVERY = 10
 
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
@@ -218,13 +217,12 @@ class KeepHeld(Hook):
         threading.Thread(target=self._loop, name="keep-held", daemon=True).start()
 
     def _loop(self) -> None:
-        rounds, failed = 0, False
+        failed = False
         while True:
             time.sleep(cfg.KEEPALIVE_S)
-            rounds += 1
             try:
                 self.refresh()
-                if failed or rounds % self.ORPHANS_EVERY == 0 or self._suspects:
+                if failed or self._suspects:
                     self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
                 failed = False
             except Exception:  # noqa: BLE001  Redis away: try again next round

@@ -20,7 +20,6 @@ lapsed, so two runs of one job never compute past one step together.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from functools import lru_cache
@@ -32,10 +31,9 @@ import celeryconfig as cfg
 from routing.names import attempts_key, lease_key
 from routing.store import connect
 from tasks.errors import LeaseLost
-from tasks.outage import OUTAGE
+from tasks.outage import persist
 from tasks.transport import HOLDS
 
-log = logging.getLogger(__name__)
 
 # KEYS: kombu's unacked index, then (lease, run counter) per run. ARGV: now, lease
 # ttl, the number of delivery tags, the tags, then (token, run number) per run.
@@ -54,8 +52,6 @@ for k = 2, #KEYS, 2 do
 end
 return held
 """
-#: Longest wait between two tries to reach Redis while a run confirms its lease.
-CONFIRM_BACKOFF_MAX_S = 1.0
 
 
 @lru_cache(maxsize=1)
@@ -97,24 +93,11 @@ class Lease:
         with self._lock:
             if not self._lost and time.monotonic() < self._valid_until:
                 return
-        if not self._lost:
-            self._confirm()
+        if not self._lost:  # nothing else can take the job meanwhile but a newer run
+            persist(lambda: renew([self], tags=()), f"the lease of job {self.job_id}")
         if self._lost:
             raise LeaseLost(f"run {self.attempt} of job {self.job_id} was taken over by a "
                             "newer run: it stops here and writes nothing")
-
-    def _confirm(self) -> None:
-        delay_s = 0.05
-        while True:
-            try:
-                renew([self], tags=())
-            except OUTAGE as exc:
-                log.warning("job %s: cannot confirm its lease (%s); waiting for Redis",
-                            self.job_id, exc)
-                time.sleep(delay_s)
-                delay_s = min(CONFIRM_BACKOFF_MAX_S, delay_s * 2)
-                continue
-            return
 
 
 def renew(leases: list[Lease], tags: Iterable[str], index_key: str = "unacked_index",

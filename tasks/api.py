@@ -10,6 +10,7 @@ import uuid
 from dataclasses import replace
 from functools import lru_cache
 
+import redis
 from celery.result import AsyncResult
 
 import celeryconfig as cfg
@@ -33,12 +34,33 @@ from tasks.transport import LaneAtLimit, PublishRefused, publishing
 TIER_LANES_ONLY = PolicyView()
 
 
+#: Redis' clock minus this process's (seconds), measured with each snapshot read: a
+#: publish's deadline is stated on Redis' clock, which is what its script reads.
+_redis_clock_offset_s = [0.0]
+
+
+def _read_snapshot(client: redis.Redis) -> str | None:
+    """The snapshot, and by the way how far Redis' clock is from ours."""
+    sent = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        raw, (seconds, micros) = pipe.get(SNAPSHOT_KEY).time().execute()
+    _redis_clock_offset_s[0] = seconds + micros / 1e6 - (sent + time.time()) / 2
+    return raw
+
+
+def publish_deadline() -> float:
+    """The Redis time after which a publish sent now must not happen: the caller gives
+    up at ``GPULANES_REDIS_TIMEOUT_S``; the margin leaves room for the reply."""
+    margin_s = min(1.0, cfg.REDIS_TIMEOUT_S / 4)
+    return time.time() + _redis_clock_offset_s[0] + cfg.REDIS_TIMEOUT_S - margin_s
+
+
 @lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
     """This process's copy of the lane snapshot (refreshed in the background)."""
     client = connect(cfg.broker_url, cfg.SENTINEL_MASTER, socket_timeout=1,
                      socket_connect_timeout=1)
-    return SnapshotCache(lambda: client.get(SNAPSHOT_KEY), refresh_s=cfg.HEARTBEAT_S / 2,
+    return SnapshotCache(lambda: _read_snapshot(client), refresh_s=cfg.HEARTBEAT_S / 2,
                          stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH,
                          epsilon=cfg.HASH_EPSILON)
 
@@ -83,6 +105,8 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
         except BaseException:
             release(shared)  # best effort: an unpublished claim also lapses by itself
             raise
+    except BrokerUnavailable:
+        raise
     except OUTAGE as exc:
         raise BrokerUnavailable(f"Redis did not answer within GPULANES_REDIS_TIMEOUT_S="
                                 f"{cfg.REDIS_TIMEOUT_S:g}s ({type(exc).__name__}: {exc}); "
@@ -143,7 +167,7 @@ def _publish(job: dict, job_id: str, where: Route, run: RunClaim | None,
     # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
     # or failed leaves no subscription behind, and no outage of it holds the caller.
     with publishing(limit=cfg.MAX_DEPTH[where.lane], fast_places=places,
-                    deadline=time.time() + cfg.REDIS_TIMEOUT_S,
+                    deadline=publish_deadline(),
                     run=(run.pointer, run.run, cfg.result_expires) if run else None), \
             no_subscription():
         return generate.apply_async(

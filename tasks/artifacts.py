@@ -24,9 +24,11 @@ class Artifact:
     sha256: str
 
 
-def artifact_path(artifact_dir: Path, job_id: str) -> Path:
-    """Where the PNG of ``job_id`` lives; the id must be a UUID."""
-    return Path(artifact_dir) / f"{uuid.UUID(job_id)}.png"
+def artifact_path(artifact_dir: Path, job_id: str, run: int | None = None) -> Path:
+    """Where the PNG of ``job_id`` (of its run number ``run``) lives; the id must be a
+    UUID. Each run writes its own file: a stale run can never overwrite the winner's."""
+    suffix = f"-{int(run)}" if run is not None else ""
+    return Path(artifact_dir) / f"{uuid.UUID(job_id)}{suffix}.png"
 
 
 def file_sha256(path: Path) -> str:
@@ -38,13 +40,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def save_png(artifact_dir: Path, job_id: str, pixels: np.ndarray) -> Artifact:
+def save_png(artifact_dir: Path, job_id: str, pixels: np.ndarray,
+             run: int | None = None) -> Artifact:
     """Write ``pixels`` (H x W x 3, uint8) atomically: readers never see half a file.
 
     A file system that refuses (full, read-only, gone) raises :class:`ArtifactError`:
     the worker's trouble, not the job's.
     """
-    path = artifact_path(artifact_dir, job_id)
+    path = artifact_path(artifact_dir, job_id, run)
     encoded = io.BytesIO()
     Image.fromarray(pixels, mode="RGB").save(encoded, format="PNG")
     data = encoded.getvalue()

@@ -41,6 +41,7 @@ from routing.names import CACHE_LRU_KEY, GENERATE_TASK, RUN_KEY_PREFIX, run_key
 from tasks.cache import LEADS_RUN, copy_for
 from tasks.celeryapp import app, redis_client
 from tasks.errors import JobFailed
+from tasks.outage import persist
 
 log = logging.getLogger(__name__)
 #: How long a settled run stays, marked, for a retried settle to find (``_SETTLE``).
@@ -162,10 +163,11 @@ def promote(leader_id: str) -> str | None:
     from tasks.generate import generate  # here: tasks.generate imports this module
 
     where = route(entry["job"]["tier"])
-    generate.apply_async(kwargs={"job": {**entry["job"], LEADS_RUN: True},
-                                 "route": where.as_dict(),
-                                 "submitted_at": entry["submitted_at"]},
-                         task_id=job_id, queue=where.lane)
+    persist(lambda: generate.apply_async(kwargs={"job": {**entry["job"], LEADS_RUN: True},
+                                                 "route": where.as_dict(),
+                                                 "submitted_at": entry["submitted_at"]},
+                                         task_id=job_id, queue=where.lane),
+            f"the heir {job_id} of revoked job {leader_id}")
     log.info("job %s revoked by its caller; its run goes on as job %s", leader_id, job_id)
     return job_id
 

@@ -10,11 +10,12 @@ a job are numbered; the run that begins holds the job's lease
 - a run that a newer one took over while it was frozen or cut off from Redis
   stops at its next step and writes nothing;
 - a revoked job never runs, and a running one stops at its next step, uncharged;
-- a failure of the worker's own (disk, device) sends the job to another worker
-  without spending its retries (``gpu_worker.health``); another transient
+- a failure of the worker's own (disk, device) sends the job back to its shared
+  lane without spending its retries, for another worker once this one steps
+  aside (``gpu_worker.health``); another transient
   failure retries one lane down after a backoff; anything else, or too many
   tries, dead-letters it;
-- outcomes are recorded through Redis outages (``tasks.runs.persist``): a
+- outcomes are recorded through Redis outages (``tasks.outage.persist``): a
   caller never sees a false failure, and nothing is charged twice.
 """
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tasks.deadletter import dead_entry
 from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
 import tasks.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from tasks.metrics import job_counts
+from tasks.outage import persist
 from tasks.rejects import CheckedTask
 from tasks.retry import backoff_s, is_transient
 from tasks.transport import PublishRefused, publishing
@@ -65,16 +67,34 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
         sent_at = time.monotonic()
         return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast)
 
-    sent_at, (verdict, value) = runs.persist(call, f"the start of job {job_id}")
+    sent_at, (verdict, value) = persist(call, f"the start of job {job_id}")
     if verdict == "done":  # a redelivery of a job that already finished
         return json.loads(value)
-    if verdict == "busy":  # another run holds it now; it will store the result
-        raise Ignore()
+    if verdict in ("busy", "dead"):  # another run holds it (and its own message), or it
+        raise Ignore()              # failed for good: this copy is a leftover
+    if verdict == "defer":
+        _defer(task, job, route)
     if verdict == "revoked":
         _revoked(task, None)
     lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
     HELD_JOBS.attach(lease)
     return lease
+
+
+def _defer(task: Any, job: dict, route: dict) -> NoReturn:
+    """Another run holds the job but its own message is no longer recorded (put back
+    while it ran): this copy may be the job's last, so it comes back later instead of
+    being dropped; by then the job is done, or its lease lapsed and this copy runs."""
+    lane = lane_of(route["lane"])
+    copy = task.signature_from_request(
+        task.request, None, {"job": job, "route": route, "submitted_at":
+                             task.request.kwargs["submitted_at"]},
+        countdown=2 * cfg.LEASE_TTL_S, retries=task.request.retries, queue=lane,
+        exchange=lane, routing_key=lane)
+    persist(lambda: copy.apply_async(retry=False), f"a later copy of job {task.request.id}")
+    log.info("job %s runs elsewhere with no record of its message: this copy comes back "
+             "in %ss", task.request.id, 2 * cfg.LEASE_TTL_S)
+    raise Ignore()
 
 
 def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
@@ -111,7 +131,7 @@ def _lane(task: Any, route: dict) -> str:
 def _stale(task: Any, lease: Lease) -> NoReturn:
     log.warning("job %s: run %d was taken over by a newer run while frozen or cut off; "
                 "it stops and writes nothing", task.request.id, lease.attempt)
-    runs.persist(lambda: redis_client().hincrby(METRICS_KEY, STALE_FIELD, 1), "a stale run")
+    persist(lambda: redis_client().hincrby(METRICS_KEY, STALE_FIELD, 1), "a stale run")
     raise Ignore()
 
 
@@ -119,7 +139,7 @@ def _revoked(task: Any, lease: Lease | None) -> NoReturn:
     """A revoked job: not run (or stopped), never charged; REVOKED for its caller."""
     job_id = task.request.id
     if lease is not None:
-        runs.persist(lambda: runs.release(job_id, lease.token, lease.attempt),
+        persist(lambda: runs.release(job_id, lease.token, lease.attempt),
                      f"the release of revoked job {job_id}")
     app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
     signals.task_revoked.send(sender=task, request=task.request, terminated=False,
@@ -133,35 +153,36 @@ def _give_up(task: Any, kwargs: dict, lease: Lease, reason: str, exc: BaseExcept
     job_id = task.request.id
     entry = dead_entry(job_id, kwargs, reason, exc, lease.attempt)
     failures = metric_field("failures", _lane(task, kwargs["route"]))
-    if not runs.persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry,
+    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry,
                                              failures), f"the failure of job {job_id}"):
         _stale(task, lease)
     if kwargs["job"].get(LEADS_RUN):
-        runs.persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
+        persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
     raise JobFailed(what) from exc
 
 
 def _retry(task: Any, exc: Exception, lease: Lease, kwargs: dict, route: dict,
            countdown: float) -> NoReturn:
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
-    still holds the job may, and the same step releases its lease."""
+    still holds the job may, and the same step marks its lease released (this run can
+    never take it again; the next copy begins as if it were free)."""
     lane = route["lane"]
     signature = task.signature_from_request(
         task.request, None, {**kwargs, "route": route}, countdown=countdown,
         retries=task.request.retries + 1, queue=lane, exchange=lane, routing_key=lane)
     fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
-             lease.attempt)
+             lease.attempt, cfg.RUNS_KEPT_S)
 
     def publish() -> None:
         with publishing(fence=fence):
             signature.apply_async(retry=False)
 
     try:
-        runs.persist(publish, f"the retry of job {task.request.id}")
-    except PublishRefused:  # the fence: a newer run holds the job
-        _stale(task, lease)
+        persist(publish, f"the retry of job {task.request.id}")
+    except PublishRefused:  # the fence: a newer run holds the job (or an earlier try of
+        _stale(task, lease)  # this very publish went through, its reply lost)
     retries = metric_field("retries", _lane(task, kwargs["route"]))
-    runs.persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
+    persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
     raise Retry(exc=exc, when=countdown, sig=signature)
 
 
@@ -176,6 +197,8 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, kwargs: dict) -> NoR
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
     faults = route.get("worker_faults", 0)
     if is_worker_fault(exc) and faults < cfg.SICK_AFTER + cfg.MAX_RETRIES:
+        # back to its shared lane, at once: another worker takes it, surely once this
+        # one steps aside (GPULANES_SICK_AFTER faults in a row)
         log.warning("%s; this worker's fault: the job goes back to its lane", what)
         _retry(task, exc, lease, kwargs, {**route, "lane": lane_of(route["lane"]),
                                           "worker_faults": faults + 1,
@@ -206,7 +229,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
     """Record the run's result (fenced, counted and charged in one step) and return the
     job's result: this one, or the one recorded first."""
     job_id = task.request.id
-    verdict, value = runs.persist(
+    verdict, value = persist(
         lambda: runs.finish(job_id, lease.token, lease.attempt, result, job["account"],
                             job_counts(result), result["lane"] == FAST),
         f"the result of job {job_id}")
@@ -215,12 +238,12 @@ def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
     recorded = result if verdict == "stored" else json.loads(value)
     if recorded.get("attempts") != lease.attempt:  # another run finished first: never meant
         log.warning("job %s finished again after its first result was stored", job_id)
-        runs.persist(lambda: redis_client().pipeline().hincrby(DUPLICATES_KEY, job_id, 1)
+        persist(lambda: redis_client().pipeline().hincrby(DUPLICATES_KEY, job_id, 1)
                      .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
         return recorded
     HEALTH.succeeded()
     if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run
-        runs.persist(lambda: close_run(job_id, recorded), f"the followers of job {job_id}")
+        persist(lambda: close_run(job_id, recorded), f"the followers of job {job_id}")
     return recorded
 
 
@@ -242,7 +265,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     try:
         ran = _run(job, lane, _step_guard(self.request.id, lease))
         lease.check()  # a stale run writes no artifact
-        artifact = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels)
+        artifact = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels, lease.attempt)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, kwargs)
     return _finish(self, lease, {

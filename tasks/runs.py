@@ -8,53 +8,58 @@
   Lua call as their writes, that the run still holds its job; a stale run (a
   newer one took over) writes nothing. So do a retry's publish
   (``tasks.transport``, ``fence``) and the lease's extensions.
-- :func:`persist` retries a write until Redis answers: a worker keeps a job's
-  outcome through an outage and records it then, never reports a false failure.
+- Outcome writes go through ``tasks.outage.persist``, tried until Redis answers:
+  a worker keeps a job's outcome through an outage and records it then, never
+  reports a false failure.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from functools import lru_cache
-from typing import Any, Callable, TypeVar
+from typing import Any
 
 import celeryconfig as cfg
-from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, METRICS_KEY,
-                           REVOKED_KEY, USAGE_BUCKET_S, attempts_key, done_key,
+from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, HOLDERS_KEY,
+                           METRICS_KEY, REVOKED_KEY, USAGE_BUCKET_S, attempts_key, done_key,
                            fast_queued_key, lease_key, usage_key)
 from tasks.accounts import ADD_FUNCTION
 from tasks.celeryapp import redis_client
-from tasks.outage import OUTAGE
-from tasks.transport import HOLDS
+from tasks.transport import HOLDS, RELEASED
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-# KEYS: done, lease, run counter, revoked set[, the account's fast places].
-# ARGV: holder, lease ttl, counter ttl, job id, delivery tag.
-# The lease is "<holder>#<run number>#<delivery tag>": a call retried after a lost
-# reply finds its own lease and carries on as that run.
+# KEYS: done, lease, run counter, revoked set, dead letters, holders[, the account's
+# fast places]. ARGV: holder, lease ttl, counter ttl, job id, delivery tag.
+# The lease is "<holder>#<run number>#<delivery tag>"; one marked released is free.
+# A call retried after a lost reply finds its own lease and carries on as that run.
+# A lease held by another run: 'busy' while that run's own message is recorded as
+# held (it comes back if that run dies), else 'defer': this copy may be the last one.
 _BEGIN = """
-if KEYS[5] then redis.call('ZREM', KEYS[5], ARGV[4]) end
+if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
 local done = redis.call('GET', KEYS[1])
 if done then return {'done', done} end
+if redis.call('HEXISTS', KEYS[5], ARGV[4]) == 1 then return {'dead', ''} end
 if redis.call('ZSCORE', KEYS[4], ARGV[4]) then return {'revoked', ''} end
 local lease = redis.call('GET', KEYS[2])
-if lease then
+if lease and string.sub(lease, 1, %(n)d) ~= '%(released)s' then
   local head, tail = ARGV[1] .. '#', '#' .. ARGV[5]
   if ARGV[5] ~= '' and string.sub(lease, 1, #head) == head
       and string.sub(lease, -#tail) == tail then
     return {'run', string.sub(lease, #head + 1, -#tail - 1)}
   end
-  return {'busy', ''}
+  local twin = string.match(lease, '#([^#]*)$')
+  if twin and twin ~= '' and redis.call('HEXISTS', KEYS[6], twin) == 1 then
+    return {'busy', ''}
+  end
+  return {'defer', ''}
 end
 local n = redis.call('INCR', KEYS[3])
 redis.call('EXPIRE', KEYS[3], ARGV[3])
 redis.call('SET', KEYS[2], ARGV[1] .. '#' .. n .. '#' .. ARGV[5], 'EX', ARGV[2])
 return {'run', tostring(n)}
-"""
+""" % {"released": RELEASED, "n": len(RELEASED)}
 # KEYS: lease, run counter, done, usage bucket, metrics[, fast balances, exhausted].
 # ARGV: token, run number, result, result ttl, account, run s, usage ttl, starting fast
 # balance, then (metric field, amount) pairs. A call retried after a lost reply finds
@@ -72,9 +77,10 @@ if KEYS[6] then add(KEYS[6], KEYS[7], ARGV[5], -tonumber(ARGV[6]), ARGV[8]) end
 return {'stored', ''}
 """
 # KEYS: lease, run counter, dead letters, metrics. ARGV: token, run number, job id,
-# dead letter, metric field.
+# dead letter, metric field. A call retried after a lost reply finds its letter.
 _GIVE_UP = HOLDS + """
 if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
+if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1 then return 1 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 redis.call('DEL', KEYS[1])
 redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
@@ -84,15 +90,6 @@ return 1
 _RELEASE = HOLDS + """
 if holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then redis.call('DEL', KEYS[1]) end
 """
-# A job's run counter outlives every copy of it: redeliveries and each retry's run and
-# backoff, the runs on workers that failed it for their own reasons included.
-_RUNS_AT_MOST = cfg.MAX_RETRIES + cfg.SICK_AFTER + 1
-ATTEMPTS_TTL_S = math.ceil(2 * cfg.VISIBILITY_TIMEOUT_S
-                           + _RUNS_AT_MOST * (cfg.MAX_JOB_S + cfg.RETRY_CAP_S))
-#: Longest wait between two tries of an outcome write while Redis does not answer.
-PERSIST_BACKOFF_MAX_S = 2.0
-
-
 @lru_cache(maxsize=4)
 def _script(source: str) -> Any:
     return redis_client().register_script(source)
@@ -104,13 +101,15 @@ def token(holder: str, attempt: int, tag: str) -> str:
 
 
 def begin(job_id: str, holder: str, tag: str, fast_account: str | None) -> tuple[str, str]:
-    """(``run``, its number) | (``done``, the result JSON) | (``revoked``|``busy``, '').
+    """(``run``, its number) | (``done``, the result JSON) | (``dead``|``revoked``|
+    ``busy``|``defer``, '').
 
     A fast job gives back its account's fast place (``tasks.fastlimit``) here."""
-    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), REVOKED_KEY]
+    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), REVOKED_KEY, DEAD_KEY,
+            HOLDERS_KEY]
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
-    return tuple(_script(_BEGIN)(keys=keys, args=[holder, cfg.LEASE_TTL_S, ATTEMPTS_TTL_S,
+    return tuple(_script(_BEGIN)(keys=keys, args=[holder, cfg.LEASE_TTL_S, cfg.RUNS_KEPT_S,
                                                   job_id, tag]))
 
 
@@ -140,18 +139,3 @@ def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: s
 def release(job_id: str, token: str, attempt: int) -> None:
     """Drop the run's lease if it still holds it."""
     _script(_RELEASE)(keys=[lease_key(job_id), attempts_key(job_id)], args=[token, attempt])
-
-
-def persist(write: Callable[[], T], what: str) -> T:
-    """``write()``, tried again until Redis answers (an outcome is never dropped)."""
-    delay_s, warned = 0.1, False
-    while True:
-        try:
-            return write()
-        except OUTAGE as exc:
-            if not warned:
-                log.warning("cannot record %s yet (%s: %s); retrying until Redis answers",
-                            what, type(exc).__name__, exc)
-                warned = True
-            time.sleep(delay_s)
-            delay_s = min(PERSIST_BACKOFF_MAX_S, delay_s * 2)

@@ -58,9 +58,15 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
-from routing.names import HOLDERS_KEY, LANES, LEDGER_KEY, done_key, lane_of, lease_key, lists_key
+import celeryconfig as cfg
+from routing.names import (DEAD_KEY, HOLDERS_KEY, LANES, LEDGER_KEY, done_key, lane_of,
+                           lease_key, lists_key)
 from routing.store import ONE_RECONNECT
 
+#: A lease a run handed over (its retry published, or its message put back) reads
+#: ``RELEASED`` + the run number: the old run can never take it again, and the next
+#: run begins as if it were free. Kept as long as a job's run counter.
+RELEASED = "released#"
 #: Lua: whether the run ``token`` (run number ``n``) still holds its job: the lease
 #: is its own, or lapsed with no newer run begun (``gpu_worker.lease``).
 HOLDS = """
@@ -73,13 +79,16 @@ end
 
 # KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
 # places, a claimed run's pointer and hash, the job's lease and run counter.
-# ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (unix s,
-# 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl s,
-# fence token ('' : none), the fenced run's number.
+# ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
+# unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
+# s, fence token ('' : none), the fenced run's number, how long a released lease is
+# kept.
 # Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 # -1 too late, -2 the account's fast places are taken, -3 the fence does not hold.
 # The lane's lists are read by name from its set: a standalone Redis allows it.
-# A call retried after its reply was lost finds its own entry and does nothing.
+# The same message published again (same delivery tag) before a worker took it finds
+# its own ledger entry and does nothing. (Celery gives every publish a new tag: a
+# retry's publish tried again is stopped by its fence instead, the lease released.)
 _PUT = HOLDS + """
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local t = redis.call('TIME')
@@ -106,14 +115,27 @@ if KEYS[5] ~= '' and redis.call('GET', KEYS[5]) == ARGV[7] then
   redis.call('HSET', KEYS[6], 'confirmed', '1')
   redis.call('EXPIRE', KEYS[6], ARGV[8])
 end
-if ARGV[9] ~= '' then redis.call('DEL', KEYS[7]) end
+if ARGV[9] ~= '' then
+  redis.call('SET', KEYS[7], '%s' .. ARGV[10], 'EX', ARGV[11])
+end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\\n' .. ARGV[1])
 redis.call('SADD', KEYS[3], KEYS[1])
 return 1
-"""
+""" % RELEASED
 
 _put_script: list[Any] = []
+# KEYS: holders, kombu's unacked hash and index. ARGV: delivery tag, this process.
+# An ack: the message's records go, unless another process holds that tag now.
+_DROP_IF_MINE = """
+local who = redis.call('HGET', KEYS[1], ARGV[1])
+if who and ARGV[2] ~= '' and who ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+_drop_script: list[Any] = []
 #: The identity ("host/pid/start") of the worker process consuming here, if any.
 _holder: list[str] = []
 
@@ -126,7 +148,8 @@ class Conditions:
     deadline: float = 0.0             #: unix s after which the publish is refused (0: none)
     fast_places: tuple[str, int, float] | None = None  #: (key, allowed, lapse s)
     run: tuple[str, str, int] | None = None  #: a claimed run: (pointer, hash, ttl s)
-    fence: tuple[str, str, str, int] | None = None  #: (lease, counter, token, run number)
+    #: (lease, counter, token, run number, seconds a released lease is kept)
+    fence: tuple[str, str, str, int, int] | None = None
 
 
 _conditions: ContextVar[Conditions] = ContextVar("gpulanes_publish", default=Conditions())
@@ -170,21 +193,28 @@ def lane_limit(depth: int) -> Any:
 
 
 def set_holder(identity: str) -> None:
-    """Name the worker process that consumes here: its takes record it as holder."""
-    _holder[:] = [identity]
+    """Name the worker process that consumes here: its takes record it as holder
+    ('' : none)."""
+    _holder[:] = [identity] if identity else []
+
+
+def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
+              when: Conditions) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV of ``_PUT``."""
+    places, allowed, lapse_s = when.fast_places or ("", 0, 0)
+    pointer, run, run_ttl_s = when.run or ("", "", 0)
+    lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
+    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter],
+            [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
+             token, attempt, kept_s])
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,
          when: Conditions) -> int:
     if not _put_script:  # registered once per process, run on any client
         _put_script.append(client.register_script(_PUT))
-    places, allowed, lapse_s = when.fast_places or ("", 0, 0)
-    pointer, run, run_ttl_s = when.run or ("", "", 0)
-    lease, counter, token, attempt = when.fence or ("", "", "", 0)
-    return int(_put_script[0](
-        keys=[key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter],
-        args=[payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
-              token, attempt], client=client))
+    keys, args = _put_call(key, lane, payload, tag, job_id, when)
+    return int(_put_script[0](keys=keys, args=args, client=client))
 
 
 def ledger_entry(key: str, payload: str) -> str:
@@ -215,9 +245,28 @@ class LedgerQoS(kombu_redis.QoS):
             super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
-        """kombu's unacked records of ``delivery_tag``, and its holder, dropped (ack,
-        reject, restore): one copy's records only, since a copy put back gets a new tag."""
+        """kombu's unacked records of ``delivery_tag``, and its holder, dropped (a restore,
+        and beat's put-backs): one copy's records only, a copy put back gets a new tag."""
         return super()._remove_from_indices(delivery_tag, pipe).hdel(HOLDERS_KEY, delivery_tag)
+
+    def ack(self, delivery_tag: str) -> None:
+        """Drop the message's records, fenced: only if this process still holds it (an
+        AOF that lost its last second can hand the same tag to another worker)."""
+        self._drop_if_mine(delivery_tag)
+        super(kombu_redis.QoS, self).ack(delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            return super().reject(delivery_tag, requeue)
+        self._drop_if_mine(delivery_tag)
+        super(kombu_redis.QoS, self).ack(delivery_tag)
+
+    def _drop_if_mine(self, delivery_tag: str) -> None:
+        with self.channel.conn_or_acquire() as client:
+            if not _drop_script:
+                _drop_script.append(client.register_script(_DROP_IF_MINE))
+            _drop_script[0](keys=[HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
+                            args=[delivery_tag, _holder[0] if _holder else ""], client=client)
 
 
 class LedgerChannel(kombu_redis.Channel):
@@ -246,8 +295,8 @@ class LedgerChannel(kombu_redis.Channel):
         batch = kwargs.pop("_publish_batch", None)
         if batch is not None:  # one script per message keeps it atomic in a batch too;
             # kombu's batches report no refusal back, so they are never limited
-            batch.add("eval", _PUT, 8, key, LEDGER_KEY, lists_key(lane), "", "", "", "", "",
-                      payload, tag, 0, 0, 0, 0, "", 0, "", 0)
+            keys, args = _put_call(key, lane, payload, tag, "", Conditions())
+            batch.add("eval", _PUT, len(keys), *keys, *args)
             return
         when = _conditions.get()
         with self.conn_or_acquire() as client:
@@ -261,7 +310,9 @@ class LedgerChannel(kombu_redis.Channel):
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
                             pipe: Any, leftmost: bool = False) -> None:
         """kombu's restore under a new delivery tag, written to the ledger in the same
-        transaction: the copy that was taken keeps its tag, and with it only its own records."""
+        transaction: the copy that was taken keeps its tag, and with it only its own
+        records. A lapsed lease of the job is marked released in the same step: the run
+        that let it lapse (frozen, cut off) cannot take it again, the put-back copy can."""
         try:
             payload["properties"]["delivery_tag"] = tag = str(uuid.uuid4())
         except (KeyError, TypeError):  # not an envelope: kombu logs what it cannot restore
@@ -272,6 +323,9 @@ class LedgerChannel(kombu_redis.Channel):
                 key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
                 pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))) \
                     .sadd(lists_key(lane_of(queue)), key)
+            if job_id := _job_id(payload):  # a lapsed lease can no longer be taken again
+                pipe.set(lease_key(job_id), f"{RELEASED}put-back", nx=True,
+                         ex=cfg.RUNS_KEPT_S)
         except self.connection_errors:
             raise  # abort the transaction, as kombu's own restore does
         except Exception:  # noqa: BLE001  kombu logs what it could not restore
@@ -307,11 +361,13 @@ def holder_of(lease: str | None) -> str | None:
 def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
                   unless_running: bool = True) -> bool:
     """Put the message ``tag`` back at the front of its lane, under a new tag, if
-    ``holder`` still holds it; a message whose job already finished is only dropped.
+    ``holder`` still holds it; a message whose job already finished (or failed for
+    good) is only dropped.
 
-    ``unless_running``: leave it while ``holder`` still extends the job's lease (a
-    warm shutdown runs it, silent to heartbeats). One transaction that re-checks
-    the holder, so a message that meanwhile went elsewhere stays there.
+    ``unless_running``: leave it while ``holder`` still holds the job's lease (a warm
+    shutdown runs it, silent to heartbeats). One transaction that re-checks the
+    holder, the record and the lease, so a message that meanwhile went elsewhere, or
+    a lease taken again meanwhile, stays as it is.
     """
     qos = channel.qos
 
@@ -320,10 +376,13 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
             return False
         raw = pipe.hget(qos.unacked_key, tag)
         message, exchange, routing_key = loads(raw) if raw else (None, None, None)
-        job_id = ((message or {}).get("headers") or {}).get("id") or ""
-        if unless_running and holder_of(_text(pipe.get(lease_key(job_id)))) == holder:
-            return False
-        finished = bool(job_id) and bool(pipe.exists(done_key(job_id)))
+        job_id = _job_id(message)
+        if job_id:
+            pipe.watch(lease_key(job_id))
+            if unless_running and holder_of(_text(pipe.get(lease_key(job_id)))) == holder:
+                return False
+        finished = bool(job_id) and bool(pipe.exists(done_key(job_id))
+                                         or pipe.hexists(DEAD_KEY, job_id))
         pipe.multi()
         qos._remove_from_indices(tag, pipe)
         if message and not finished:
@@ -331,6 +390,12 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
         return bool(raw) and not finished
 
     return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
+
+
+def _job_id(message: Any) -> str:
+    headers = message.get("headers") if isinstance(message, dict) else None
+    job_id = headers.get("id") if isinstance(headers, dict) else None
+    return job_id if isinstance(job_id, str) else ""
 
 
 def _text(value: bytes | str | None) -> str | None:

@@ -36,7 +36,7 @@ def test_result_dict_and_png(cluster):
     assert out["queued_ms"] >= 0 and out["run_ms"] > 0
     image = Image.open(out["image"])
     assert image.format == "PNG" and image.size == (64, 64) and image.mode == "RGB"
-    assert Path(out["image"]).stem == out["job_id"]
+    assert Path(out["image"]).name == f"{out['job_id']}-1.png"  # run 1's own file
 
 
 def test_fast_job_overtakes_relaxed_backlog_on_one_worker(cluster):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,8 +151,15 @@ def _soak(tmp_path, scenario: str) -> dict:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "soak_faults.py"), "--quick",
          "--only", scenario, "--json", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT)
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env={**os.environ, "GPULANES_KEEP_STATE": "1"})
     print(proc.stdout[-3000:], proc.stderr[-3000:])
+    state = Path(proc.stdout.split("state folder: ", 1)[1].split()[0])
+    if proc.returncode:  # what the cluster logged, for whoever reads this failure
+        for log in ("workers.log", "beat.log"):
+            print(f"--- {log} ---", (state / log).read_text(errors="replace")[-6000:])
+    else:
+        shutil.rmtree(state, ignore_errors=True)
     assert proc.returncode == 0
     counts, = json.loads(out.read_text())
     assert counts["accepted"] > 0 and counts["accepted"] + counts["refused"] == counts["submitted"]

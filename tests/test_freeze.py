@@ -132,3 +132,30 @@ def test_revoked_jobs_never_run_though_a_worker_restarts(cluster, app, clean_red
     assert sum(runs_started(f"revoked {i}", 100 + i) for i in range(45)) == 0
     assert fast_seconds_left("revoker") == before  # nothing charged
     assert worker_pids(app, 2)[victim["hostname"]] != victim["pid"]
+
+
+def test_a_copy_is_kept_when_the_running_holder_lost_its_record(cluster, app, clean_redis):
+    """A running job's message put back under it (kombu restores a channel's messages
+    when the worker's connection is reset): the copy finds the job held. It is kept
+    for later, not dropped, so the job survives its holder's death."""
+    from kombu import Connection
+
+    from tasks.celeryapp import redis_client
+    from tasks.transport import put_back_held
+
+    gate, seed = new_gate(), 23
+    prompt = f"gate:{gate} its message put back while it runs"
+    job = submit(prompt, model="flaky", seed=seed, **SMALL)
+    wait_at_gate(job, gate)
+    holder = _holder_of(clean_redis, job.id)
+    (tag,) = [t for t, who in clean_redis.hgetall(HOLDERS_KEY).items()
+              if who.decode() == holder]
+    with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as conn:
+        assert put_back_held(conn.default_channel, redis_client(), tag.decode(), holder,
+                             unless_running=False)
+    wait_until(lambda: _logged(cluster, "this copy comes back"), timeout_s=30,
+               what="the copy to find the job held and be kept for later")
+    os.kill(_pid(holder), signal.SIGKILL)  # the holder dies: no record of its own left
+    open_gate(gate)
+    out = job.get(timeout=60)
+    assert out["attempts"] == 2 and runs_finished(prompt, seed) == 1

@@ -8,10 +8,10 @@ import time
 from kombu import Connection
 
 import celeryconfig as cfg
-from beat.health import restore_if_held
 from routing.names import HOLDERS_KEY, lease_key
 from tasks.celeryapp import redis_client
 from tasks.generate import generate
+from tasks.transport import put_back_held
 
 
 def _publish() -> str:
@@ -32,7 +32,7 @@ def test_a_dead_holders_message_goes_back_to_its_lane(clean_redis):
     with _connection() as worker, _connection() as beat:
         tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
         clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")  # its lease has lapsed: none
-        assert restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
         assert _ids(clean_redis) == [job]
     assert not clean_redis.hexists(HOLDERS_KEY, tag)
 
@@ -43,10 +43,10 @@ def test_a_silent_holder_that_still_extends_its_lease_keeps_the_message(clean_re
         tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
         clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
         clean_redis.set(lease_key(job), "gpu0@h/1/1.0", ex=5)  # a warm shutdown runs it
-        assert not restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert not put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
         assert _ids(clean_redis) == []
         clean_redis.delete(lease_key(job))  # it died: the lease lapses
-        assert restore_if_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
+        assert put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
         assert _ids(clean_redis) == [job]
 
 
@@ -63,7 +63,7 @@ def test_a_message_another_worker_took_stays_with_it(clean_redis):
         new = b.channel().basic_get("standard", no_ack=False)
         assert new.headers["id"] == job and new.delivery_tag != old.delivery_tag
         clean_redis.hset(HOLDERS_KEY, new.delivery_tag, "gpu1@h/2/2.0")  # B's take
-        assert not restore_if_held(beat.default_channel, redis_client(), old.delivery_tag,
+        assert not put_back_held(beat.default_channel, redis_client(), old.delivery_tag,
                                    "gpu0@h/1/1.0")
         channel_a.qos.ack(old.delivery_tag)  # A wakes up late and acks its copy
         assert clean_redis.hexists("unacked", new.delivery_tag)  # B's record stands

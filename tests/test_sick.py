@@ -18,7 +18,7 @@ from beat.snapshot import lane_loads
 from conftest import SMALL, wait_until
 from gpu_worker.health import HealthHook, Lever, SelfHealth, is_worker_fault
 from gpu_worker.faults import folder_of, self_check
-from routing.names import (CONSUME_COMMAND, GENERATE_TASK, SNAPSHOT_KEY, WORKERS_KEY,
+from routing.names import (CONSUME_COMMAND, SNAPSHOT_KEY, WORKERS_KEY,
                            lane_keys, worker_queue, worker_queues)
 from routing.placement import holders, home, prewarm_targets, ring, serving
 from routing.snapshot import base_view
@@ -42,9 +42,8 @@ def _cuda_oom() -> BaseException:
     OSError(errno.EIO, "Input/output error"),
     RuntimeError("CUDA error: an illegal memory access was encountered"),
     ArtifactError("cannot write the PNG"),
-    ModelError("model 'x': cannot import factory"),
 ], ids=type)
-def test_disk_device_and_model_files_are_the_workers_fault(exc):
+def test_disk_and_device_errors_are_the_workers_fault(exc):
     assert is_worker_fault(exc)
 
 
@@ -57,6 +56,7 @@ def test_torch_device_errors_are_the_workers_fault():
     ValueError("simulated bug in the model"), ConnectionError("redis went away"),
     ConnectionResetError(errno.ECONNRESET, "reset"), TimeoutError("slow redis"),
     JobTimeout("ran past GPULANES_MAX_JOB_S"), TransientJobError("simulated"),
+    ModelError("model 'x': cannot import factory"),  # broken everywhere, not here only
     RuntimeError("shape mismatch"), "oom",
 ], ids=lambda e: type(e).__name__ if e != "oom" else "torch-oom")
 def test_bugs_timeouts_lost_connections_and_oom_are_not(exc):
@@ -143,34 +143,23 @@ def test_each_kind_of_fault_gets_its_own_check(monkeypatch, tmp_path):
     wrapped.__cause__ = denied
     self_check(wrapped)()
     assert checked == [[tmp_path, Path(cfg.ARTIFACT_DIR)]] * 2
-    loaded: list = []
-    monkeypatch.setattr(RUNTIME, "model", loaded.append)
-    self_check(ModelError("bad shard"), "flaky")()
-    assert loaded == ["flaky"]
     monkeypatch.setattr(RUNTIME, "device", "cpu")
     check = self_check(RuntimeError("CUDA error: device-side assert triggered"))
     assert check is faults.check_device
     check()  # a tiny op on the (CPU) device passes
 
 
-def test_the_hook_gives_the_lever_and_notes_each_jobs_model(monkeypatch):
+def test_the_hook_gives_the_lever_in_priority_order():
     from gpu_worker import health as health_module
-    from gpu_worker.runtime import RUNTIME
 
     health, host = SelfHealth(sick_after=1, probe_s=3600), "gpu1@h"
     hook = HealthHook(health)
-    queues = [SimpleNamespace(name=q) for q in worker_queues(host)]
+    queues = [SimpleNamespace(name=q) for q in reversed(worker_queues(host))]
     consumer = SimpleNamespace(app=SimpleNamespace(control=FakeControl()), hostname=host,
                                task_consumer=SimpleNamespace(queues=queues))
     hook.on_ready(sender=consumer)
     assert health.lever.queues == worker_queues(host) and health.lever.hostname == host
-    hook.on_prerun(task=SimpleNamespace(name=GENERATE_TASK),
-                   kwargs={"job": {"model": "demo-2"}, "route": {}})
-    loaded: list = []
-    monkeypatch.setattr(RUNTIME, "model", loaded.append)
-    health.failed(ModelError("shard 3 of demo-2 is corrupt"))
-    assert health.probe() and loaded == ["demo-2"]
-    assert set(hook.handlers().values()) == {hook.on_ready, hook.on_prerun}
+    assert set(hook.handlers().values()) == {hook.on_ready}
     assert health_module.HEALTH_HOOK.health is health_module.HEALTH
 
 

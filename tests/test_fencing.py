@@ -1,0 +1,131 @@
+"""The fence of a job's runs, one Lua call at a time, against the test Redis.
+
+A run holds its job by its lease ("<worker process>#<run>#<delivery tag>"); every
+write it makes checks that it still does. These tests drive the scripts directly:
+what a stale run, a woken worker or a retried call may and may not do.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from kombu import Connection
+
+import celeryconfig as cfg
+from gpu_worker.lease import Lease, renew
+from routing.names import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
+from tasks import runs
+from tasks.generate import generate
+from tasks.transport import PublishRefused, put_back_held, publishing, set_holder
+
+A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
+
+
+def _begin(job_id: str, holder: str, tag: str) -> tuple[str, str]:
+    return runs.begin(job_id, holder, tag, None)
+
+
+def _lease(job_id: str, holder: str, tag: str) -> Lease:
+    verdict, number = _begin(job_id, holder, tag)
+    assert verdict == "run"
+    return Lease(job_id, int(number), runs.token(holder, int(number), tag), time.monotonic())
+
+
+def test_a_retried_begin_carries_on_as_the_same_run(clean_redis):
+    assert _begin("j1", A, "t1") == ("run", "1")
+    assert _begin("j1", A, "t1") == ("run", "1")  # the reply of the first was lost
+    assert int(clean_redis.get(attempts_key("j1"))) == 1
+
+
+def test_a_copy_is_dropped_only_while_the_holders_own_message_is_recorded(clean_redis):
+    _lease("j2", A, "t1")
+    clean_redis.hset(HOLDERS_KEY, "t1", A)  # A's take of t1, recorded
+    assert _begin("j2", B, "t2") == ("busy", "")  # A's copy comes back if A dies
+    clean_redis.hdel(HOLDERS_KEY, "t1")  # A's message was put back while A ran
+    assert _begin("j2", B, "t2") == ("defer", "")  # t2 may be the last copy: kept
+
+
+def test_a_finished_or_dead_job_never_runs_again(clean_redis):
+    clean_redis.set(done_key("j3"), json.dumps({"attempts": 1}))
+    assert _begin("j3", A, "t1")[0] == "done"
+    clean_redis.hset(DEAD_KEY, "j4", "{}")
+    assert _begin("j4", A, "t1") == ("dead", "")
+
+
+def test_a_stale_run_writes_nothing(clean_redis):
+    old = _lease("j5", A, "t1")
+    clean_redis.delete(lease_key("j5"))  # A froze: its lease lapsed
+    new = _lease("j5", B, "t2")  # and a newer run began
+    assert runs.finish("j5", old.token, old.attempt, {"attempts": 1, "run_ms": 5.0},
+                       "acct", {}, charge_fast=True) == ("stale", "")
+    assert not runs.give_up("j5", old.token, old.attempt, "{}", "failures|fast")
+    assert renew([old], tags=()) == [0] and old._lost
+    assert clean_redis.get(lease_key("j5")).decode() == new.token
+    assert not clean_redis.exists(done_key("j5")) and not clean_redis.hexists(DEAD_KEY, "j5")
+
+
+def test_a_lapsed_lease_is_taken_again_while_no_newer_run_began(clean_redis):
+    lease = _lease("j6", A, "t1")
+    clean_redis.delete(lease_key("j6"))  # Redis was away: the lease lapsed
+    assert renew([lease], tags=()) == [1]
+    assert clean_redis.get(lease_key("j6")).decode() == lease.token
+    assert runs.finish("j6", lease.token, lease.attempt, {"attempts": 1, "run_ms": 5.0},
+                       "acct", {}, charge_fast=False) == ("stored", "")
+    again = runs.finish("j6", lease.token, lease.attempt, {"attempts": 1, "run_ms": 5.0},
+                        "acct", {}, charge_fast=False)  # the reply was lost: no double count
+    assert again[0] == "earlier" and json.loads(again[1])["attempts"] == 1
+
+
+def test_a_handed_over_lease_cannot_be_taken_back(clean_redis):
+    """The retry's publish marks the lease released: the old run's keep-alive cannot
+    take it again (its retry copy would find it busy and be dropped), the copy can."""
+    lease = _lease("j7", A, "t1")
+    fence = (lease_key("j7"), attempts_key("j7"), lease.token, lease.attempt, 60)
+    with publishing(fence=fence):
+        generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                             task_id="j7", queue="standard")
+    assert renew([lease], tags=()) == [0]
+    try:  # the same publish tried again after a lost reply: refused, nothing pushed
+        with publishing(fence=fence):
+            generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                                 task_id="j7", queue="standard")
+        raise AssertionError("a second copy was published")
+    except PublishRefused as refused:
+        assert refused.why == "fence"
+    assert clean_redis.llen("standard") == 1
+    assert _begin("j7", B, "t2") == ("run", "2")
+
+
+def test_an_ack_drops_only_the_records_of_its_own_take(clean_redis):
+    """An AOF that lost its last second can hand the same tag to another worker: the
+    first worker's late ack must not erase the second's record."""
+    generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                         queue="standard")
+    try:
+        with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c:
+            set_holder(A)
+            channel = c.channel()
+            tag = channel.basic_get("standard", no_ack=False).delivery_tag
+            clean_redis.hset(HOLDERS_KEY, tag, B)  # B holds the same tag now
+            channel.qos.ack(tag)
+            assert clean_redis.hexists("unacked", tag) and clean_redis.hget(HOLDERS_KEY, tag)
+            clean_redis.hset(HOLDERS_KEY, tag, A)  # its own take: the ack drops it
+            channel.qos.ack(tag)
+            assert not clean_redis.hexists("unacked", tag)
+            assert not clean_redis.hexists(HOLDERS_KEY, tag)
+    finally:
+        set_holder("")
+
+
+def test_a_dead_holders_message_of_a_failed_job_is_dropped_not_put_back(clean_redis):
+    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                                  queue="standard").id
+    with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c, \
+            Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as beat:
+        tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
+        clean_redis.hset(HOLDERS_KEY, tag, A)
+        clean_redis.hset(DEAD_KEY, job_id, "{}")  # its ack was lost after it failed
+        from tasks.celeryapp import redis_client
+
+        assert not put_back_held(beat.default_channel, redis_client(), tag, A)
+        assert clean_redis.llen("standard") == 0 and not clean_redis.hexists("unacked", tag)
