@@ -102,8 +102,10 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
             return enqueue(body, job_id)
         try:
             return enqueue({**body, LEADS_RUN: True}, job_id, run=shared)
+        except OUTAGE:
+            raise  # Redis is away: asking it to drop the claim would wait again; it lapses
         except BaseException:
-            release(shared)  # best effort: an unpublished claim also lapses by itself
+            release(shared)  # refused (a full lane...): others need not wait for the lapse
             raise
     except BrokerUnavailable:
         raise

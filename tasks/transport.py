@@ -152,7 +152,15 @@ class Conditions:
     fence: tuple[str, str, str, int, int] | None = None
 
 
-_conditions: ContextVar[Conditions] = ContextVar("gpulanes_publish", default=Conditions())
+@dataclass
+class _Outcome:
+    """A refusal the publish script returned, raised once the publish has left kombu."""
+
+    refusal: Exception | None = None
+
+
+_conditions: ContextVar[tuple[Conditions, _Outcome]] = ContextVar(
+    "gpulanes_publish", default=(Conditions(), _Outcome()))
 
 
 class LaneAtLimit(Exception):
@@ -177,13 +185,20 @@ _REFUSALS = {-1: "late", -2: "fast_places", -3: "fence"}
 
 @contextmanager
 def publishing(**conditions: Any) -> Iterator[None]:
-    """Publishes to a lane made in this block meet :class:`Conditions` or write nothing
-    (:class:`LaneAtLimit`, :class:`PublishRefused`)."""
-    token = _conditions.set(Conditions(**conditions))
+    """Publishes to a lane made in this block meet :class:`Conditions` or write nothing:
+    :class:`LaneAtLimit` or :class:`PublishRefused` is raised as the block ends.
+
+    Not from inside the publish: kombu replaces a pooled connection whenever an error
+    crosses its producer, and a refusal is routine (a full lane, a flooding account).
+    """
+    outcome = _Outcome()
+    token = _conditions.set((Conditions(**conditions), outcome))
     try:
         yield
     finally:
         _conditions.reset(token)
+    if outcome.refusal is not None:
+        raise outcome.refusal
 
 
 def lane_limit(depth: int) -> Any:
@@ -298,14 +313,14 @@ class LedgerChannel(kombu_redis.Channel):
             keys, args = _put_call(key, lane, payload, tag, "", Conditions())
             batch.add("eval", _PUT, len(keys), *keys, *args)
             return
-        when = _conditions.get()
+        when, outcome = _conditions.get()
         with self.conn_or_acquire() as client:
             verdict = _put(client, lane, key, payload, tag,
                            (message.get("headers") or {}).get("id") or "", when)
         if verdict == 0:
-            raise LaneAtLimit(lane, when.limit)
-        if verdict < 0:
-            raise PublishRefused(_REFUSALS[verdict])
+            outcome.refusal = LaneAtLimit(lane, when.limit)
+        elif verdict < 0:
+            outcome.refusal = PublishRefused(_REFUSALS[verdict])
 
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,
                             pipe: Any, leftmost: bool = False) -> None:
