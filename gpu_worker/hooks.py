@@ -247,7 +247,10 @@ class WorkerSetup(Hook):
         from tasks.control import load_revokes
 
         set_holder(RUNTIME.incarnation)
-        backend = sender.app.backend
+        # Celery makes a result backend per thread, when the thread first needs one:
+        # the setting reaches every pool thread's; this process' own gets it directly.
+        conf, backend = sender.app.conf, sender.app.backend
+        conf.result_backend_always_retry, conf.result_backend_max_retries = True, float("inf")
         backend.always_retry, backend.max_retries = True, float("inf")
         log.info("%d revoked job(s) loaded", load_revokes())
 

@@ -144,14 +144,15 @@ def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, c
     assert counts.duplicated == 0 and counts.completed == counts.accepted
 
 
-def _soak(tmp_path, scenario: str) -> dict:
-    """One scenario of benchmarks/soak_faults.py, --quick, on its own cluster and Redis
-    (the default visibility timeout); its counts."""
-    out = tmp_path / "counts.json"
+@pytest.fixture(scope="module")
+def redis_faults(tmp_path_factory) -> dict[str, dict]:
+    """benchmarks/soak_faults.py --quick, its two Redis scenarios, on a cluster and Redis
+    of its own (the default visibility timeout): their counts, by scenario."""
+    out = tmp_path_factory.mktemp("soak") / "counts.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "soak_faults.py"), "--quick",
-         "--only", scenario, "--json", str(out)],
-        capture_output=True, text=True, timeout=240, cwd=ROOT,
+         "--only", "redis", "--only", "redis-freeze", "--json", str(out)],
+        capture_output=True, text=True, timeout=170, cwd=ROOT,
         env={**os.environ, "GPULANES_KEEP_STATE": "1"})
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     state = Path(proc.stdout.split("state folder: ", 1)[1].split()[0])
@@ -161,28 +162,30 @@ def _soak(tmp_path, scenario: str) -> dict:
     else:
         shutil.rmtree(state, ignore_errors=True)
     assert proc.returncode == 0
-    counts, = json.loads(out.read_text())
-    assert counts["accepted"] > 0 and counts["accepted"] + counts["refused"] == counts["submitted"]
-    assert counts["lost"] == 0, counts["lost_ids"]
-    assert counts["falsely_failed"] == 0 and counts["failed"] == 0
-    assert counts["completed"] == counts["accepted"] and counts["duplicated"] == 0
-    return counts
+    rows = json.loads(out.read_text())
+    for counts in rows:
+        assert counts["accepted"] > 0
+        assert counts["accepted"] + counts["refused"] == counts["submitted"]
+        assert counts["lost"] == 0, counts["lost_ids"]
+        assert counts["falsely_failed"] == 0 and counts["failed"] == 0
+        assert counts["completed"] == counts["accepted"] and counts["duplicated"] == 0
+    return {"redis": rows[0], "redis-freeze": rows[1]}
 
 
-def test_redis_killed_and_restarted_from_its_aof(tmp_path):
+def test_redis_killed_and_restarted_from_its_aof(redis_faults):
     """The cluster's own Redis (not the session's) is SIGKILLed while jobs run and
     restarted from its AOF; a separate submitting process keeps submitting. The jobs
     running at the kill finish within seconds of the restart, not after the
     visibility timeout (Finding 4)."""
-    counts = _soak(tmp_path, "redis")
+    counts = redis_faults["redis"]
     assert counts["running_done_after_s"] < 30 < cfg.VISIBILITY_TIMEOUT_S
 
 
-def test_redis_frozen_refuses_submits_in_time_and_fails_nothing(tmp_path):
+def test_redis_frozen_refuses_submits_in_time_and_fails_nothing(redis_faults):
     """Redis SIGSTOPped 8 s (Finding 3): every submit meanwhile raises BrokerUnavailable
     within about GPULANES_REDIS_TIMEOUT_S and leaves nothing behind (a refused seeded
     job runs when submitted again); jobs finishing meanwhile are not reported failed."""
-    counts = _soak(tmp_path, "redis-freeze")
+    counts = redis_faults["redis-freeze"]
     assert counts["refused"] > 0 and set(counts["refusals"]) == {"BrokerUnavailable"}
     assert counts["slowest_refusal_s"] < cfg.REDIS_TIMEOUT_S + 2
     probe = counts["probe"]  # a seeded fast job: a cache claim and a fast place
