@@ -10,7 +10,7 @@ Redis memory per queued message (``used_memory`` before and after a round,
 lanes emptied between rounds).
 
 Two more modes publish through gpulanes' transport inside
-``tasks.transport.lane_limit`` (as ``submit()`` does), so that each publish
+``tasks.publish.lane_limit`` (as ``submit()`` does), so that each publish
 first sums the lengths of the lane's lists: with the lane in one list, and
 with ``--lists`` lists (a lane spread over that many workers' queues and
 priority levels, each holding a job). For every mode the table also gives
@@ -50,7 +50,7 @@ def one_round(connection: Any, client: Any, jobs: int, size: Any, lists: int = 1
     microseconds per publish)."""
     from routing.names import lists_key
     from tasks.generate import generate
-    from tasks.transport import lane_limit
+    from tasks.publish import lane_limit
 
     client.flushdb()
     for n in range(1, lists):  # other lists of the lane, one job in each

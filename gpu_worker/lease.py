@@ -6,7 +6,7 @@ which each run that starts increments. The run holds the job's lease,
 keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).
 Every write a run makes about its job (its result, its retry, its dead letter,
 its charge) checks in the same Lua call that the run still holds the job: the
-lease is its own, or lapsed with no newer run begun (``tasks.transport.HOLDS``).
+lease is its own, or lapsed with no newer run begun (``tasks.publish.HOLDS``).
 A run that fails that check is *stale*: a newer run took over while it was
 frozen or cut off. It stops and writes nothing (:class:`LeaseLost`).
 
@@ -32,7 +32,7 @@ from routing.names import attempts_key, lease_key
 from routing.store import connect
 from tasks.errors import LeaseLost
 from tasks.outage import persist
-from tasks.transport import HOLDS
+from tasks.publish import HOLDS
 
 
 # KEYS: kombu's unacked index, then (lease, run counter) per run. ARGV: now, lease

@@ -1,6 +1,6 @@
 """``submit()``: validate, route, enqueue. No network round trip but the publish
 (which also enforces the lane's maximum depth and, for a fast job, its account's
-fast places: ``tasks.transport``), plus one for a seeded job (result cache and
+fast places: ``tasks.publish``), plus one for a seeded job (result cache and
 coalescing, ``tasks.cache``). Every round trip gives up after
 ``GPULANES_REDIS_TIMEOUT_S`` and leaves nothing behind."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tasks.errors import BrokerUnavailable, LaneFull
 from tasks.generate import generate
 from tasks.outage import OUTAGE
 from tasks.schema import validate
-from tasks.transport import LaneAtLimit, PublishRefused, publishing
+from tasks.publish import LaneAtLimit, PublishRefused, publishing
 
 
 #: The view routing falls back on without a fresh snapshot: every tier in its own

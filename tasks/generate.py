@@ -51,7 +51,7 @@ from tasks.metrics import job_counts
 from tasks.outage import persist
 from tasks.rejects import CheckedTask
 from tasks.retry import backoff_s, is_transient
-from tasks.transport import PublishRefused, publishing
+from tasks.publish import PublishRefused, publishing
 
 log = logging.getLogger(__name__)
 #: ``METRICS_KEY`` field: runs stopped because a newer run had taken their job over.

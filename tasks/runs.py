@@ -7,7 +7,7 @@
 - :func:`finish`, :func:`give_up` and :func:`release` each check, in the same
   Lua call as their writes, that the run still holds its job; a stale run (a
   newer one took over) writes nothing. So do a retry's publish
-  (``tasks.transport``, ``fence``) and the lease's extensions.
+  (``tasks.publish``, ``fence``) and the lease's extensions.
 - Outcome writes go through ``tasks.outage.persist``, tried until Redis answers:
   a worker keeps a job's outcome through an outage and records it then, never
   reports a false failure.
@@ -26,7 +26,7 @@ from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, HOLDE
                            fast_queued_key, lease_key, usage_key)
 from tasks.accounts import ADD_FUNCTION
 from tasks.celeryapp import redis_client
-from tasks.transport import HOLDS, RELEASED
+from tasks.publish import HOLDS, RELEASED
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from gpu_worker.lease import Lease, renew
 from routing.names import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
 from tasks import runs
 from tasks.generate import generate
-from tasks.transport import PublishRefused, put_back_held, publishing, set_holder
+from tasks.publish import PublishRefused, publishing
+from tasks.transport import put_back_held, set_holder
 
 A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
 

@@ -150,7 +150,7 @@ def test_a_refused_publish_leaves_no_result_subscription(limits, clean_redis):
 
 
 def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
-    from tasks.transport import Conditions, _put
+    from tasks.publish import Conditions, _put
 
     for _ in range(2):  # the second call is a retry of the first under the same tag
         assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", "job-1",
