@@ -303,6 +303,9 @@ KEEPALIVE_S = min(HEARTBEAT_S, VISIBILITY_TIMEOUT_S / 4)
 #: last extended it: beat takes a held lease for a live runner, and Redis'
 #: visibility timeout must not return a job before its dead runner's lease lapses.
 LEASE_TTL_S = max(1, min(math.ceil(3 * KEEPALIVE_S), VISIBILITY_TIMEOUT_S - 1))
+#: A run holding its job this long is hung (a step that never returned: steps stop
+#: at GPULANES_MAX_JOB_S): its worker stops extending its lease and puts its message back.
+RUN_HUNG_S = 2 * MAX_JOB_S
 #: How long a job's run records (its run counter, a handed-over lease) are kept: past
 #: every copy of it, its redeliveries and each retry's run and backoff, the runs on
 #: workers that failed it for their own reasons included.

@@ -128,7 +128,7 @@ class HeldJobs(Hook):
 
     def on_revoked(self, request: Any = None, **_: Any) -> None:
         """A message dropped before it ran (revoked) is no longer held."""
-        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        tag = (getattr(request, "properties", None) or {}).get("delivery_tag")
         with self._lock:
             tags = self._received.get(getattr(request, "id", None))
             if tags is not None and tag in tags:
@@ -160,11 +160,21 @@ class HeldJobs(Hook):
             self._leases[threading.get_ident()] = lease
 
     def held(self) -> tuple[list[str], list[Lease]]:
-        """(delivery tags of every message this process holds, the leases of its runs)."""
+        """(delivery tags of every message this process holds, the leases of its runs);
+        a run given up as hung (:meth:`hung`) holds neither any more."""
         with self._lock:
             waiting = [tag for tags in self._received.values() for tag in tags]
-            return waiting + [tag for tag, _ in self._running.values()], \
-                list(self._leases.values())
+            running = [(tag, self._leases.get(thread)) for thread, (tag, _)
+                       in self._running.items()]
+        kept = [(tag, lease) for tag, lease in running if not (lease and lease.abandoned)]
+        return waiting + [tag for tag, _ in kept], [lease for _, lease in kept if lease]
+
+    def hung(self) -> list[tuple[str, Lease]]:
+        """(tag, lease) of each run past its lease's time limit and not yet given up."""
+        with self._lock:
+            return [(tag, lease) for thread, (tag, _) in self._running.items()
+                    if (lease := self._leases.get(thread)) and lease.overdue()
+                    and not lease.abandoned]
 
     def on_shutdown(self, **_: Any) -> None:
         with contextlib.suppress(*OUTAGE):
@@ -230,9 +240,25 @@ class KeepHeld(Hook):
                 failed = True
 
     def refresh(self) -> None:
+        for tag, lease in self.held.hung():
+            give_up_hung(tag, lease)
         tags, leases = self.held.held()
         if tags or leases:
             renew(leases, tags, self.index_key)
+
+
+def give_up_hung(tag: str, lease: Lease) -> None:
+    """A run that held its job past its time limit without a step (a call into the device
+    that never returns): its message goes back to its lane for another worker, and the
+    run, should it ever wake, finds its lease lost at its next step."""
+    from tasks.celeryapp import app, redis_client  # the app exists by now
+
+    lease.abandon()
+    with app.connection_for_write() as conn:
+        put_back_held(conn.default_channel, redis_client(), tag, RUNTIME.incarnation,
+                      unless_running=False)
+    log.error("job %s: run %d hung (no step for %.0fs past its start); its message is back "
+              "in its lane", lease.job_id, lease.attempt, cfg.RUN_HUNG_S)
 
 
 class WorkerSetup(Hook):

@@ -72,7 +72,9 @@ class Lease:
         self.job_id, self.attempt, self.token = job_id, attempt, token
         self.keys = (lease_key(job_id), attempts_key(job_id))
         self._valid_until = sent_at + cfg.LEASE_TTL_S  # monotonic
+        self._hung_at = sent_at + cfg.RUN_HUNG_S
         self._lost = False
+        self.abandoned = False
         self._lock = threading.Lock()
 
     def renewed(self, sent_at: float, held: bool) -> None:
@@ -82,6 +84,15 @@ class Lease:
                 self._lost = True
             elif not self._lost:
                 self._valid_until = max(self._valid_until, sent_at + cfg.LEASE_TTL_S)
+
+    def overdue(self) -> bool:
+        """Whether the run has held its job longer than any run may (``cfg.RUN_HUNG_S``)."""
+        return time.monotonic() > self._hung_at
+
+    def abandon(self) -> None:
+        """Stop extending the lease (the run is given up as hung): lost at its next step."""
+        with self._lock:
+            self.abandoned = self._lost = True
 
     def check(self) -> None:
         """Between steps: return if the run still holds its job, else raise :class:`LeaseLost`.

@@ -34,9 +34,11 @@ from tasks.publish import LaneAtLimit, PublishRefused, publishing
 TIER_LANES_ONLY = PolicyView()
 
 
-#: Redis' clock minus this process's (seconds), measured with each snapshot read: a
-#: publish's deadline is stated on Redis' clock, which is what its script reads.
+#: Redis' clock minus this process's (seconds), measured with each quick snapshot read
+#: (under ``CLOCK_READ_S``): a publish's deadline is stated on Redis' clock, which is
+#: what its script reads.
 _redis_clock_offset_s = [0.0]
+CLOCK_READ_S = 0.05
 
 
 def _read_snapshot(client: redis.Redis) -> str | None:
@@ -44,7 +46,9 @@ def _read_snapshot(client: redis.Redis) -> str | None:
     sent = time.time()
     with client.pipeline(transaction=False) as pipe:
         raw, (seconds, micros) = pipe.get(SNAPSHOT_KEY).time().execute()
-    _redis_clock_offset_s[0] = seconds + micros / 1e6 - (sent + time.time()) / 2
+    received = time.time()
+    if received - sent < CLOCK_READ_S:  # a slow read would blur the estimate
+        _redis_clock_offset_s[0] = seconds + micros / 1e6 - (sent + received) / 2
     return raw
 
 

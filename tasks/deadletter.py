@@ -8,7 +8,7 @@ from typing import Any
 
 import redis
 
-from routing.names import DEAD_KEY, attempts_key
+from routing.names import DEAD_KEY, attempts_key, lease_key
 from tasks.schema import check_job
 
 #: Lines of traceback kept per dead job: enough to see where, not a log dump.
@@ -56,8 +56,12 @@ def requeue(client: redis.Redis, job_id: str) -> Any:
         raise KeyError(f"no dead job {job_id!r}")
     job = json.loads(raw)["job"]
     check_job(job)  # a refused message (tasks.rejects) would only be refused again
-    client.delete(attempts_key(job_id))
+    # Before the publish: a worker that took the job at once would find it dead.
+    client.pipeline().hdel(DEAD_KEY, job_id).delete(attempts_key(job_id), lease_key(job_id)) \
+        .execute()
     generate.AsyncResult(job_id).forget()  # else .get() would see the old failure
-    result = enqueue(job, job_id)
-    client.hdel(DEAD_KEY, job_id)
-    return result
+    try:
+        return enqueue(job, job_id)
+    except BaseException:
+        client.hset(DEAD_KEY, job_id, raw)  # not requeued after all: still dead
+        raise

@@ -60,18 +60,23 @@ STALE_FIELD = metric_field("stale_runs")
 
 def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
-    job_id, tag = task.request.id, HELD_JOBS.current_tag() or ""
-    fast = job["account"] if route.get("requested_tier") == FAST else None
+    job_id, fast = task.request.id, (job["account"] if route.get("requested_tier") == FAST
+                                     else None)
+    tag = (task.request.properties or {}).get("delivery_tag") or HELD_JOBS.current_tag() or ""
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
-        return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast)
+        return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast,
+                                   deferred=bool(route.get("deferred")))
 
     sent_at, (verdict, value) = persist(call, f"the start of job {job_id}")
     if verdict == "done":  # a redelivery of a job that already finished
         return json.loads(value)
-    if verdict in ("busy", "dead"):  # another run holds it (and its own message), or it
-        raise Ignore()              # failed for good: this copy is a leftover
+    if verdict == "dead":  # it failed for good: this copy is a leftover; its caller
+        letter = json.loads(value)  # hears the failure (again, or for the first time)
+        raise JobFailed(f"job {job_id} failed for good: {letter.get('error')}")
+    if verdict in ("busy", "superseded"):  # another run holds it, with its own message,
+        raise Ignore()                      # or another copy exists: this one steps aside
     if verdict == "defer":
         _defer(task, job, route)
     if verdict == "revoked":
@@ -87,7 +92,7 @@ def _defer(task: Any, job: dict, route: dict) -> NoReturn:
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
     lane = lane_of(route["lane"])
     copy = task.signature_from_request(
-        task.request, None, {"job": job, "route": route, "submitted_at":
+        task.request, None, {"job": job, "route": {**route, "deferred": True}, "submitted_at":
                              task.request.kwargs["submitted_at"]},
         countdown=2 * cfg.LEASE_TTL_S, retries=task.request.retries, queue=lane,
         exchange=lane, routing_key=lane)

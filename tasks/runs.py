@@ -31,7 +31,8 @@ from tasks.publish import HOLDS, RELEASED
 log = logging.getLogger(__name__)
 
 # KEYS: done, lease, run counter, revoked set, dead letters, holders[, the account's
-# fast places]. ARGV: holder, lease ttl, counter ttl, job id, delivery tag.
+# fast places]. ARGV: holder, lease ttl, counter ttl, job id, delivery tag, '1' for a
+# copy deferred earlier (it steps aside from a released lease: another copy exists).
 # The lease is "<holder>#<run number>#<delivery tag>"; one marked released is free.
 # A call retried after a lost reply finds its own lease and carries on as that run.
 # A lease held by another run: 'busy' while that run's own message is recorded as
@@ -40,10 +41,13 @@ _BEGIN = """
 if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
 local done = redis.call('GET', KEYS[1])
 if done then return {'done', done} end
-if redis.call('HEXISTS', KEYS[5], ARGV[4]) == 1 then return {'dead', ''} end
+local letter = redis.call('HGET', KEYS[5], ARGV[4])
+if letter then return {'dead', letter} end
 if redis.call('ZSCORE', KEYS[4], ARGV[4]) then return {'revoked', ''} end
 local lease = redis.call('GET', KEYS[2])
-if lease and string.sub(lease, 1, %(n)d) ~= '%(released)s' then
+local released = lease and string.sub(lease, 1, %(n)d) == '%(released)s'
+if released and ARGV[6] == '1' then return {'superseded', ''} end
+if lease and not released then
   local head, tail = ARGV[1] .. '#', '#' .. ARGV[5]
   if ARGV[5] ~= '' and string.sub(lease, 1, #head) == head
       and string.sub(lease, -#tail) == tail then
@@ -77,10 +81,11 @@ if KEYS[6] then add(KEYS[6], KEYS[7], ARGV[5], -tonumber(ARGV[6]), ARGV[8]) end
 return {'stored', ''}
 """
 # KEYS: lease, run counter, dead letters, metrics. ARGV: token, run number, job id,
-# dead letter, metric field. A call retried after a lost reply finds its letter.
+# dead letter, metric field. A call retried after a lost reply finds its letter (first:
+# the lease may have been marked released meanwhile, by a put-back of a copy).
 _GIVE_UP = HOLDS + """
-if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1 then return 1 end
+if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 redis.call('DEL', KEYS[1])
 redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
@@ -100,9 +105,10 @@ def token(holder: str, attempt: int, tag: str) -> str:
     return f"{holder}#{attempt}#{tag}"
 
 
-def begin(job_id: str, holder: str, tag: str, fast_account: str | None) -> tuple[str, str]:
-    """(``run``, its number) | (``done``, the result JSON) | (``dead``|``revoked``|
-    ``busy``|``defer``, '').
+def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
+          deferred: bool = False) -> tuple[str, str]:
+    """(``run``, its number) | (``done``, the result JSON) | (``dead``, the dead letter)
+    | (``revoked``|``busy``|``defer``|``superseded``, '').
 
     A fast job gives back its account's fast place (``tasks.fastlimit``) here."""
     keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), REVOKED_KEY, DEAD_KEY,
@@ -110,7 +116,7 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None) -> tuple
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
     return tuple(_script(_BEGIN)(keys=keys, args=[holder, cfg.LEASE_TTL_S, cfg.RUNS_KEPT_S,
-                                                  job_id, tag]))
+                                                  job_id, tag, "1" if deferred else ""]))
 
 
 def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,

@@ -49,8 +49,25 @@ def test_a_copy_is_dropped_only_while_the_holders_own_message_is_recorded(clean_
 def test_a_finished_or_dead_job_never_runs_again(clean_redis):
     clean_redis.set(done_key("j3"), json.dumps({"attempts": 1}))
     assert _begin("j3", A, "t1")[0] == "done"
-    clean_redis.hset(DEAD_KEY, "j4", "{}")
-    assert _begin("j4", A, "t1") == ("dead", "")
+    clean_redis.hset(DEAD_KEY, "j4", '{"error": "ValueError: bug"}')
+    assert _begin("j4", A, "t1") == ("dead", '{"error": "ValueError: bug"}')  # its failure
+
+
+def test_a_deferred_copy_steps_aside_from_a_released_lease(clean_redis):
+    """A copy kept for later (its holder ran with no record of its message) finds the
+    lease released: the holder published its retry, another copy exists."""
+    lease = _lease("j8", A, "t1")
+    clean_redis.set(lease_key("j8"), f"released#{lease.attempt}")
+    assert runs.begin("j8", B, "t9", None, deferred=True) == ("superseded", "")
+    assert _begin("j8", B, "t2") == ("run", "2")  # the retry's copy runs
+
+
+def test_a_give_up_retried_after_a_lost_reply_finds_its_letter(clean_redis):
+    lease = _lease("j9", A, "t1")
+    assert runs.give_up("j9", lease.token, lease.attempt, "{}", "failures|standard")
+    clean_redis.set(lease_key("j9"), "released#put-back")  # a copy was put back meanwhile
+    assert runs.give_up("j9", lease.token, lease.attempt, "{}", "failures|standard")
+    assert int(clean_redis.hget("gpulanes:metrics", "failures|standard")) == 1
 
 
 def test_a_stale_run_writes_nothing(clean_redis):
@@ -130,3 +147,31 @@ def test_a_dead_holders_message_of_a_failed_job_is_dropped_not_put_back(clean_re
 
         assert not put_back_held(beat.default_channel, redis_client(), tag, A)
         assert clean_redis.llen("standard") == 0 and not clean_redis.hexists("unacked", tag)
+
+
+def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatch):
+    """A run that held its job past any run's time limit without a step: its worker
+    stops extending its lease, puts its message back, and the run is lost if it wakes."""
+    import pytest
+
+    from gpu_worker.hooks import give_up_hung
+    from gpu_worker.runtime import RUNTIME
+    from tasks.errors import LeaseLost
+
+    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                                  queue="standard").id
+    try:
+        set_holder(RUNTIME.incarnation)
+        with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c:
+            tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
+            monkeypatch.setattr(cfg, "RUN_HUNG_S", 0.0)
+            lease = _lease(job_id, RUNTIME.incarnation, tag)
+            assert lease.overdue()
+            give_up_hung(tag, lease)
+    finally:
+        set_holder("")
+    (raw,) = clean_redis.lrange("standard", 0, -1)
+    assert json.loads(raw)["headers"]["id"] == job_id
+    assert json.loads(raw)["properties"]["delivery_tag"] != tag
+    with pytest.raises(LeaseLost):
+        lease.check()
