@@ -10,7 +10,7 @@ import logging
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from celery import signals
 from celery.utils.dispatch import Signal
@@ -149,11 +149,6 @@ class HeldJobs(Hook):
             self._running.pop(threading.get_ident(), None)
             self._leases.pop(threading.get_ident(), None)
 
-    def current_tag(self) -> str | None:
-        """The delivery tag of the message this pool thread runs."""
-        with self._lock:
-            return self._running.get(threading.get_ident(), (None, None))[0]
-
     def attach(self, lease: Lease) -> None:
         """The run on this pool thread holds ``lease``: keep it extended."""
         with self._lock:
@@ -181,20 +176,26 @@ class HeldJobs(Hook):
             settle_orphans(set(self.held()[0]), confirmed=None)
 
 
+def put_back_own(tags: Iterable[str]) -> int:
+    """Put back messages this process holds but no longer runs; how many went back."""
+    from tasks.celeryapp import app, redis_client  # the app exists by now
+
+    with app.connection_for_write() as conn:
+        return sum(put_back_held(conn.default_channel, redis_client(), tag,
+                                 RUNTIME.incarnation, unless_running=False) for tag in tags)
+
+
 def settle_orphans(held: set[str], confirmed: set[str] | None) -> set[str]:
     """Records in Redis naming this process as holder of a message it does not hold:
     those also among ``confirmed`` (seen last time: not a take in flight; None: all)
     go back to their lane, or are dropped if their job finished. Returns the rest."""
-    from tasks.celeryapp import app, redis_client  # the app exists by now
+    from tasks.celeryapp import redis_client  # the app exists by now
 
-    client = redis_client()
-    orphans = {tag for tag, who in client.hgetall(HOLDERS_KEY).items()
+    orphans = {tag for tag, who in redis_client().hgetall(HOLDERS_KEY).items()
                if who == RUNTIME.incarnation and tag not in held}
     due = orphans if confirmed is None else orphans & confirmed
     if due:
-        with app.connection_for_write() as conn:
-            back = sum(put_back_held(conn.default_channel, client, tag, RUNTIME.incarnation,
-                                     unless_running=False) for tag in due)
+        back = put_back_own(due)
         log.warning("%d message(s) recorded as held here but not held (an ack lost in an "
                     "outage?): %d put back in their lanes, the rest finished", len(due), back)
     return orphans - due
@@ -251,12 +252,8 @@ def give_up_hung(tag: str, lease: Lease) -> None:
     """A run that held its job past its time limit without a step (a call into the device
     that never returns): its message goes back to its lane for another worker, and the
     run, should it ever wake, finds its lease lost at its next step."""
-    from tasks.celeryapp import app, redis_client  # the app exists by now
-
     lease.abandon()
-    with app.connection_for_write() as conn:
-        put_back_held(conn.default_channel, redis_client(), tag, RUNTIME.incarnation,
-                      unless_running=False)
+    put_back_own([tag])
     log.error("job %s: run %d hung (no step for %.0fs past its start); its message is back "
               "in its lane", lease.job_id, lease.attempt, cfg.RUN_HUNG_S)
 

@@ -62,7 +62,7 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
     job_id, fast = task.request.id, (job["account"] if route.get("requested_tier") == FAST
                                      else None)
-    tag = (task.request.properties or {}).get("delivery_tag") or HELD_JOBS.current_tag() or ""
+    tag = (task.request.properties or {}).get("delivery_tag") or ""
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
@@ -78,7 +78,7 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     if verdict in ("busy", "superseded"):  # another run holds it, with its own message,
         raise Ignore()                      # or another copy exists: this one steps aside
     if verdict == "defer":
-        _defer(task, job, route)
+        _defer(task, route)
     if verdict == "revoked":
         _revoked(task, None)
     lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
@@ -86,20 +86,24 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     return lease
 
 
-def _defer(task: Any, job: dict, route: dict) -> NoReturn:
+def _defer(task: Any, route: dict) -> NoReturn:
     """Another run holds the job but its own message is no longer recorded (put back
     while it ran): this copy may be the job's last, so it comes back later instead of
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
-    lane = lane_of(route["lane"])
-    copy = task.signature_from_request(
-        task.request, None, {"job": job, "route": {**route, "deferred": True}, "submitted_at":
-                             task.request.kwargs["submitted_at"]},
-        countdown=2 * cfg.LEASE_TTL_S, retries=task.request.retries, queue=lane,
-        exchange=lane, routing_key=lane)
+    copy = _next_copy(task, {**route, "deferred": True}, 2 * cfg.LEASE_TTL_S,
+                      task.request.retries)
     persist(lambda: copy.apply_async(retry=False), f"a later copy of job {task.request.id}")
     log.info("job %s runs elsewhere with no record of its message: this copy comes back "
              "in %ss", task.request.id, 2 * cfg.LEASE_TTL_S)
     raise Ignore()
+
+
+def _next_copy(task: Any, route: dict, countdown: float, retries: int) -> Any:
+    """The signature of the job's next copy: in ``route``'s shared lane, after ``countdown``."""
+    lane = lane_of(route["lane"])
+    return task.signature_from_request(
+        task.request, None, {**task.request.kwargs, "route": route}, countdown=countdown,
+        retries=retries, queue=lane, exchange=lane, routing_key=lane)
 
 
 def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
@@ -145,7 +149,7 @@ def _revoked(task: Any, lease: Lease | None) -> NoReturn:
     job_id = task.request.id
     if lease is not None:
         persist(lambda: runs.release(job_id, lease.token, lease.attempt),
-                     f"the release of revoked job {job_id}")
+                f"the release of revoked job {job_id}")
     app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
     signals.task_revoked.send(sender=task, request=task.request, terminated=False,
                               signum=None, expired=False)  # fast place, coalesced run
@@ -158,8 +162,8 @@ def _give_up(task: Any, kwargs: dict, lease: Lease, reason: str, exc: BaseExcept
     job_id = task.request.id
     entry = dead_entry(job_id, kwargs, reason, exc, lease.attempt)
     failures = metric_field("failures", _lane(task, kwargs["route"]))
-    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry,
-                                             failures), f"the failure of job {job_id}"):
+    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry, failures),
+                   f"the failure of job {job_id}"):
         _stale(task, lease)
     if kwargs["job"].get(LEADS_RUN):
         persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
@@ -171,10 +175,7 @@ def _retry(task: Any, exc: Exception, lease: Lease, kwargs: dict, route: dict,
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
     still holds the job may, and the same step marks its lease released (this run can
     never take it again; the next copy begins as if it were free)."""
-    lane = route["lane"]
-    signature = task.signature_from_request(
-        task.request, None, {**kwargs, "route": route}, countdown=countdown,
-        retries=task.request.retries + 1, queue=lane, exchange=lane, routing_key=lane)
+    signature = _next_copy(task, route, countdown, task.request.retries + 1)
     fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
              lease.attempt, cfg.RUNS_KEPT_S)
 
@@ -244,7 +245,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
     if recorded.get("attempts") != lease.attempt:  # another run finished first: never meant
         log.warning("job %s finished again after its first result was stored", job_id)
         persist(lambda: redis_client().pipeline().hincrby(DUPLICATES_KEY, job_id, 1)
-                     .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
+                .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
         return recorded
     HEALTH.succeeded()
     if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run
