@@ -16,9 +16,11 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $@
 
 demo: $(STAMP)
-	$(PY) -m tasks.demo
+	$(PY) -m tasks.dev.demo
 
+# The layer contracts (setup.cfg, import-linter) first: a broken one fails in a second.
 test: $(STAMP) browser
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 # Debian's Chromium and ChromeDriver for the Flower browser test

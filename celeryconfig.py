@@ -205,7 +205,7 @@ FAIR_WINDOW_S = setting("FAIR_WINDOW_S", positive(int), 900)
 FAIR_UNIT_S = setting("FAIR_UNIT_S", positive(float), 60.0)
 FAIR_AGING_S = setting("FAIR_AGING_S", positive(float), 60.0)
 
-# --- result cache and in-flight coalescing (see tasks.cache) -------------------
+# --- result cache and in-flight coalescing (see tasks.jobs.cache) -------------------
 #: Seeded jobs: serve a finished identical image, or join an identical run in flight.
 CACHE = setting("CACHE", flag, True)
 #: How long a cached result is served after it entered the cache.
@@ -287,8 +287,8 @@ task_send_sent_event = SENT_EVENTS
 worker_send_task_events = True
 worker_hijack_root_logger = False
 # JSON only, above; and what a worker refuses (bad JSON, pickle, unknown tasks,
-# items that are not messages) is dead-lettered with its reason (tasks.rejects).
-worker_consumer = "tasks.rejects:LanesConsumer"
+# items that are not messages) is dead-lettered with its reason (tasks.worker.rejects).
+worker_consumer = "tasks.worker.rejects:LanesConsumer"
 
 # Redis has no real acks: an unacked job comes back after the visibility
 # timeout. A job can run at most MAX_JOB_S (enforced between steps) and a

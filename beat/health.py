@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import redis
 
-from tasks.transport import put_back_held
+from tasks.broker.transport import put_back_held
 
 log = logging.getLogger(__name__)
 

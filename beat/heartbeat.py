@@ -21,12 +21,19 @@ from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
-from routing.names import (FAST_EXHAUSTED_KEY, HEARTBEAT_TASK, HOLDERS_KEY, LANES,
-                           RELAX_PRIORITIES, SNAPSHOT_KEY, STATS_COMMAND, USAGE_BUCKET_S,
-                           WORKERS_KEY, lane_keys, usage_key, worker_queue)
+from routing.names import HEARTBEAT_TASK, LANES, RELAX_PRIORITIES, STATS_COMMAND, worker_queue
 from routing.placement import serving
 from routing.policy import relax_levels
-from tasks.celeryapp import app, redis_client
+from tasks.broker.app import app, redis_client
+from tasks.broker.keys import (
+    FAST_EXHAUSTED_KEY,
+    HOLDERS_KEY,
+    SNAPSHOT_KEY,
+    USAGE_BUCKET_S,
+    WORKERS_KEY,
+    lane_keys,
+    usage_key,
+)
 
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.

@@ -1,6 +1,6 @@
 """Republish jobs a worker took from a lane and lost before it could record them.
 
-``tasks.transport`` keeps a ledger of every message published and not yet
+``tasks.broker.transport`` keeps a ledger of every message published and not yet
 recorded as taken. A message in the ledger that is in no list, not unacked
 and whose job has not finished was popped by a worker that died (or shut
 down) before recording it: beat puts it back at the front of its list. A pop
@@ -20,14 +20,22 @@ import json
 import logging
 import time
 import uuid
-from functools import lru_cache
 from typing import Any
 
 import redis
 
-from routing.names import (LANES, LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, done_key,
-                           lane_of_key, lists_key, metric_field)
-from tasks.transport import ledger_entry, parse_entry
+from routing.names import LANES
+from tasks.broker import scripts
+from tasks.broker.keys import (
+    LEDGER_KEY,
+    LEDGER_SUSPECTS_KEY,
+    METRICS_KEY,
+    done_key,
+    lane_of_key,
+    lists_key,
+    metric_field,
+)
+from tasks.broker.transport import ledger_entry, parse_entry
 
 log = logging.getLogger(__name__)
 #: Seconds between full comparisons when the sizes agree.
@@ -38,43 +46,6 @@ MAX_PUT_BACK = 100
 UNACKED_KEY = "unacked"
 #: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
 RECOVERED_FIELD = metric_field("recovered")
-
-# KEYS: ledger, unacked, the lane's lists. ARGV: old tag, old entry, new tag, new
-# entry, new message.
-# Put a lost message back at the front of its list under a new delivery tag, so
-# that the lost copy, should its worker wake up after all, and the new one are
-# never confused in kombu's unacked records.
-_REPUBLISH = """
-if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
-local cut = string.find(ARGV[2], '\\n', 1, true)
-local key = string.sub(ARGV[2], 1, cut - 1)
-if redis.call('LPOS', key, string.sub(ARGV[2], cut + 1)) then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[1], ARGV[3], ARGV[4])
-redis.call('RPUSH', key, ARGV[5])
-redis.call('SADD', KEYS[3], key)
-return 1
-"""
-# KEYS: a lane's set of lists. Drops the lists that are empty now: every push adds
-# its list back in the same call or transaction, so a list that holds jobs is never
-# left out, and the depth check of a publish reads only lists that may hold some.
-_FORGET_EMPTY = """
-local dropped = 0
-for _, key in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  if redis.call('LLEN', key) == 0 then
-    redis.call('SREM', KEYS[1], key)
-    dropped = dropped + 1
-  end
-end
-return dropped
-"""
-
-
-@lru_cache(maxsize=4)
-def _republisher(client: redis.Redis) -> Any:
-    return client.register_script(_REPUBLISH)
-
 
 #: The sets of every lane's lists.
 LANE_LISTS = [lists_key(lane) for lane in LANES]
@@ -149,19 +120,14 @@ def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     message["properties"]["delivery_tag"] = new_tag = str(uuid.uuid4())
     fresh = json.dumps(message)
     lane_lists = lists_key(lane_of_key(key))
-    return bool(_republisher(client)(keys=[LEDGER_KEY, unacked_key, lane_lists],
-                                     args=[tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
-
-
-@lru_cache(maxsize=4)
-def _forgetter(client: redis.Redis) -> Any:
-    return client.register_script(_FORGET_EMPTY)
+    return bool(scripts.run(client, "ledger_republish", [LEDGER_KEY, unacked_key, lane_lists],
+                            [tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
 
 
 def forget_empty_lists(client: redis.Redis) -> int:
     """Drop the empty lists from every lane's set (worker queues of workers long gone,
     unused priority levels); how many were dropped."""
-    return sum(_forgetter(client)(keys=[key]) for key in LANE_LISTS)
+    return sum(scripts.run(client, "ledger_forget_empty", [key], []) for key in LANE_LISTS)
 
 
 class _Rounds:

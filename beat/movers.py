@@ -21,31 +21,27 @@ import binascii
 import json
 import logging
 import time
-from functools import lru_cache
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import redis
 
 import celeryconfig as cfg
 from beat.ledger import UNACKED_KEY, recover_lost
-from routing.names import (FAST, LEDGER_KEY, MOVERS_TASK, RELAXED, WORKERS_KEY,
-                           fast_queued_key, lane_keys, lane_of_key, lists_key, worker_queue)
+from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
-from tasks.celeryapp import app, redis_client
+from tasks.broker import scripts
+from tasks.broker.app import app, redis_client
+from tasks.broker.keys import (
+    LEDGER_KEY,
+    WORKERS_KEY,
+    fast_queued_key,
+    lane_keys,
+    lane_of_key,
+    lists_key,
+)
 
 log = logging.getLogger(__name__)
 
-# KEYS: source, target, ledger, the target lane's lists[, the account's fast places].
-# ARGV: message, rewritten, job id, delivery tag. The ledger follows the message
-# (``tasks.transport``).
-_MOVE = """
-if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[4], KEYS[2] .. '\\n' .. ARGV[2])
-redis.call('SADD', KEYS[4], KEYS[2])
-if KEYS[5] then redis.call('ZREM', KEYS[5], ARGV[3]) end
-return 1
-"""
 #: Returned by a ``due`` function: this message and all younger ones stay.
 STOP: dict = {}
 #: Oldest messages looked at per list per round: a round must stay short.
@@ -69,11 +65,6 @@ def demote(message: dict, lane: str, reason: str, now: float) -> dict:
     properties = {**message["properties"],
                   "delivery_info": {"exchange": lane, "routing_key": lane}}
     return {**_with_body(message, [args, kwargs, embed]), "properties": properties}
-
-
-@lru_cache(maxsize=4)
-def _mover(client: redis.Redis) -> Any:
-    return client.register_script(_MOVE)
 
 
 def _move_oldest(client: redis.Redis, source: str, target: str,
@@ -100,8 +91,7 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
             places = [fast_queued_key(account)] if account else []
             batch.append(([source, target, LEDGER_KEY, lists_key(lane_of_key(target)), *places],
                           [raw, json.dumps(rewritten), *ids]))
-    move = _mover(client)
-    return sum(move(keys=keys, args=args) for keys, args in reversed(batch))
+    return sum(scripts.run(client, "move", keys, args) for keys, args in reversed(batch))
 
 
 def readdress(client: redis.Redis, source: str, target: str, lane: str) -> int:

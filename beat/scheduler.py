@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.beat import Scheduler, ScheduleEntry
+from celery.beat import ScheduleEntry, Scheduler
 
 from routing.names import HEARTBEAT_TASK, MOVERS_TASK
 

@@ -6,7 +6,8 @@ import logging
 import redis
 
 from beat.movers import readdress
-from routing.names import LANES, lane_keys, worker_queue
+from routing.names import LANES, worker_queue
+from tasks.broker.keys import lane_keys
 
 log = logging.getLogger(__name__)
 

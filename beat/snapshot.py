@@ -9,7 +9,6 @@ from routing.placement import serving
 from routing.policy import Hysteresis, expected_waits, next_state
 
 
-
 def _service_s(healthy: list[dict], lane: str) -> float | None:
     samples = [w["service_ms"][lane] for w in healthy if w.get("service_ms", {}).get(lane)]
     return mean(samples) / 1000 if samples else None

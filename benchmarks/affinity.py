@@ -62,7 +62,7 @@ def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, 
     """A fresh cluster, the stream, the figures."""
     import celeryconfig as cfg
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     cfg.ROUTE_HASHING = hashing  # read by submit() on every call
     mode = "hashing" if hashing else "shared"
@@ -80,7 +80,7 @@ def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, 
 
 def _wait_routable(workers: int, timeout_s: float = 60.0) -> None:
     """Until the router sees every worker on its ring (beat has a snapshot)."""
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -20,8 +20,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (PROMPT, JobSize, check_size, markdown_table,  # noqa: E402
-                               run_private, write_json)
+from benchmarks.common import PROMPT, JobSize, check_size, markdown_table, run_private, write_json  # noqa: E402
 
 BATCHES = (1, 4, 8)
 GOAL_RATIO = 3.0
@@ -39,8 +38,9 @@ def stream(jobs: int, size: JobSize, first_seed: int = 0) -> list[Any]:
 def one_setting(batch: int, args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """A fresh worker with max_batch ``batch``; the stream's throughput and batch sizes."""
     from celery.result import ResultSet
+
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     size = JobSize(args.steps, args.size)
     env = {"GPULANES_MAX_BATCH": f"demo={batch}",

@@ -33,8 +33,14 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (JobSize, check_size, markdown_table, percentile,  # noqa: E402
-                               run_private, write_json)
+from benchmarks.common import (  # noqa: E402
+    JobSize,
+    check_size,
+    markdown_table,
+    percentile,
+    run_private,
+    write_json,
+)
 
 ACCOUNT = "bench"
 GOAL_RATIO = 100.0
@@ -115,8 +121,8 @@ def latencies(samples: int, size: JobSize) -> dict[str, list[float]]:
 
 def memory_per_entry() -> dict[str, float]:
     """Mean bytes of an entry key and its share of the LRU set (Redis MEMORY USAGE)."""
-    from routing.names import CACHE_LRU_KEY, cache_entry_key
-    from tasks.celeryapp import redis_client
+    from tasks.broker.app import redis_client
+    from tasks.broker.keys import CACHE_LRU_KEY, cache_entry_key
 
     client = redis_client()
     keys = list(client.scan_iter(cache_entry_key("*")))
@@ -128,7 +134,7 @@ def memory_per_entry() -> dict[str, float]:
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Start the cluster, both modes, then latency and memory with the cache on."""
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     size = JobSize(args.steps, args.size)
     check_size("cache.py", size, ACCOUNT)

@@ -30,7 +30,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,7 +41,7 @@ if not __package__:  # run as a script: make the project importable
 from benchmarks.common import markdown_table  # noqa: E402
 from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402
 from gpu_worker.store import ManifestPins  # noqa: E402
-from routing.names import MANIFESTS_KEY  # noqa: E402
+from tasks.broker.keys import MANIFESTS_KEY  # noqa: E402
 
 SHARDS = 7
 

@@ -107,7 +107,7 @@ def plain_kwargs(prompt: str, tier: str, account: str, seed: int, size: JobSize,
 def check_size(script: str, size: JobSize, account: str) -> None:
     """Exit naming ``script`` when ``size`` is not a valid job size (before any process starts)."""
     from tasks.errors import InvalidJob
-    from tasks.schema import validate
+    from tasks.jobs.schema import validate
 
     try:
         validate(PROMPT, tier="fast", account=account, model="demo", seed=0,

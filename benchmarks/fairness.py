@@ -30,8 +30,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (JobSize, markdown_table, plain_kwargs, private_env,  # noqa: E402
-                               state_dir)
+from benchmarks.common import JobSize, markdown_table, plain_kwargs, private_env, state_dir  # noqa: E402
 
 AGING_S = 3.0
 UNIT_S = 0.05
@@ -43,7 +42,7 @@ MODES = ("plain", "gpulanes")
 def send(mode: str, account: str, seed: int) -> Any:
     """One relaxed job through gpulanes, or straight onto the FIFO relaxed queue."""
     from tasks.api import submit
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     if mode == "gpulanes":
         return submit(f"job {seed}", tier="relaxed", account=account, seed=seed,
@@ -54,7 +53,7 @@ def send(mode: str, account: str, seed: int) -> Any:
 
 def make_heavy(account: str, jobs: int) -> None:
     """Give ``account`` recent usage and wait until routers rank it as heavy."""
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
 
     for result in [send("gpulanes", account, i) for i in range(jobs)]:
         result.get(timeout=120)
@@ -87,7 +86,7 @@ def starvation(jobs: int) -> tuple[float, float]:
 def run(state: Path, repeats: int, heavy: int, light: int) -> None:
     """Start the cluster, make one account heavy, run the bursts and the starvation check."""
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     cluster = LocalCluster(state, workers=1, device="cpu", beat=True)
     try:

@@ -134,7 +134,7 @@ def _outcome(result: Any, deadline: float) -> str:
 
 def _runs(client: Any, job_ids: list[str]) -> list[int]:
     """Runs begun per job, from the counter every run of a job increments."""
-    from routing.names import attempts_key
+    from tasks.broker.keys import attempts_key
 
     with client.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
@@ -144,7 +144,7 @@ def _runs(client: Any, job_ids: list[str]) -> list[int]:
 
 def wait_quiet(client: Any, job_ids: Iterable[str], timeout_s: float) -> None:
     """Wait until no run of these jobs holds a lease (a late duplicate has finished)."""
-    from routing.names import lease_key
+    from tasks.broker.keys import lease_key
 
     keys, deadline = [lease_key(job_id) for job_id in job_ids], time.monotonic() + timeout_s
     while keys and client.exists(*keys) and time.monotonic() < deadline:
@@ -153,7 +153,7 @@ def wait_quiet(client: Any, job_ids: Iterable[str], timeout_s: float) -> None:
 
 def settle(stream: JobStream, scenario: str, client: Any, timeout_s: float) -> Counts:
     """Wait (up to ``timeout_s`` in all) for every accepted job and count the outcomes."""
-    from routing.names import DUPLICATES_KEY, done_key
+    from tasks.broker.keys import DUPLICATES_KEY, done_key
 
     deadline = time.monotonic() + timeout_s
     outcomes = Counter(_outcome(r, deadline) for r in stream.accepted.values())

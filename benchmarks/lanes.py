@@ -38,8 +38,15 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (PROMPT, JobSize, check_size, markdown_table,  # noqa: E402
-                               plain_kwargs, run_private, write_json)
+from benchmarks.common import (  # noqa: E402
+    PROMPT,
+    JobSize,
+    check_size,
+    markdown_table,
+    plain_kwargs,
+    run_private,
+    write_json,
+)
 
 MODES = ("fifo", "gpulanes")
 FIFO_QUEUE = "standard"
@@ -85,7 +92,7 @@ def send(mode: str, tier: str, size: JobSize, seed: int, *, model: str = "demo",
          prompt: str = PROMPT) -> Any:
     """Publish one job: through gpulanes' ``submit``, or to the one FIFO queue."""
     from tasks.api import submit
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     if mode == "gpulanes":
         return submit(prompt, tier=tier, account=ACCOUNT, model=model, seed=seed,
@@ -205,7 +212,7 @@ def verdict(rows: list[dict[str, Any]]) -> str:
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Start the cluster, run every trial, stop the cluster; the JSON report."""
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     size = JobSize(args.steps, args.size)
     check_size("lanes.py", size, ACCOUNT)

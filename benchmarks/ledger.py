@@ -1,4 +1,5 @@
-"""The publish ledger's cost: kombu's Redis transport against gpulanes' (``tasks.transport``).
+"""The publish ledger's cost: kombu's Redis transport against gpulanes'
+(``tasks.broker.transport``).
 
 ``python benchmarks/ledger.py`` starts a private embedded Redis and publishes
 the same ``generate`` job message with ``apply_async`` through two broker
@@ -10,7 +11,7 @@ Redis memory per queued message (``used_memory`` before and after a round,
 lanes emptied between rounds).
 
 Two more modes publish through gpulanes' transport inside
-``tasks.publish.lane_limit`` (as ``submit()`` does), so that each publish
+``tasks.broker.publish.lane_limit`` (as ``submit()`` does), so that each publish
 first sums the lengths of the lane's lists: with the lane in one list, and
 with ``--lists`` lists (a lane spread over that many workers' queues and
 priority levels, each holding a job). For every mode the table also gives
@@ -32,7 +33,7 @@ if not __package__:  # run as a script: make the project importable
 from benchmarks.common import markdown_table, plain_kwargs, run_private  # noqa: E402
 
 TRANSPORTS = {"kombu's Redis transport": "kombu.transport.redis:Transport",
-              "gpulanes' (with the ledger)": "tasks.transport:Transport"}
+              "gpulanes' (with the ledger)": "tasks.broker.transport:Transport"}
 #: Mode -> (transport, lists the lane is spread over, limit checked).
 LIMITED = "gpulanes' with the lane limit"
 
@@ -48,9 +49,9 @@ def one_round(connection: Any, client: Any, jobs: int, size: Any, lists: int = 1
               limited: bool = False) -> tuple[float, float, float]:
     """(publishes per second, bytes of Redis memory per queued message, Redis
     microseconds per publish)."""
-    from routing.names import lists_key
-    from tasks.generate import generate
-    from tasks.publish import lane_limit
+    from tasks.broker.keys import lists_key
+    from tasks.broker.publish import lane_limit
+    from tasks.worker.generate import generate
 
     client.flushdb()
     for n in range(1, lists):  # other lists of the lane, one job in each

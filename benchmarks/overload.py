@@ -60,8 +60,15 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (PROMPT, TIERS, JobSize, check_size, plain_kwargs,  # noqa: E402
-                               run_private, write_json)
+from benchmarks.common import (  # noqa: E402
+    PROMPT,
+    TIERS,
+    JobSize,
+    check_size,
+    plain_kwargs,
+    run_private,
+    write_json,
+)
 from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
 
 DEFAULT_MIX = "20,30,50"
@@ -101,7 +108,7 @@ class Budgets:
 def send(mode: str, tier: str, account: str, seed: int, size: JobSize) -> Any:
     """Publish one job; in gpulanes mode this may raise ``LaneFull``."""
     from tasks.api import submit
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     if mode == "gpulanes":
         return submit(PROMPT, tier=tier, account=account, seed=seed, steps=size.steps,
@@ -149,7 +156,7 @@ class Beat:
     def start(self) -> None:
         """Start beat on an empty snapshot and wait until this process routes from its own."""
         from gpu_worker.processes import spawn
-        from routing.names import SNAPSHOT_KEY, WORKERS_KEY
+        from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
 
         self.client.delete(SNAPSHOT_KEY, WORKERS_KEY)  # no hysteresis carried over
         log = open(self.log_dir / "beat.log", "ab")
@@ -182,8 +189,8 @@ class Beat:
 def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
                        timeout_s: float = 60) -> None:
     """Block until this process routes from a snapshot beat wrote after ``since``."""
-    from routing.names import SNAPSHOT_KEY
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.keys import SNAPSHOT_KEY
 
     deadline = time.monotonic() + timeout_s
     while not client.exists(SNAPSHOT_KEY) or (view := snapshot_cache().view()) is None \
@@ -314,7 +321,7 @@ def run_all(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:
 def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
     """Start the cluster (no beat), run everything, stop the cluster."""
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     check_size("overload.py", settings.size, ACCOUNTS[0])
     cluster = LocalCluster(state, workers=settings.workers, device="cpu", beat=False,

@@ -54,9 +54,17 @@ from typing import Any, Callable
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.faults import (HEADERS, SMALL, Counts, JobStream,  # noqa: E402
-                               kill_a_worker, kill_supervisor, settle, small_job,
-                               wait_replaced)
+from benchmarks.faults import (  # noqa: E402
+    HEADERS,
+    SMALL,
+    Counts,
+    JobStream,
+    kill_a_worker,
+    kill_supervisor,
+    settle,
+    small_job,
+    wait_replaced,
+)
 
 SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor", "long")
 #: Run unless ``--only`` says otherwise (``long`` needs a short ``--visibility-s``).
@@ -107,7 +115,7 @@ def _stream_around(args: argparse.Namespace, fault: Callable[[], Any],
 
 
 def _metric(client: Any, name: str) -> int:
-    from routing.names import METRICS_KEY, metric_field
+    from tasks.broker.keys import METRICS_KEY, metric_field
 
     return int(client.hget(METRICS_KEY, metric_field(name)) or 0)
 
@@ -121,7 +129,7 @@ def _started(result: Any, timeout_s: float = 60.0) -> dict[str, Any]:
 
 
 def _runs_begun(client: Any, job_id: str) -> int:
-    from routing.names import attempts_key
+    from tasks.broker.keys import attempts_key
 
     return int(client.get(attempts_key(job_id)) or 0)
 
@@ -313,7 +321,7 @@ RUNS: dict[str, Callable[..., Counts]] = {
 
 def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     rows = []
     print(f"state folder: {state}", flush=True)

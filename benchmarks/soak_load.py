@@ -91,7 +91,7 @@ def accepted_ids(burst: Burst) -> list[str]:
 def stored_bytes_per_job(client: Any, app: Any, job_ids: list[str]) -> float:
     """Mean Redis memory a finished job leaves behind (its result, first-result and
     attempt keys), over a few of them."""
-    from routing.names import attempts_key, done_key
+    from tasks.broker.keys import attempts_key, done_key
 
     sample = job_ids[:: max(1, len(job_ids) // 20)][:20]
     total = 0
@@ -130,7 +130,7 @@ def lane_limits() -> dict[str, int]:
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Start the cluster, soak it, stop it."""
     from tasks import app
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     cluster = LocalCluster(state, workers=args.workers, device="cpu", beat=True,
                            log_dir=state / "logs")

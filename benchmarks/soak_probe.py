@@ -45,7 +45,8 @@ def process_tree(root_pid: int, root_name: str) -> dict[str, int]:
 
 def lane_depths(client: Any, nodes: Iterable[str]) -> dict[str, int]:
     """Queued jobs per lane, worker queues and priority levels included."""
-    from routing.names import LANES, lane_keys, worker_queue
+    from routing.names import LANES, worker_queue
+    from tasks.broker.keys import lane_keys
 
     queues = [(lane, lane) for lane in LANES] + [
         (lane, worker_queue(lane, node)) for node in nodes for lane in LANES]

@@ -55,8 +55,15 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (PROMPT, TIERS, JobSize, markdown_table, plain_kwargs,  # noqa: E402
-                               run_private, write_json)
+from benchmarks.common import (  # noqa: E402
+    PROMPT,
+    TIERS,
+    JobSize,
+    markdown_table,
+    plain_kwargs,
+    run_private,
+    write_json,
+)
 
 MODES = ("submit", "apply_async")
 ACCOUNT = "bench"
@@ -94,7 +101,7 @@ class SnapshotWriter(threading.Thread):
 
     def write(self) -> None:
         """Write one fresh snapshot now."""
-        from routing.names import SNAPSHOT_KEY
+        from tasks.broker.keys import SNAPSHOT_KEY
 
         self.client.set(SNAPSHOT_KEY, json.dumps(fake_snapshot(time.time())))
 
@@ -119,7 +126,7 @@ def send_submit(i: int) -> Any:
 
 def send_plain(i: int) -> Any:
     """What a plain Celery user writes: the same kwargs shape, queue = tier."""
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     tier = TIERS[i % 3]
     return generate.apply_async(kwargs=plain_kwargs(PROMPT, tier, ACCOUNT, i, SIZE), queue=tier)
@@ -130,7 +137,7 @@ SENDERS: dict[str, Callable[[int], Any]] = {"submit": send_submit, "apply_async"
 
 def assert_live_view() -> None:
     """Fail loudly if ``submit()`` would route by tier only (stale or missing snapshot)."""
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
 
     if snapshot_cache().view() is None:
         raise SystemExit("benchmarks/submit.py: submit() sees no fresh snapshot; "
@@ -150,7 +157,8 @@ def timed_batch(mode: str, first: int, n: int) -> tuple[float, float]:
 
 def flush_lanes(client: Any) -> None:
     """Empty every lane (all priority levels) and the publish ledger; kombu's bindings stay."""
-    from routing.names import LANES, LEDGER_KEY, lane_keys
+    from routing.names import LANES
+    from tasks.broker.keys import LEDGER_KEY, lane_keys
 
     client.delete(LEDGER_KEY, *[key for lane in LANES for key in lane_keys(lane)])
 
@@ -184,9 +192,9 @@ def per_call_us(fn: Callable[[int], Any], calls: int) -> float:
 def pure_parts() -> dict[str, Callable[[int], Any]]:
     """The in-memory steps of ``submit()``, each as ``fn(i)``; imports done once, here."""
     from routing.policy import decide
-    from tasks.api import snapshot_cache
-    from tasks.cache import digest, sightings
-    from tasks.schema import validate
+    from tasks.broker.enqueue import snapshot_cache
+    from tasks.jobs.cache import digest, sightings
+    from tasks.jobs.schema import validate
 
     cache, view = snapshot_cache(), snapshot_cache().view()
 

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import celeryconfig as cfg
-from gpu_worker.batching import Pending, Ran
+from gpu_worker.batching import Batcher, Pending, Ran, capacity_from_env
 from gpu_worker.runtime import RUNTIME
 from tasks.errors import JobTimeout
 
@@ -134,3 +134,7 @@ def _after_failure(group: list[Pending], exc: Exception) -> None:
                 len(group), type(exc).__name__, exc)
     for item in group:
         run_group([item])
+
+
+#: The one batcher of this worker process; its runner starts with the first job.
+BATCHER = Batcher(run_group, capacity_from_env())

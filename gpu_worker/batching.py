@@ -181,15 +181,7 @@ class Batcher:
                     item.done.set()
 
 
-def _capacity() -> int | None:
+def capacity_from_env() -> int | None:
+    """The worker's thread count, as the supervisor set it (None: not set)."""
     raw = os.environ.get(CONCURRENCY_ENV, "")
     return int(raw) if raw.isdigit() else None
-
-
-def _execute(group: list[Pending]) -> None:
-    from gpu_worker.batch_run import run_group  # torch-side; imported on first pass
-    run_group(group)
-
-
-#: The one batcher of this worker process; its runner starts with the first job.
-BATCHER = Batcher(_execute, _capacity())

@@ -5,7 +5,7 @@ from typing import Any
 
 from celery.worker.control import control_command, inspect_command
 
-from gpu_worker.batching import BATCHER
+from gpu_worker.batch_run import BATCHER
 from gpu_worker.health import HEALTH
 from gpu_worker.runtime import RUNTIME
 from routing.names import CONSUME_COMMAND, PREWARM_COMMAND, STATS_COMMAND, lane_of

@@ -17,7 +17,6 @@ import celeryconfig as cfg
 from gpu_worker.runtime import RUNTIME
 from tasks.errors import ModelError, WorkerFault
 
-
 #: Words in the message of a device error (torch raises them as RuntimeError).
 DEVICE_ERROR_WORDS = ("CUDA error", "device-side assert", "cuDNN error", "CUBLAS_STATUS",
                       "NCCL error", "ECC error")

@@ -2,7 +2,7 @@
 
 Some failures say nothing about the job and everything about the worker: a
 disk that is full or read-only, a folder that vanished, a device that errors.
-:func:`is_worker_fault` tells them apart; ``tasks.generate`` reports every run
+:func:`is_worker_fault` tells them apart; ``tasks.worker.generate`` reports every run
 to :data:`HEALTH` and sends a job that failed so back to its shared lane, for
 another worker, without spending its retries (``gpu_worker.faults`` sorts
 failures and holds the self-checks). After ``GPULANES_SICK_AFTER`` such

@@ -23,9 +23,10 @@ from gpu_worker.health import HEALTH_HOOK
 from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
 from gpu_worker.runtime import RUNTIME
-from routing.names import GENERATE_TASK, HOLDERS_KEY, LANES, lane_of
-from tasks.outage import OUTAGE
-from tasks.transport import put_back_held, set_holder
+from routing.names import GENERATE_TASK, LANES, lane_of
+from tasks.broker.keys import HOLDERS_KEY
+from tasks.broker.outage import OUTAGE
+from tasks.broker.transport import put_back_held, set_holder
 
 log = logging.getLogger(__name__)
 #: Exit status of a worker whose models failed to load (EX_CONFIG).
@@ -103,7 +104,7 @@ class HeldJobs(Hook):
     """Which broker messages this worker process holds, and the lease of each run.
 
     kombu's take records in Redis which process holds each message
-    (``tasks.transport``): if this process dies, beat's health check puts its
+    (``tasks.broker.transport``): if this process dies, beat's health check puts its
     messages back at once instead of after the visibility timeout. Here the
     process keeps its own list, so it can keep them fresh (:class:`KeepHeld`)
     and notice a record of its own in Redis that it does not hold (an ack lost
@@ -178,7 +179,7 @@ class HeldJobs(Hook):
 
 def put_back_own(tags: Iterable[str]) -> int:
     """Put back messages this process holds but no longer runs; how many went back."""
-    from tasks.celeryapp import app, redis_client  # the app exists by now
+    from tasks.broker.app import app, redis_client  # the app exists by now
 
     with app.connection_for_write() as conn:
         return sum(put_back_held(conn.default_channel, redis_client(), tag,
@@ -189,7 +190,7 @@ def settle_orphans(held: set[str], confirmed: set[str] | None) -> set[str]:
     """Records in Redis naming this process as holder of a message it does not hold:
     those also among ``confirmed`` (seen last time: not a take in flight; None: all)
     go back to their lane, or are dropped if their job finished. Returns the rest."""
-    from tasks.celeryapp import redis_client  # the app exists by now
+    from tasks.broker.app import redis_client  # the app exists by now
 
     orphans = {tag for tag, who in redis_client().hgetall(HOLDERS_KEY).items()
                if who == RUNTIME.incarnation and tag not in held}
@@ -267,7 +268,7 @@ class WorkerSetup(Hook):
         return {signals.worker_init: self.on_worker_init}
 
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
-        from tasks.control import load_revokes
+        from tasks.broker.control import load_revokes
 
         set_holder(RUNTIME.incarnation)
         # Celery makes a result backend per thread, when the thread first needs one:
@@ -284,6 +285,6 @@ HOOKS: list[Hook] = [OwnQueues(), WarmModels(), WorkerSetup(), JobStats(), HELD_
 
 
 def install() -> None:
-    """Wire every hook; called once when the Celery app is built."""
+    """Wire every hook; called once, as the worker's task module loads."""
     for hook in HOOKS:
         hook.connect()

@@ -6,7 +6,7 @@ which each run that starts increments. The run holds the job's lease,
 keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).
 Every write a run makes about its job (its result, its retry, its dead letter,
 its charge) checks in the same Lua call that the run still holds the job: the
-lease is its own, or lapsed with no newer run begun (``tasks.publish.HOLDS``).
+lease is its own, or lapsed with no newer run begun (``tasks/broker/lua/holds.lua``).
 A run that fails that check is *stale*: a newer run took over while it was
 frozen or cut off. It stops and writes nothing (:class:`LeaseLost`).
 
@@ -23,45 +23,21 @@ from __future__ import annotations
 import threading
 import time
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Iterable
 
 import redis
 
 import celeryconfig as cfg
-from routing.names import attempts_key, lease_key
-from routing.store import connect
+from tasks.broker import scripts
+from tasks.broker.keys import attempts_key, lease_key
+from tasks.broker.outage import persist
+from tasks.broker.store import connect
 from tasks.errors import LeaseLost
-from tasks.outage import persist
-from tasks.publish import HOLDS
-
-
-# KEYS: kombu's unacked index, then (lease, run counter) per run. ARGV: now, lease
-# ttl, the number of delivery tags, the tags, then (token, run number) per run.
-# Dates each held message from now (XX: an acked one stays gone) and extends each
-# lease the run still holds, taking it again if it lapsed with no newer run begun.
-# Returns 1 or 0 per run.
-_RENEW = HOLDS + """
-local tags = tonumber(ARGV[3])
-for i = 4, 3 + tags do redis.call('ZADD', KEYS[1], 'XX', ARGV[1], ARGV[i]) end
-local held = {}
-for k = 2, #KEYS, 2 do
-  local token, n = ARGV[3 + tags + k - 1], ARGV[3 + tags + k]
-  local ok = holds(KEYS[k], KEYS[k + 1], token, n)
-  if ok then redis.call('SET', KEYS[k], token, 'EX', ARGV[2]) end
-  held[#held + 1] = ok and 1 or 0
-end
-return held
-"""
 
 
 @lru_cache(maxsize=1)
 def _client() -> redis.Redis:
     return connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S)
-
-
-@lru_cache(maxsize=1)
-def _renew_script() -> Any:
-    return _client().register_script(_RENEW)
 
 
 class Lease:
@@ -120,7 +96,7 @@ def renew(leases: list[Lease], tags: Iterable[str], index_key: str = "unacked_in
     keys = [index_key, *(key for lease in leases for key in lease.keys)]
     args = [time.time() if now is None else now, cfg.LEASE_TTL_S, len(tags), *tags,
             *(value for lease in leases for value in (lease.token, lease.attempt))]
-    held = _renew_script()(keys=keys, args=args)
+    held = scripts.run(_client(), "lease_renew", keys, args)
     for lease, ok in zip(leases, held):
         lease.renewed(sent_at, bool(ok))
     return held

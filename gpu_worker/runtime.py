@@ -5,8 +5,8 @@ import logging
 import os
 import sys
 import threading
-from collections import OrderedDict
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from gpu_worker.shards import HASH_CHUNK_BYTES, MANIFEST_NAME, parse_manifest
-from routing.names import MANIFESTS_KEY
+from tasks.broker.keys import MANIFESTS_KEY
 from tasks.errors import ShardError
 
 log = logging.getLogger(__name__)
@@ -192,6 +192,6 @@ def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path
 def cluster_pins() -> ManifestPins:
     """Manifest pins on the cluster's Redis (the broker); one client per process."""
     import celeryconfig as cfg
-    from routing.store import connect
+    from tasks.broker.store import connect
 
     return ManifestPins(connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S))

@@ -12,7 +12,7 @@ __all__ = ["app", "submit"]
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from tasks.celeryapp import app
+        from tasks.broker.app import app
         return app
     if name == "submit":
         from tasks.api import submit

@@ -104,7 +104,7 @@ def clean_redis(redis_server):
     if keys:
         client.delete(*keys)
     shutil.rmtree(STATE_DIR / "flaky", ignore_errors=True)  # the test model's run counts
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
     if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
         snapshot_cache().forget()
     return client
@@ -119,7 +119,7 @@ def app(redis_server):
 @pytest.fixture(scope="module")
 def cluster_factory(redis_server, app, request):
     """Start local clusters on the session Redis; all are stopped after the module."""
-    from tasks.cluster import LocalCluster
+    from tasks.dev.cluster import LocalCluster
 
     started: list[LocalCluster] = []
 

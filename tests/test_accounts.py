@@ -6,11 +6,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import celeryconfig as cfg
-from routing.names import FAST_EXHAUSTED_KEY
-from routing.store import connect
-from tasks.accounts import (charge_fast_seconds, exhausted_accounts, fast_seconds_left,
-                            grant_fast_seconds)
+from tasks.broker.keys import FAST_EXHAUSTED_KEY
+from tasks.broker.store import connect
 from tasks.errors import InvalidJob
+from tasks.jobs.accounts import (
+    charge_fast_seconds,
+    exhausted_accounts,
+    fast_seconds_left,
+    grant_fast_seconds,
+)
 
 
 def test_new_account_starts_with_the_default(clean_redis):

@@ -6,7 +6,8 @@ import uuid
 import numpy as np
 import pytest
 
-from tasks.artifacts import artifact_path, save_png
+from tasks.jobs.artifacts import artifact_path
+from tasks.worker.png import save_png
 
 
 @pytest.mark.parametrize("job_id", ["../../etc/passwd", "/tmp/x", "a/b", "", "x" * 36,

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from PIL import Image
 
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from gpu_worker.batching import Batcher, Pending, pick
 from gpu_worker.demo_model import DemoModel, make_weights
 from routing.names import STATS_COMMAND
 from tasks import submit
-from tasks.artifacts import save_png
 from tasks.errors import JobFailed
+from tasks.worker.png import save_png
 from tests.flaky_model import open_gate
 
 BATCH = 4

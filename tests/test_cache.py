@@ -11,16 +11,16 @@ import sys
 
 import pytest
 from celery.exceptions import TaskRevokedError
-from celery.result import AsyncResult
 from celery.exceptions import TimeoutError as ResultTimeout
+from celery.result import AsyncResult
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import (CACHE_LRU_KEY, LANES, PREFIX, STATS_COMMAND, attempts_key,
-                           cache_entry_key)
+from routing.names import LANES, STATS_COMMAND
 from tasks import submit
-from tasks.cache import Sightings, digest
+from tasks.broker.keys import CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key
 from tasks.errors import ConfigError, JobFailed
+from tasks.jobs.cache import Sightings, digest
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster

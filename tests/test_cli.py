@@ -12,9 +12,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, http_status, wait_until
-from routing.names import DEAD_KEY, LANES, SNAPSHOT_KEY, lane_keys
+
+from routing.names import LANES
+from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, lane_keys
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -41,9 +42,9 @@ def failed(*args: str) -> str:
 
 def bury_one(client, reason: str = "retries_exhausted") -> str:
     """A fast job that ran out of retries, as ``generate`` buries it; its id."""
-    from tasks.deadletter import bury
     from tasks.errors import TransientJobError
-    from tasks.schema import validate
+    from tasks.jobs.deadletter import bury
+    from tasks.jobs.schema import validate
 
     job = validate("a lighthouse at dusk", tier="fast", account="alice", model="demo",
                    seed=7, steps=4, width=64, height=64).as_dict()

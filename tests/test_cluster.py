@@ -7,12 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from PIL import Image
 
 import celeryconfig as cfg
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import SNAPSHOT_KEY, STATS_COMMAND, WORKERS_KEY
+from routing.names import STATS_COMMAND
 from tasks import submit
+from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
 from tasks.errors import JobFailed
 from tests.flaky_model import open_gate
 

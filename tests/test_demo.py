@@ -21,7 +21,7 @@ def test_demo_runs_all_lanes_and_writes_pngs():
                GPULANES_DEVICE="cpu")
     args = ["--fast", "2", "--standard", "3", "--relaxed", "4", "--steps", "4", "--size", "64"]
     try:
-        proc = subprocess.run([sys.executable, "-m", "tasks.demo", *args], env=env,
+        proc = subprocess.run([sys.executable, "-m", "tasks.dev.demo", *args], env=env,
                               capture_output=True, text=True, timeout=150)
         _check(proc, state)
     finally:

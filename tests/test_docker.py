@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
 EXPORTER_PORT = 9808
 
-#: The exporter's metric contract (tasks/metrics.py, the README's table) and Flower's own.
+#: The exporter's metric contract (tasks/ops/metrics.py, the README's table) and Flower's own.
 HISTOGRAMS = {"gpulanes_queue_wait_seconds", "gpulanes_run_seconds", "flower_task_runtime_seconds"}
 METRICS = {
     "gpulanes_lane_depth", "gpulanes_lane_expected_wait_seconds", "gpulanes_lane_overloaded",

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import LANES, fast_queued_key
-from routing.policy import (FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView,
-                            decide)
+from routing.names import LANES
+from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
 from tasks import submit
-from tasks.fastlimit import fast_waiting
+from tasks.broker.keys import fast_queued_key
+from tasks.jobs.fastlimit import fast_waiting
 from tests.flaky_model import open_gate
 
 
@@ -52,12 +52,12 @@ def test_zero_means_no_limit(monkeypatch, clean_redis):
 
 
 def test_a_failed_publish_gives_its_place_back(limit, monkeypatch, clean_redis):
-    from tasks.generate import generate
+    from tasks.broker.app import app
 
     def broken(*args, **kwargs):
         raise ConnectionError("broker went away")
 
-    monkeypatch.setattr(generate, "apply_async", broken)
+    monkeypatch.setattr(app, "send_task", broken)
     with pytest.raises(ConnectionError):
         submit("lost", tier="fast", account="unlucky", **SMALL)
     assert fast_waiting("unlucky") == 0
@@ -65,9 +65,9 @@ def test_a_failed_publish_gives_its_place_back(limit, monkeypatch, clean_redis):
 
 def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypatch,
                                                                   clean_redis):
-    import tasks.fastlimit as fastlimit
+    import tasks.broker.enqueue as enqueue
 
-    monkeypatch.setattr(fastlimit, "PLACE_LAPSE_S", 0.5)
+    monkeypatch.setattr(enqueue, "PLACE_LAPSE_S", 0.5)
     for i in range(3):
         submit(f"orphan {i}", tier="fast", account="gone", **SMALL)
     assert _lanes(clean_redis) == [2, 1, 0]  # the third found both places taken
@@ -83,11 +83,11 @@ def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypa
 def test_a_publish_that_reaches_redis_too_late_takes_nothing(limit, monkeypatch, clean_redis):
     """The place is taken in the publish itself: a publish Redis runs after its caller
     gave up (here: a deadline already past) writes no job, no ledger entry, no place."""
-    import tasks.api as api
-    from routing.names import LEDGER_KEY
+    import tasks.broker.enqueue as enqueue
+    from tasks.broker.keys import LEDGER_KEY
     from tasks.errors import BrokerUnavailable
 
-    monkeypatch.setattr(api, "publish_deadline", lambda: 1.0)  # 1970 on Redis' clock
+    monkeypatch.setattr(enqueue, "publish_deadline", lambda: 1.0)  # 1970 on Redis' clock
     with pytest.raises(BrokerUnavailable, match="too late"):
         submit("late", tier="fast", account="late", **SMALL)
     assert _lanes(clean_redis) == [0, 0, 0] and not clean_redis.hlen(LEDGER_KEY)

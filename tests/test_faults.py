@@ -13,14 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
-from benchmarks.faults import (HEADERS, JobStream, kill_supervisor, settle, wait_replaced,
-                               worker_pids)
 from benchmarks.common import markdown_table
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import attempts_key
+from benchmarks.faults import (
+    HEADERS,
+    JobStream,
+    kill_supervisor,
+    settle,
+    wait_replaced,
+    worker_pids,
+)
 from tasks import submit
+from tasks.broker.keys import attempts_key
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster

@@ -13,11 +13,11 @@ from kombu import Connection
 
 import celeryconfig as cfg
 from gpu_worker.lease import Lease, renew
-from routing.names import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
-from tasks import runs
-from tasks.generate import generate
-from tasks.publish import PublishRefused, publishing
-from tasks.transport import put_back_held, set_holder
+from tasks.broker import runs
+from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
+from tasks.broker.publish import PublishRefused, publishing
+from tasks.broker.transport import put_back_held, set_holder
+from tasks.worker.generate import generate
 
 A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
 
@@ -143,7 +143,7 @@ def test_a_dead_holders_message_of_a_failed_job_is_dropped_not_put_back(clean_re
         tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
         clean_redis.hset(HOLDERS_KEY, tag, A)
         clean_redis.hset(DEAD_KEY, job_id, "{}")  # its ack was lost after it failed
-        from tasks.celeryapp import redis_client
+        from tasks.broker.app import redis_client
 
         assert not put_back_held(beat.default_channel, redis_client(), tag, A)
         assert clean_redis.llen("standard") == 0 and not clean_redis.hexists("unacked", tag)

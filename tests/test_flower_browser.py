@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-
 from conftest import STATE_DIR, free_port, wait_until
 from test_flower import _flower, _status, _stop
 

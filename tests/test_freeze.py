@@ -11,14 +11,15 @@ import os
 import signal
 
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
 from benchmarks.faults import JobStream, settle, wait_replaced, worker_pids
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import HOLDERS_KEY, LANES, METRICS_KEY
+from routing.names import LANES
 from tasks import submit
-from tasks.accounts import fast_seconds_left
-from tasks.generate import STALE_FIELD
+from tasks.broker.keys import HOLDERS_KEY, METRICS_KEY
+from tasks.jobs.accounts import fast_seconds_left
+from tasks.worker.generate import STALE_FIELD
 from tests.flaky_model import open_gate, runs_finished, runs_started
 
 pytestmark = pytest.mark.cluster
@@ -140,8 +141,8 @@ def test_a_copy_is_kept_when_the_running_holder_lost_its_record(cluster, app, cl
     for later, not dropped, so the job survives its holder's death."""
     from kombu import Connection
 
-    from tasks.celeryapp import redis_client
-    from tasks.transport import put_back_held
+    from tasks.broker.app import redis_client
+    from tasks.broker.transport import put_back_held
 
     gate, seed = new_gate(), 23
     prompt = f"gate:{gate} its message put back while it runs"

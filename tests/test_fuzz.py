@@ -21,8 +21,8 @@ import celeryconfig as cfg
 from routing.names import TIERS
 from tasks import submit
 from tasks.errors import InvalidJob
-from tasks.rejects import check_call, check_content
-from tasks.schema import JOB_FIELDS, MAX_SEED, MODEL_NAMES, check_job
+from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, MODEL_NAMES, check_job
+from tasks.worker.rejects import check_call, check_content
 
 #: Deterministic and database-free: CI sees the same examples on every run.
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,

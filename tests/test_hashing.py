@@ -5,13 +5,14 @@ import collections
 import json
 
 import pytest
-
 from conftest import SMALL, wait_until
-from routing.names import SNAPSHOT_KEY, worker_queue
+
+from routing.names import worker_queue
 from routing.placement import assign_homes, home, ring
 from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks import submit
+from tasks.broker.keys import SNAPSHOT_KEY
 
 MODELS = [f"model-{i}" for i in range(2000)]
 
@@ -116,7 +117,7 @@ def _routed_view(clean_redis, hosts):
         alive = [h for h, w in snapshot.get("workers", {}).items() if w.get("alive")]
         return sorted(alive) == sorted(hosts)
     wait_until(ready, timeout_s=30, what="both workers in the snapshot")
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
     wait_until(lambda: (v := snapshot_cache().view()) and len(set(v.ring[1])) == 2,
                timeout_s=10, what="the router to see both workers")
 

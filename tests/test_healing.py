@@ -6,11 +6,11 @@ import signal
 import time
 
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import attempts_key
 from tasks import submit
+from tasks.broker.keys import attempts_key
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster
@@ -55,7 +55,7 @@ def test_killed_workers_jobs_complete_elsewhere_within_seconds(cluster, app, cle
 
 
 def test_a_duplicate_delivery_returns_the_first_result(cluster, app):
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     first = submit("once", seed=11, **SMALL)
     out = first.get(timeout=60)

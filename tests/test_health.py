@@ -8,10 +8,10 @@ import time
 from kombu import Connection
 
 import celeryconfig as cfg
-from routing.names import HOLDERS_KEY, lease_key
-from tasks.celeryapp import redis_client
-from tasks.generate import generate
-from tasks.transport import put_back_held
+from tasks.broker.app import redis_client
+from tasks.broker.keys import HOLDERS_KEY, lease_key
+from tasks.broker.transport import put_back_held
+from tasks.worker.generate import generate
 
 
 def _publish() -> str:

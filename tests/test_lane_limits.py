@@ -14,18 +14,19 @@ import uuid
 from collections import Counter
 
 import pytest
+from conftest import SMALL
 from kombu import Exchange, Queue
 
 import celeryconfig as cfg
-from conftest import SMALL
-from routing.names import LANES, LEDGER_KEY, lane_keys, lists_key, worker_queue
+from routing.names import LANES, worker_queue
 from routing.snapshot import SnapshotCache
 from tasks import submit
-from tasks.api import snapshot_cache
+from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.keys import LEDGER_KEY, lane_keys, lists_key
 from tasks.errors import LaneFull
-from tasks.fastlimit import fast_waiting
-from tasks.generate import generate
-from tasks.schema import validate
+from tasks.jobs.fastlimit import fast_waiting
+from tasks.jobs.schema import validate
+from tasks.worker.generate import generate
 
 LIMITS = {"fast": 4, "standard": 6, "relaxed": 10}
 
@@ -150,7 +151,7 @@ def test_a_refused_publish_leaves_no_result_subscription(limits, clean_redis):
 
 
 def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
-    from tasks.publish import Conditions, _put
+    from tasks.broker.publish import Conditions, _put
 
     for _ in range(2):  # the second call is a retry of the first under the same tag
         assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", "job-1",

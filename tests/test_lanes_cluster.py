@@ -5,14 +5,14 @@ import json
 import time
 
 import pytest
-
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import SNAPSHOT_KEY
+
 from tasks import submit
-from tasks.accounts import fast_seconds_left, grant_fast_seconds
-from tasks.api import snapshot_cache
-from tasks.deadletter import dead_jobs, requeue
+from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.keys import SNAPSHOT_KEY
 from tasks.errors import JobFailed, LaneFull
+from tasks.jobs.accounts import fast_seconds_left, grant_fast_seconds
+from tasks.jobs.deadletter import dead_jobs, requeue
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster

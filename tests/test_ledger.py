@@ -5,12 +5,12 @@ import json
 import time
 
 import pytest
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 from beat.ledger import RECOVERED_FIELD, missing, recover_lost
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
-from routing.names import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key, lists_key
 from tasks import submit
-from tasks.transport import parse_entry
+from tasks.broker.keys import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key, lists_key
+from tasks.broker.transport import parse_entry
 from tests.flaky_model import open_gate
 
 

@@ -7,8 +7,8 @@ import socket
 import time
 
 import pytest
-
 from conftest import SMALL, new_gate, wait_at_gate
+
 from gpu_worker.launcher import worker_command, worker_env
 from routing.names import STATS_COMMAND
 from tasks import submit
@@ -61,8 +61,9 @@ def test_cuda_pinning_narrows_the_operators_mask(monkeypatch):
 
 
 def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_factory, app):
-    from tasks.cluster import LocalCluster
     from conftest import STATE_DIR
+
+    from tasks.dev.cluster import LocalCluster
 
     broken = LocalCluster(STATE_DIR, workers=1, device="cpu", beat=False,
                           env={"GPULANES_WARM_MODELS": "demo,missing",

@@ -9,13 +9,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import SMALL, free_port, http_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SMALL, free_port, http_status, wait_until
-from routing.names import SNAPSHOT_KEY, metric_field
 from tasks import submit
+from tasks.broker.keys import SNAPSHOT_KEY, metric_field
 from tasks.errors import JobFailed
-from tasks.metrics import job_counts
+from tasks.jobs.usage import job_counts
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -98,8 +98,8 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
 
 
 def test_the_exporter_asks_for_its_login_and_never_opens_without_it(redis_server):
-    from routing.store import connect
-    from tasks.metrics import serve
+    from tasks.broker.store import connect
+    from tasks.ops.metrics import serve
 
     client = connect(os.environ["GPULANES_BROKER_URL"])
     with pytest.raises(PermissionError, match="GPULANES_EXPORTER_AUTH"):

@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from gpu_worker.demo_model import N_SHARDS, DemoModel, load, make_weights
-from gpu_worker.shards import MANIFEST_NAME, load_checkpoint, load_checkpoint_timed, write_checkpoint
+from gpu_worker.shards import (
+    MANIFEST_NAME,
+    load_checkpoint,
+    load_checkpoint_timed,
+    write_checkpoint,
+)
 from tasks.errors import ShardError
 
 PROJECT_DIR = Path(__file__).resolve().parents[1]

@@ -6,12 +6,12 @@ import json
 import time
 
 import pytest
+from conftest import SMALL
 
 from beat.movers import age_relaxed, enforce_deadlines
-from conftest import SMALL
-from routing.names import lane_keys
-from tasks.generate import generate
-from tasks.schema import validate
+from tasks.broker.keys import lane_keys
+from tasks.jobs.schema import validate
+from tasks.worker.generate import generate
 
 BUDGETS = {"fast": 10.0, "standard": 60.0}
 

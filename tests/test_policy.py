@@ -8,9 +8,20 @@ import pytest
 from beat.health import dead_incarnations, unheard_holders
 from beat.heartbeat import merge
 from beat.snapshot import lane_loads, next_policy
-from routing.policy import (FAST_OVERLOADED, FAST_TIME_EXHAUSTED, LANE_FULL, NO_CAPACITY_WAIT_S,
-                            STANDARD_OVERLOADED, Hysteresis, PolicyView, decide,
-                            expected_waits, next_lane, next_state, relax_levels)
+from routing.policy import (
+    FAST_OVERLOADED,
+    FAST_TIME_EXHAUSTED,
+    LANE_FULL,
+    NO_CAPACITY_WAIT_S,
+    STANDARD_OVERLOADED,
+    Hysteresis,
+    PolicyView,
+    decide,
+    expected_waits,
+    next_lane,
+    next_state,
+    relax_levels,
+)
 from routing.snapshot import SnapshotCache, view_from_snapshot
 
 BUDGET = 10.0

@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import SMALL, wait_until
+
 from routing.names import STATS_COMMAND
 from routing.placement import holders, prewarm_targets
 from tasks import submit

@@ -14,14 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import SMALL, STATE_DIR, wait_until
 from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads
 from kombu.transport.redis import Channel as RedisChannel
 
-from conftest import SMALL, STATE_DIR, wait_until
 from routing.names import GENERATE_TASK, STANDARD, STATS_COMMAND
 from tasks import submit
-from tasks.deadletter import dead_jobs
+from tasks.jobs.deadletter import dead_jobs
 
 pytestmark = pytest.mark.cluster
 

@@ -8,7 +8,7 @@ import redis
 import torch
 
 from tasks.errors import JobTimeout, TransientJobError
-from tasks.retry import backoff_s, is_transient
+from tasks.jobs.retry import backoff_s, is_transient
 
 
 @pytest.mark.parametrize("exc", [TransientJobError("x"), MemoryError(), ConnectionError(),

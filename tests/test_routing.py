@@ -6,7 +6,7 @@ import pytest
 from routing.lanes import Route, lane_for, route
 from routing.names import GENERATE_TASK, LANES
 from routing.router import route_task
-from routing.store import redis_url
+from tasks.broker.store import redis_url
 
 
 @pytest.mark.parametrize("tier", LANES)
@@ -35,7 +35,7 @@ def test_celery_router_sends_generate_by_tier():
 
 
 def test_router_is_what_celery_uses(app):
-    from tasks.generate import generate
+    from tasks.worker.generate import generate
 
     routed = app.amqp.router.route({}, generate.name, (), {"job": {"tier": "relaxed"}})
     assert routed["queue"].name == "relaxed"

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, wait_until
+
 from gpu_worker.processes import spawn
 from gpu_worker.redis_server import EmbeddedRedis, redis_binary
-from routing.store import connect
+from tasks.broker.store import connect
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -57,7 +57,7 @@ def test_submit_and_our_own_clients_reach_the_master_through_sentinel(sentinel):
     client.set("gpulanes:probe", "1")
     assert server.client().get("gpulanes:probe") == b"1"  # the master Sentinel named
     proc = _run("from tasks import submit\n"
-                "from tasks.celeryapp import redis_client\n"
+                "from tasks.broker.app import redis_client\n"
                 "assert redis_client().ping()\n"
                 "print(submit('through sentinel', tier='fast', seed=1).id)",
                 GPULANES_BROKER_URL=url, GPULANES_SENTINEL_MASTER="gl")

@@ -12,16 +12,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from conftest import SMALL, wait_until
 
 import celeryconfig as cfg
 from beat.snapshot import lane_loads
-from conftest import SMALL, wait_until
-from gpu_worker.health import HealthHook, Lever, SelfHealth, is_worker_fault
 from gpu_worker.faults import folder_of, self_check
-from routing.names import (CONSUME_COMMAND, SNAPSHOT_KEY, WORKERS_KEY,
-                           lane_keys, worker_queue, worker_queues)
+from gpu_worker.health import HealthHook, Lever, SelfHealth, is_worker_fault
+from routing.names import CONSUME_COMMAND, worker_queue, worker_queues
 from routing.placement import holders, home, prewarm_targets, ring, serving
 from routing.snapshot import base_view
+from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY, lane_keys
 from tasks.errors import ArtifactError, JobTimeout, ModelError, TransientJobError
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -228,8 +228,8 @@ def test_a_sick_worker_is_off_the_ring_placement_and_capacity():
 
 
 def test_status_and_metrics_say_why(clean_redis):
-    from tasks.cli import render_status
-    from tasks.metrics import worker_metrics
+    from tasks.ops.cli import render_status
+    from tasks.ops.metrics import worker_metrics
 
     out = render_status(_snapshot(time.time()))
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("gpu")}
@@ -243,8 +243,8 @@ def test_status_and_metrics_say_why(clean_redis):
 
 def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis):
     from beat.heartbeat import heartbeat
-    from tasks.generate import generate
-    from tasks.schema import validate
+    from tasks.jobs.schema import validate
+    from tasks.worker.generate import generate
 
     host, own = "gpu9@sick", lane_keys(worker_queue("fast", "gpu9@sick"))[0]
     job = validate("p", tier="fast", account="a", model="demo", seed=1, **SMALL).as_dict()
@@ -270,7 +270,7 @@ def _record(client, host: str) -> dict:
 
 
 def _router_sees(hosts: list[str]) -> bool:
-    from tasks.api import snapshot_cache
+    from tasks.broker.enqueue import snapshot_cache
     view = snapshot_cache().view()
     return bool(view) and set(view.ring[1]) == set(hosts)
 
@@ -294,8 +294,8 @@ def cluster(cluster_factory):
 @pytest.mark.timeout(420)
 def test_a_worker_with_a_broken_disk_steps_aside_and_comes_back(cluster, clean_redis):
     from tasks import submit
-    from tasks.api import snapshot_cache
-    from tasks.deadletter import dead_jobs
+    from tasks.broker.enqueue import snapshot_cache
+    from tasks.jobs.deadletter import dead_jobs
     from tests.flaky_model import break_disk, mend_disk, scratch_dir
 
     hosts = cluster.hostnames

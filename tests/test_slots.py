@@ -1,12 +1,12 @@
 """Model slots on a real worker: models load on first use, stay warm, LRU makes room."""
 from __future__ import annotations
 
-import pytest
-from PIL import Image
 import numpy as np
+import pytest
+from conftest import SMALL
+from PIL import Image
 
 import celeryconfig as cfg
-from conftest import SMALL
 from routing.names import STATS_COMMAND
 from tasks import submit
 

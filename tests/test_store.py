@@ -14,7 +14,7 @@ import celeryconfig as cfg
 from gpu_worker import demo_model
 from gpu_worker.shards import load_checkpoint, read_manifest
 from gpu_worker.store import RemoteStore
-from routing.names import MANIFESTS_KEY
+from tasks.broker.keys import MANIFESTS_KEY
 from tasks.errors import ShardError
 
 

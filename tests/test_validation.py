@@ -66,7 +66,7 @@ def test_good_job_is_enqueued_in_its_tier_lane(tier, clean_redis):
 
 
 def test_seed_is_drawn_when_missing():
-    from tasks.schema import validate
+    from tasks.jobs.schema import validate
 
     jobs = [validate("p", **{**GOOD, "seed": None}) for _ in range(3)]
     assert all(isinstance(job.seed, int) and job.seed >= 0 for job in jobs)

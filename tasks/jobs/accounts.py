@@ -10,49 +10,25 @@ change is one atomic Lua script, so concurrent charges never lose an update.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
-from typing import Any
 
 import redis
 
 import celeryconfig as cfg
-from routing.names import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
+from tasks.broker import scripts
+from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
 from tasks.errors import InvalidJob
-from tasks.schema import check_account
-
-#: Lua: ``add(balances, exhausted, account, delta, starting balance)`` -> what is left;
-#: an account at zero or below joins the exhausted set, one above leaves it.
-ADD_FUNCTION = """
-local function add(balances, exhausted, account, delta, start)
-  local left = redis.call('HGET', balances, account)
-  if not left then left = start end
-  left = tonumber(left) + tonumber(delta)
-  redis.call('HSET', balances, account, tostring(left))
-  if left <= 0 then redis.call('SADD', exhausted, account)
-  else redis.call('SREM', exhausted, account) end
-  return tostring(left)
-end
-"""
-# KEYS: balance hash, exhausted set. ARGV: account, delta, starting balance.
-_ADD = ADD_FUNCTION + "return add(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])"
+from tasks.jobs.schema import check_account
 
 
 def _client() -> redis.Redis:
-    from tasks.celeryapp import redis_client  # the app is built on first use only
+    from tasks.broker.app import redis_client  # the app is built on first use only
 
     return redis_client()
 
 
-@lru_cache(maxsize=8)
-def _add_script(client: redis.Redis) -> Any:
-    return client.register_script(_ADD)  # hashed once per client, not per charge
-
-
 def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
-    client = client or _client()
-    left = _add_script(client)(keys=[FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
-                               args=[account, repr(float(seconds)),
-                                     repr(cfg.FAST_SECONDS_DEFAULT)])
+    left = scripts.run(client or _client(), "fast_add", [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
+                       [account, repr(float(seconds)), repr(cfg.FAST_SECONDS_DEFAULT)])
     return float(left)
 
 

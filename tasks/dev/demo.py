@@ -15,8 +15,8 @@ import time
 
 import celeryconfig as cfg
 from tasks import app, submit
-from tasks.cluster import LocalCluster
-from tasks.report import Progress, lane_table
+from tasks.dev.cluster import LocalCluster
+from tasks.dev.report import Progress, lane_table
 
 PROMPTS = ("a lighthouse in a storm", "neon koi pond", "desert at dawn",
            "a cathedral of glass", "moss on old stone", "aurora over a fjord")
@@ -56,7 +56,7 @@ def _drive(jobs: list[tuple[str, str]], steps: int, size: int) -> tuple[list[dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tasks.dev.demo", description=__doc__)
     parser.add_argument("--fast", type=int, default=10)
     parser.add_argument("--standard", type=int, default=20)
     parser.add_argument("--relaxed", type=int, default=40)

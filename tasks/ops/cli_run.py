@@ -1,6 +1,6 @@
 """``celery -A tasks lanes submit | up | exporter``: run jobs and a cluster from the shell.
 
-Registered on the ``lanes`` group by ``tasks.cli``; heavy imports wait until a
+Registered on the ``lanes`` group by ``tasks.ops.cli``; heavy imports wait until a
 command runs.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from routing.names import TIERS
-from tasks.cli import _client, duration, lanes
+from tasks.ops.group import _client, duration, lanes
 
 
 def _interrupt(*_: Any) -> None:
@@ -104,7 +104,7 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     it, only on a loopback address.
     """
     import celeryconfig as cfg
-    from tasks.metrics import serve
+    from tasks.ops.metrics import serve
 
     client = _client(ctx)
     client.ping()  # an unreachable Redis is an error now, not at the first scrape
@@ -145,9 +145,9 @@ def up(ctx: click.Context, workers: int, device: str | None, flower_port: int,
     FLOWER_BASIC_AUTH when set (not echoed), else a fresh one printed here.
     """
     import celeryconfig as cfg
-    from routing.store import connect
-    from tasks.cluster import LocalCluster
-    from tasks.metrics import serve
+    from tasks.broker.store import connect
+    from tasks.dev.cluster import LocalCluster
+    from tasks.ops.metrics import serve
 
     if os.environ.get("GPULANES_BROKER_URL"):
         raise click.ClickException("`up` runs its own embedded Redis under "

@@ -3,7 +3,7 @@
 A job id has one result, however often its message is delivered. The runs of
 a job are numbered; the run that begins holds the job's lease
 (``gpu_worker.lease``) and every write it makes is fenced by its number
-(``tasks.runs``):
+(``tasks.broker.runs``):
 
 - a copy that finds the lease taken steps aside (``Ignore``: acked, no state
   written), and a copy of a finished job returns its result;
@@ -15,7 +15,7 @@ a job are numbered; the run that begins holds the job's lease
   aside (``gpu_worker.health``); another transient
   failure retries one lane down after a backoff; anything else, or too many
   tries, dead-letters it;
-- outcomes are recorded through Redis outages (``tasks.outage.persist``): a
+- outcomes are recorded through Redis outages (``tasks.broker.outage.persist``): a
   caller never sees a false failure, and nothing is charged twice.
 """
 from __future__ import annotations
@@ -31,29 +31,32 @@ from celery.exceptions import Ignore, Retry
 from celery.worker.state import revoked as revoked_ids
 
 import celeryconfig as cfg
-from gpu_worker.batching import BATCHER, Ran
+import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
+from gpu_worker import hooks
+from gpu_worker.batch_run import BATCHER
+from gpu_worker.batching import Ran
 from gpu_worker.health import HEALTH, is_worker_fault
 from gpu_worker.hooks import HELD_JOBS
 from gpu_worker.lease import Lease
 from gpu_worker.runtime import RUNTIME
-from routing.names import (DUPLICATES_KEY, FAST, GENERATE_TASK, METRICS_KEY, attempts_key,
-                           lane_of, lease_key, metric_field)
+from routing.names import FAST, GENERATE_TASK, lane_of
 from routing.policy import RETRY, next_lane
-from tasks import runs
-from tasks.artifacts import save_png
-from tasks.cache import LEADS_RUN
-from tasks.celeryapp import app, redis_client
-from tasks.coalesce import close_run, fail_followers
-from tasks.deadletter import dead_entry
+from tasks.broker import runs
+from tasks.broker.app import app, redis_client
+from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
+from tasks.broker.outage import persist
+from tasks.broker.publish import PublishRefused, publishing
 from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
-import tasks.fastlimit  # noqa: F401  its handler frees a revoked job's place
-from tasks.metrics import job_counts
-from tasks.outage import persist
-from tasks.rejects import CheckedTask
-from tasks.retry import backoff_s, is_transient
-from tasks.publish import PublishRefused, publishing
+from tasks.jobs.cache import LEADS_RUN
+from tasks.jobs.deadletter import dead_entry
+from tasks.jobs.retry import backoff_s, is_transient
+from tasks.jobs.usage import job_counts
+from tasks.worker.coalesce import close_run, fail_followers
+from tasks.worker.png import save_png
+from tasks.worker.rejects import CheckedTask
 
 log = logging.getLogger(__name__)
+hooks.install()  # this module loads in workers (and beat) only: wire their hooks
 #: ``METRICS_KEY`` field: runs stopped because a newer run had taken their job over.
 STALE_FIELD = metric_field("stale_runs")
 

@@ -1,10 +1,10 @@
 """In-flight coalescing, worker side: a run that ends settles every caller attached to it.
 
-``tasks.cache.claim`` registers the callers of an identical seeded job as
+``tasks.jobs.cache.claim`` registers the callers of an identical seeded job as
 followers in the run's hash (``routing.names.run_key(leader id)``). Each has
 its own job id and result, so a caller's revoke or timeout concerns its own
 id only and never the run the others wait for. Wired to Celery signals in the
-worker and called by ``tasks.generate``, this module closes a run:
+worker and called by ``tasks.worker.generate``, this module closes a run:
 
 - **success** (before the leader's own result is stored, so no caller that
   has seen a result can join the finished run): one Lua script drops the run
@@ -22,107 +22,40 @@ worker and called by ``tasks.generate``, this module closes a run:
 
 Followers get their result in the result backend only: no message carries a
 follower's id (an heir's does, and it then leads and finishes like any job),
-so the per-id done keys of ``tasks.generate`` are not needed for them.
+so the per-id done keys of ``tasks.worker.generate`` are not needed for them.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from functools import lru_cache
 from typing import Any
 
 from celery import signals, states
 from celery.worker.state import revoked as revoked_ids
 
 import celeryconfig as cfg
-from routing.lanes import route
-from routing.names import CACHE_LRU_KEY, GENERATE_TASK, RUN_KEY_PREFIX, run_key
-from tasks.cache import LEADS_RUN, copy_for
-from tasks.celeryapp import app, redis_client
+from routing.names import GENERATE_TASK
+from tasks.broker import scripts
+from tasks.broker.app import app, redis_client
+from tasks.broker.enqueue import enqueue
+from tasks.broker.keys import CACHE_LRU_KEY, RUN_KEY_PREFIX, run_key
+from tasks.broker.outage import persist
 from tasks.errors import JobFailed
-from tasks.outage import persist
+from tasks.jobs.cache import LEADS_RUN, copy_for
 
 log = logging.getLogger(__name__)
 #: How long a settled run stays, marked, for a retried settle to find (``_SETTLE``).
 SETTLED_KEPT_S = 300
 
-# KEYS: the run, the LRU set. ARGV: leader id, result JSON ('' = no admission), ttl s,
-# max entries, now, seconds a settled run is kept. Returns the followers as id, JSON,
-# id, JSON... A settled run is kept a while, marked: a call retried after a lost reply
-# gets the same followers again (writing their results twice is harmless), and
-# nothing else (no admission twice, no promotion of a finished run).
-_SETTLE = """
-local run = redis.call('HGETALL', KEYS[1])
-if #run == 0 then return {} end
-local meta, followers = {}, {}
-for i = 1, #run, 2 do
-  if string.sub(run[i], 1, 2) == 'f:' then
-    followers[#followers + 1] = string.sub(run[i], 3)
-    followers[#followers + 1] = run[i + 1]
-  else meta[run[i]] = run[i + 1] end
-end
-if meta.settled then return followers end
-redis.call('HSET', KEYS[1], 'settled', '1')
-redis.call('EXPIRE', KEYS[1], ARGV[6])
-if redis.call('GET', meta.pointer) == ARGV[1] then redis.call('DEL', meta.pointer) end
-if ARGV[2] ~= '' and meta.admit == '1' then
-  redis.call('SET', meta.entry, ARGV[2], 'EX', ARGV[3])
-  redis.call('ZADD', KEYS[2], ARGV[5], meta.entry)
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[5]) - tonumber(ARGV[3])))
-  local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-  if over > 0 then
-    local gone = redis.call('ZPOPMIN', KEYS[2], over)
-    for i = 1, #gone, 2 do redis.call('DEL', gone[i]) end
-  end
-end
-return followers
-"""
-
-# KEYS: the revoked leader's run. ARGV: its id, run key prefix, ttl s.
-# The heir is the follower of the fastest tier (a tie: any); the run takes its tier.
-# Returns {heir id, heir JSON}, or nil when no follower is left.
-_PROMOTE = """
-local run = redis.call('HGETALL', KEYS[1])
-if #run == 0 or redis.call('HEXISTS', KEYS[1], 'settled') == 1 then return false end
-redis.call('DEL', KEYS[1])
-local heir, job, best, pointer = nil, nil, nil, nil
-for i = 1, #run, 2 do
-  if string.sub(run[i], 1, 2) == 'f:' then
-    local rank = cjson.decode(run[i + 1])['rank']
-    if best == nil or rank < best then heir, job, best = string.sub(run[i], 3), run[i + 1], rank end
-  elseif run[i] == 'pointer' then pointer = run[i + 1] end
-end
-local ours = redis.call('GET', pointer) == ARGV[1]
-if heir == nil then
-  if ours then redis.call('DEL', pointer) end
-  return false
-end
-local rest = {'rank', tostring(best)}
-for i = 1, #run, 2 do
-  if run[i] ~= 'rank' and run[i] ~= 'f:' .. heir then
-    rest[#rest + 1] = run[i]
-    rest[#rest + 1] = run[i + 1]
-  end
-end
-redis.call('HSET', ARGV[2] .. heir, unpack(rest))
-redis.call('EXPIRE', ARGV[2] .. heir, ARGV[3])
-if ours then redis.call('SET', pointer, heir, 'EX', ARGV[3]) end
-return {heir, job}
-"""
-
-
-@lru_cache(maxsize=2)
-def _script(source: str) -> Any:
-    return redis_client().register_script(source)
 
 
 def settle(leader_id: str, result: dict[str, Any] | None) -> list[tuple[str, dict]]:
     """Close the run led by ``leader_id`` (admitting ``result`` if it earned it);
     its followers as (job id, {"job", "submitted_at"})."""
-    flat = _script(_SETTLE)(
-        keys=[run_key(leader_id), CACHE_LRU_KEY],
-        args=[leader_id, json.dumps(result) if result is not None else "",
+    flat = scripts.run(
+        redis_client(), "run_settle", [run_key(leader_id), CACHE_LRU_KEY],
+        [leader_id, json.dumps(result) if result is not None else "",
               cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time(), SETTLED_KEPT_S])
     return [(flat[i], json.loads(flat[i + 1])) for i in range(0, len(flat), 2)]
 
@@ -155,18 +88,15 @@ def fail_followers(leader_id: str, why: str) -> int:
 
 def promote(leader_id: str) -> str | None:
     """Hand a revoked leader's run to its first follower and publish that one's job."""
-    heir = _script(_PROMOTE)(keys=[run_key(leader_id)],
-                             args=[leader_id, RUN_KEY_PREFIX, cfg.result_expires])
+    heir = scripts.run(redis_client(), "run_promote", [run_key(leader_id)],
+                       [leader_id, RUN_KEY_PREFIX, cfg.result_expires])
     if not heir:
         return None
     job_id, entry = heir[0], json.loads(heir[1])
-    from tasks.generate import generate  # here: tasks.generate imports this module
-
-    where = route(entry["job"]["tier"])
-    persist(lambda: generate.apply_async(kwargs={"job": {**entry["job"], LEADS_RUN: True},
-                                                 "route": where.as_dict(),
-                                                 "submitted_at": entry["submitted_at"]},
-                                         task_id=job_id, queue=where.lane),
+    # Routed like any job (lane policy, fast places, the router's count); accepted
+    # already, so no lane limit refuses it.
+    persist(lambda: enqueue({**entry["job"], LEADS_RUN: True}, job_id,
+                            submitted_at=entry["submitted_at"], accepted=True),
             f"the heir {job_id} of revoked job {leader_id}")
     log.info("job %s revoked by its caller; its run goes on as job %s", leader_id, job_id)
     return job_id
@@ -176,7 +106,7 @@ def _ours(sender: Any) -> bool:
     return getattr(sender, "name", None) == GENERATE_TASK
 
 
-# ``tasks.generate`` closes its runs itself; these catch what it cannot: an
+# ``tasks.worker.generate`` closes its runs itself; these catch what it cannot: an
 # unexpected error escaping the task, and a message revoked before it ran.
 @signals.task_failure.connect(weak=False)
 def _on_failure(sender: Any = None, task_id: str = "", exception: Any = None,

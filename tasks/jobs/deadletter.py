@@ -8,8 +8,10 @@ from typing import Any
 
 import redis
 
-from routing.names import DEAD_KEY, attempts_key, lease_key
-from tasks.schema import check_job
+from tasks.broker.app import app
+from tasks.broker.enqueue import enqueue
+from tasks.broker.keys import DEAD_KEY, attempts_key, lease_key
+from tasks.jobs.schema import check_job
 
 #: Lines of traceback kept per dead job: enough to see where, not a log dump.
 TRACEBACK_LINES = 12
@@ -35,7 +37,7 @@ def dead_entry(job_id: str, kwargs: dict[str, Any], reason: str, exc: BaseExcept
 def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
          exc: BaseException, attempts: int, message: dict[str, Any] | None = None) -> None:
     """Record a job that failed for good, under its id (a rerun replaces it);
-    ``message`` describes a message the worker refused (``tasks.rejects``)."""
+    ``message`` describes a message the worker refused (``tasks.worker.rejects``)."""
     client.hset(DEAD_KEY, job_id, dead_entry(job_id, kwargs, reason, exc, attempts, message))
 
 
@@ -48,18 +50,15 @@ def dead_jobs(client: redis.Redis) -> list[dict[str, Any]]:
 def requeue(client: redis.Redis, job_id: str) -> Any:
     """Submit a dead job again under the same id, routed like a new one
     (policy, fast time and lane limits apply), with a fresh attempt count."""
-    from tasks.api import enqueue
-    from tasks.generate import generate
-
     raw = client.hget(DEAD_KEY, job_id)
     if raw is None:
         raise KeyError(f"no dead job {job_id!r}")
     job = json.loads(raw)["job"]
-    check_job(job)  # a refused message (tasks.rejects) would only be refused again
+    check_job(job)  # a refused message (tasks.worker.rejects) would only be refused again
     # Before the publish: a worker that took the job at once would find it dead.
     client.pipeline().hdel(DEAD_KEY, job_id).delete(attempts_key(job_id), lease_key(job_id)) \
         .execute()
-    generate.AsyncResult(job_id).forget()  # else .get() would see the old failure
+    app.AsyncResult(job_id).forget()  # else .get() would see the old failure
     try:
         return enqueue(job, job_id)
     except BaseException:

@@ -28,10 +28,11 @@ import redis
 from celery import Task, bootsteps
 from celery.worker.consumer import Consumer
 
-from routing.names import LANES, TIERS, done_key
-from tasks.deadletter import bury
+from routing.names import LANES, TIERS
+from tasks.broker.keys import done_key
 from tasks.errors import InvalidJob, JobFailed
-from tasks.schema import check_job, shown
+from tasks.jobs.deadletter import bury
+from tasks.jobs.schema import check_job, shown
 
 log = logging.getLogger(__name__)
 #: The dead-letter reason of every refused message.
@@ -59,7 +60,7 @@ def dead_letter(job_id: str, job: Any, route: Any, problem: BaseException,
     log.error("refused message %s from %s: %s: %s (dead-lettered, reason %s)", job_id,
               message.get("queue") or "a lane", type(problem).__name__, problem,
               INVALID_MESSAGE)
-    from tasks.celeryapp import redis_client  # the worker's client, made once
+    from tasks.broker.app import redis_client  # the worker's client, made once
 
     kept = {"job": _kept(job) if isinstance(job, dict) else {},
             "route": _kept(route) if isinstance(route, dict) else {}}
@@ -107,7 +108,7 @@ class CheckedTask(Task):
         try:
             check_content(kwargs)
         except InvalidJob as exc:
-            from tasks.celeryapp import redis_client
+            from tasks.broker.app import redis_client
 
             if not redis_client().exists(done_key(task_id)):  # else: answered by its result
                 self._refuse(task_id, kwargs, exc)
@@ -147,7 +148,7 @@ class LanesConsumer(Consumer):
     """Celery's consumer, dead-lettering what it refuses (it still logs and acks it)."""
 
     class Blueprint(Consumer.Blueprint):
-        default_steps = [*Consumer.Blueprint.default_steps, "tasks.rejects:LaneGuard"]
+        default_steps = [*Consumer.Blueprint.default_steps, "tasks.worker.rejects:LaneGuard"]
 
     def update_strategies(self) -> None:
         super().update_strategies()

@@ -3,7 +3,7 @@
 An account may have at most ``GPULANES_FAST_JOBS_PER_ACCOUNT`` fast jobs
 waiting to start. Each one is a member of the account's sorted set in Redis
 (``routing.names.fast_queued_key``), added by ``submit()`` in the Lua call that
-publishes the job (``tasks.transport``: no round trip of its own, and a publish
+publishes the job (``tasks.broker.transport``: no round trip of its own, and a publish
 refused or lost takes no place) and removed when the job leaves the fast lane's
 queue: by the worker in the
 script that starts it, by beat when it moves it down a lane, or when it
@@ -12,7 +12,7 @@ is revoked. A fast job over the limit runs in the standard lane
 soon, but the fast lane holds at most that many of one account's jobs ahead
 of anyone else's.
 
-A place lapses after ``PLACE_LAPSE_S`` (scored on Redis' clock), so a place
+A place lapses after ``tasks.broker.enqueue.PLACE_LAPSE_S`` (scored on Redis' clock), so a place
 never given back (a job lost with its message some other way) cannot be held
 for ever.
 """
@@ -24,11 +24,9 @@ from typing import Any
 import redis
 from celery import signals
 
-from routing.names import FAST, GENERATE_TASK, fast_queued_key
-from tasks.celeryapp import redis_client
-
-#: Seconds after which a place not given back lapses.
-PLACE_LAPSE_S = 3600
+from routing.names import FAST, GENERATE_TASK
+from tasks.broker.app import redis_client
+from tasks.broker.keys import fast_queued_key
 
 
 def release_fast(account: str, job_id: str) -> None:

@@ -15,7 +15,7 @@ ever existed. gpulanes keeps a ledger instead, in the same Redis:
 - beat (``beat.ledger``) compares the ledger with what the lists hold and
   republishes a message that is in neither a list nor unacked nor finished.
 
-The same Lua call checks what the publisher asked for (``tasks.publish``:
+The same Lua call checks what the publisher asked for (``tasks.broker.publish``:
 lane limits, deadlines, fast places, claims, fences) before it writes anything.
 
 Every message put back on a list (kombu's restores after the visibility
@@ -26,7 +26,7 @@ process holds a message in the transaction that records it unacked, and an
 ack drops that record with kombu's.
 
 Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
-``sentinel://`` broker URL by :func:`install` (``tasks.celeryapp``).
+``sentinel://`` broker URL by :func:`install` (``tasks.broker.app``).
 """
 from __future__ import annotations
 
@@ -40,22 +40,12 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
 import celeryconfig as cfg
-from routing.names import (DEAD_KEY, HOLDERS_KEY, LANES, LEDGER_KEY, done_key, lane_of,
-                           lease_key, lists_key)
-from routing.store import ONE_RECONNECT
-from tasks.publish import _PUT, RELEASED, Conditions, _put, _put_call, current, refusal
+from routing.names import LANES, lane_of
+from tasks.broker import scripts
+from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, LEDGER_KEY, done_key, lease_key, lists_key
+from tasks.broker.publish import RELEASED, Conditions, _put, _put_call, current, refusal
+from tasks.broker.store import ONE_RECONNECT
 
-# KEYS: holders, kombu's unacked hash and index. ARGV: delivery tag, this process.
-# An ack: the message's records go, unless another process holds that tag now.
-_DROP_IF_MINE = """
-local who = redis.call('HGET', KEYS[1], ARGV[1])
-if who and ARGV[2] ~= '' and who ~= ARGV[2] then return 0 end
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
-return 1
-"""
-_drop_script: list[Any] = []
 #: The identity ("host/pid/start") of the worker process consuming here, if any.
 _holder: list[str] = []
 
@@ -112,10 +102,9 @@ class LedgerQoS(kombu_redis.QoS):
 
     def _drop_if_mine(self, delivery_tag: str) -> None:
         with self.channel.conn_or_acquire() as client:
-            if not _drop_script:
-                _drop_script.append(client.register_script(_DROP_IF_MINE))
-            _drop_script[0](keys=[HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
-                            args=[delivery_tag, _holder[0] if _holder else ""], client=client)
+            scripts.run(client, "drop_if_mine",
+                        [HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
+                        [delivery_tag, _holder[0] if _holder else ""])
 
 
 class LedgerChannel(kombu_redis.Channel):
@@ -145,7 +134,7 @@ class LedgerChannel(kombu_redis.Channel):
         if batch is not None:  # one script per message keeps it atomic in a batch too;
             # kombu's batches report no refusal back, so they are never limited
             keys, args = _put_call(key, lane, payload, tag, "", Conditions())
-            batch.add("eval", _PUT, len(keys), *keys, *args)
+            batch.add("eval", scripts.source("put"), len(keys), *keys, *args)
             return
         when, outcome = current()
         with self.conn_or_acquire() as client:

@@ -11,81 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import click
 import redis
 
-from routing.names import SNAPSHOT_KEY
-from routing.store import connect
-from tasks.errors import GpulanesError, InvalidJob
-from tasks.outage import OUTAGE
+from tasks.broker.keys import SNAPSHOT_KEY
+from tasks.errors import InvalidJob
+from tasks.ops.group import _client, _echo_json, duration, iso_time, lanes, number, table
 
 #: Longest error text shown in the dead-letter table; ``--json`` has it all.
 ERROR_CHARS = 60
-
-
-class LanesGroup(click.Group):
-    """A click group that turns gpulanes and Redis errors into clean CLI errors."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except GpulanesError as exc:  # a bad field, a full lane, a failed job
-            raise click.ClickException(str(exc)) from exc
-        except (redis.RedisError, *OUTAGE) as exc:
-            url = ctx.obj.app.conf.broker_url if ctx.obj else "the broker URL"
-            raise click.ClickException(
-                f"cannot talk to Redis at {url} ({type(exc).__name__}: {exc}); "
-                "is the broker running?") from exc
-
-
-def _client(ctx: click.Context) -> redis.Redis:
-    """A Redis client for the broker of the app Celery loaded (``-A``)."""
-    conf = ctx.obj.app.conf
-    return connect(conf.broker_url, conf.broker_transport_options.get("master_name"),
-                   timeout_s=conf.redis_socket_timeout)
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """Plain-text columns under a dashed rule, each as wide as its widest cell."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def number(value: float) -> str:
-    """A number without float noise: 3600, 12.5, -0.125."""
-    text = f"{value:.3f}".rstrip("0").rstrip(".")
-    return "0" if text == "-0" else text
-
-
-def duration(seconds: float) -> str:
-    """A span for people: 0s, 850ms, 16.8s, 12.5min, 24.0h."""
-    if seconds <= 0:
-        return "0s"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    return f"{seconds / 60:.1f}min" if seconds < 3600 else f"{seconds / 3600:.1f}h"
-
-
-def iso_time(epoch_s: float) -> str:
-    """A Unix time as ISO 8601 in UTC, to the second."""
-    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds")
-
-
-def _echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2))
-
-
-@click.group(cls=LanesGroup)
-def lanes() -> None:
-    """gpulanes: status, jobs, a local cluster, metrics, accounts, dead letters."""
 
 
 # --- accounts -----------------------------------------------------------------
@@ -113,7 +49,7 @@ def _balance_line(account: str, left: float, exhausted: bool) -> str:
 def accounts_list(ctx: click.Context, as_json: bool) -> None:
     """Every account with a recorded balance."""
     import celeryconfig as cfg
-    from tasks.accounts import balances, exhausted_accounts
+    from tasks.jobs.accounts import balances, exhausted_accounts
 
     left = balances()
     exhausted = exhausted_accounts()
@@ -138,8 +74,8 @@ def accounts_show(ctx: click.Context, account: str) -> None:
 
     An account never charged has the starting balance (GPULANES_FAST_SECONDS_DEFAULT).
     """
-    from tasks.accounts import exhausted_accounts, fast_seconds_left
-    from tasks.schema import check_account
+    from tasks.jobs.accounts import exhausted_accounts, fast_seconds_left
+    from tasks.jobs.schema import check_account
 
     check_account(account)
     exhausted = account in exhausted_accounts()
@@ -152,7 +88,7 @@ def accounts_show(ctx: click.Context, account: str) -> None:
 @click.pass_context
 def accounts_grant(ctx: click.Context, account: str, seconds: str) -> None:
     """Add SECONDS (negative to take away) to ACCOUNT's fast time."""
-    from tasks.accounts import exhausted_accounts, grant_fast_seconds
+    from tasks.jobs.accounts import exhausted_accounts, grant_fast_seconds
 
     left = grant_fast_seconds(account, _parse_seconds(seconds))
     exhausted = account in exhausted_accounts()
@@ -190,7 +126,7 @@ def _dead_row(entry: dict[str, Any]) -> tuple:
 @click.pass_context
 def dead_list(ctx: click.Context, as_json: bool, tracebacks: bool) -> None:
     """Dead jobs, oldest failure first."""
-    from tasks.deadletter import dead_jobs
+    from tasks.jobs.deadletter import dead_jobs
 
     entries = dead_jobs(_client(ctx))
     if as_json:
@@ -205,7 +141,7 @@ def dead_list(ctx: click.Context, as_json: bool, tracebacks: bool) -> None:
 
 def _pick(client: redis.Redis, job_ids: tuple[str, ...], every: bool) -> dict[str, dict]:
     """The dead entries to requeue, by id; every id must exist before any is requeued."""
-    from tasks.deadletter import dead_jobs
+    from tasks.jobs.deadletter import dead_jobs
 
     if every == bool(job_ids):
         raise click.UsageError("give one or more JOB_IDs, or --all")
@@ -223,7 +159,7 @@ def _pick(client: redis.Redis, job_ids: tuple[str, ...], every: bool) -> dict[st
 @click.pass_context
 def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], every: bool) -> None:
     """Submit dead jobs again in their requested tier; print the task ids."""
-    from tasks.deadletter import requeue
+    from tasks.jobs.deadletter import requeue
 
     client = _client(ctx)
     picked = _pick(client, job_ids, every)
@@ -384,4 +320,4 @@ def unpin(ctx: click.Context, model: str) -> None:
         click.echo(f"{model}: was not pinned")
 
 
-from tasks import cli_run  # noqa: E402,F401  registers submit, up and exporter
+from tasks.ops import cli_run  # noqa: E402,F401  registers submit, up and exporter

@@ -12,7 +12,7 @@ height): the same six give the same PNG bit for bit. ``submit()`` hashes them
 - finds a run of the same digest, queued or running, of a tier at least as
   fast as the caller's: the caller *follows* it under its own job id,
   registered in the run's hash, and the worker that closes the run writes the
-  caller's result (``tasks.coalesce``); a faster caller leads a run of its
+  caller's result (``tasks.worker.coalesce``); a faster caller leads a run of its
   own instead, so coalescing never makes a fast job wait in a slower lane; or
 - claims the digest for the caller's job, which is then published as usual;
   the claim is provisional until that publish confirms it in the same step,
@@ -54,11 +54,19 @@ from celery.result import AsyncResult, EagerResult
 from pybloom_live import ScalableBloomFilter
 
 import celeryconfig as cfg
-from routing.names import (CACHE_LRU_KEY, GENERATE_TASK, LANES, METRICS_KEY, RUN_KEY_PREFIX,
-                           cache_entry_key, inflight_key, run_key)
-from tasks.artifacts import file_sha256
-from tasks.celeryapp import app, redis_client
-from tasks.outage import OUTAGE
+from routing.names import GENERATE_TASK, LANES
+from tasks.broker import scripts
+from tasks.broker.app import app, redis_client
+from tasks.broker.keys import (
+    CACHE_LRU_KEY,
+    METRICS_KEY,
+    RUN_KEY_PREFIX,
+    cache_entry_key,
+    inflight_key,
+    run_key,
+)
+from tasks.broker.outage import OUTAGE
+from tasks.jobs.artifacts import file_sha256
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
@@ -68,56 +76,6 @@ LEADS_RUN = "leads_run"
 #: Fields of the run's result that describe only the run's own routing.
 _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 
-# KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash
-# (cache_hits / cache_joins / cache_misses counted there). ARGV: caller id,
-# 'a' (admit) and/or 'd' (drop the entry: its PNG is gone or changed), follower JSON,
-# now, tier rank, seconds an unpublished claim lives.
-# A caller joins a run only if that run's tier is as fast as its own: a fast job never
-# waits in a relaxed run; it leads its own, and later callers join the faster one.
-# A claim is provisional until the publish of its job confirms it (``tasks.transport``):
-# nobody joins it before, and one whose job was never published lapses by itself.
-# A caller finding such a claim runs alone ('solo').
-_CLAIM = """
-if string.find(ARGV[2], 'd', 1, true) then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[2], KEYS[1])
-  redis.call('HINCRBY', KEYS[5], 'cache_hits', -1)  -- the first call's hit was none
-else
-  local hit = redis.call('GET', KEYS[1])
-  if hit then
-    redis.call('ZADD', KEYS[2], 'XX', ARGV[4], KEYS[1])
-    redis.call('HINCRBY', KEYS[5], 'cache_hits', 1)
-    return {'hit', hit}
-  end
-end
-local admit = string.find(ARGV[2], 'a', 1, true) and '1' or '0'
-local leader = redis.call('GET', KEYS[3])
-if leader then
-  local run = '%(run_prefix)s' .. leader
-  local rank = redis.call('HGET', run, 'rank')
-  if rank and tonumber(rank) <= tonumber(ARGV[5]) then
-    if redis.call('HGET', run, 'confirmed') ~= '1' then
-      redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
-      return {'solo', ''}
-    end
-    redis.call('HSET', run, 'f:' .. ARGV[1], ARGV[3])
-    if admit == '1' then redis.call('HSET', run, 'admit', '1') end
-    redis.call('HINCRBY', KEYS[5], 'cache_joins', 1)
-    return {'follow', leader}
-  end
-end
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6])
-redis.call('HSET', KEYS[4], 'pointer', KEYS[3], 'entry', KEYS[1], 'admit', admit,
-           'rank', ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[6])
-redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
-return {'lead', ''}
-""" % {"run_prefix": RUN_KEY_PREFIX}
-# KEYS: the run's pointer, the run. ARGV: the leader's id. Drops a claim not published.
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-if redis.call('HGET', KEYS[2], 'confirmed') ~= '1' then redis.call('DEL', KEYS[2]) end
-"""
 #: How long an unconfirmed claim lives: well past the longest a submit takes to publish.
 PROVISIONAL_S = math.ceil(4 * cfg.REDIS_TIMEOUT_S) + 10
 
@@ -185,20 +143,15 @@ def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
     return out
 
 
-@lru_cache(maxsize=2)
-def _script(source: str) -> Any:
-    return redis_client().register_script(source)
-
-
 def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
            drop: bool) -> tuple[str, str]:
     now, rank = time.time(), LANES.index(job["tier"])
     follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
-    return _script(_CLAIM)(
-        keys=[cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id),
-              METRICS_KEY],
-        args=[job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank,
-              PROVISIONAL_S])
+    return scripts.run(
+        redis_client(), "cache_claim",
+        [cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id), METRICS_KEY],
+        [job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank,
+         PROVISIONAL_S, RUN_KEY_PREFIX])
 
 
 def _store(job_id: str, result: dict[str, Any]) -> None:
@@ -259,4 +212,4 @@ def intact(result: dict[str, Any]) -> bool:
 def release(run: RunClaim) -> None:
     """Drop a claim whose job could not be published (best effort: it lapses anyway)."""
     with contextlib.suppress(*OUTAGE):
-        _script(_RELEASE)(keys=[run.pointer, run.run], args=[run.job_id])
+        scripts.run(redis_client(), "cache_release", [run.pointer, run.run], [run.job_id])

@@ -2,7 +2,7 @@
 
 Workers add each job's outcome to one Redis hash (``METRICS_KEY``: histogram
 buckets of queue wait and run time per lane, downgrades, retries, failures),
-in the Redis calls ``tasks.generate`` makes anyway once the outcome is
+in the Redis calls ``tasks.worker.generate`` makes anyway once the outcome is
 settled (so a redelivered job is never counted twice); submitters count
 cache outcomes there, and
 beat's snapshot holds lanes and workers. The exporter
@@ -12,7 +12,6 @@ of them, restarted at any time, report the same cluster-wide figures.
 from __future__ import annotations
 
 import base64
-import bisect
 import hmac
 import ipaddress
 import json
@@ -20,42 +19,20 @@ import threading
 from typing import Any, Callable, Iterator
 
 import redis
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
-                                    HistogramMetricFamily, Metric)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from routing.names import (DEAD_KEY, FAST_BALANCE_KEY, LANES, METRICS_KEY, QUEUE_WAIT_BUCKETS_S,
-                           RUN_BUCKETS_S, SNAPSHOT_KEY, metric_field)
+from routing.names import LANES
+from tasks.broker.keys import DEAD_KEY, FAST_BALANCE_KEY, METRICS_KEY, SNAPSHOT_KEY, metric_field
+from tasks.jobs.usage import QUEUE_WAIT_BUCKETS_S, RUN_BUCKETS_S
 
 #: Default port of the exporter (``--port``).
 EXPORTER_PORT = 9808
-
-
-def job_counts(result: dict[str, Any]) -> dict[str, float]:
-    """What one finished job adds to ``METRICS_KEY``: its histogram buckets and sums
-    of queue wait and run time in its lane, and its downgrade reason if any."""
-    lane = result["lane"]
-    wait_s, run_s = result["queued_ms"] / 1000, result["run_ms"] / 1000
-    counts = {
-        metric_field("queue_wait_bucket", lane,
-                     str(bisect.bisect_left(QUEUE_WAIT_BUCKETS_S, wait_s))): 1,
-        metric_field("queue_wait_sum", lane): wait_s,
-        metric_field("run_bucket", lane, str(bisect.bisect_left(RUN_BUCKETS_S, run_s))): 1,
-        metric_field("run_sum", lane): run_s,
-    }
-    if result.get("downgrade_reason"):
-        counts[metric_field("downgrades", result["downgrade_reason"])] = 1
-    return counts
-
-
-def add_counts(pipe: Any, counts: dict[str, float]) -> Any:
-    """Queue ``counts`` onto a Redis pipeline the caller executes anyway."""
-    for field, amount in counts.items():
-        if isinstance(amount, int):
-            pipe.hincrby(METRICS_KEY, field, amount)
-        else:
-            pipe.hincrbyfloat(METRICS_KEY, field, amount)
-    return pipe
 
 
 def histogram(name: str, doc: str, counts: dict[str, str], field: str,
@@ -209,10 +186,10 @@ def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.
     only a loopback address is allowed: the exporter never opens to a network
     without its setting (GPULANES_EXPORTER_AUTH).
     """
-    from prometheus_client import CollectorRegistry, make_wsgi_app
-    from prometheus_client.exposition import (ThreadingWSGIServer, _get_best_family,
-                                              _SilentHandler)
     from wsgiref.simple_server import make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 
     if not login and not is_loopback(address):
         raise PermissionError(f"the exporter will not listen on {address} without a login; "

@@ -6,18 +6,18 @@ it and runs the job. gpulanes keeps every revoke in a Redis sorted set (job
 id -> when, trimmed after ``GPULANES_REVOKE_TTL_S``): written by the app's
 control (``AsyncResult.revoke()``, ``app.control.revoke()``, Flower and
 ``celery control revoke`` all go through it), loaded by each worker when it
-starts, and checked in the Lua call that begins every run (``tasks.runs``).
+starts, and checked in the Lua call that begins every run (``tasks.broker.runs``).
 """
 from __future__ import annotations
 
 import time
 from typing import Any, Iterable
 
-import celeryconfig as cfg
 from celery.app.control import Control
 from celery.worker import state as worker_state
 
-from routing.names import REVOKED_KEY
+import celeryconfig as cfg
+from tasks.broker.keys import REVOKED_KEY
 
 #: The most revokes a worker loads when it starts (Celery keeps 50,000 in memory);
 #: the begin check in Redis covers any beyond.
@@ -26,7 +26,7 @@ LOAD_AT_MOST = 50_000
 
 def record_revokes(job_ids: Iterable[str]) -> int:
     """Keep ``job_ids`` as revoked in Redis (and trim those past their time)."""
-    from tasks.celeryapp import redis_client
+    from tasks.broker.app import redis_client
 
     ids, now = [str(i) for i in job_ids], time.time()
     if not ids:
@@ -41,7 +41,7 @@ def record_revokes(job_ids: Iterable[str]) -> int:
 
 def load_revokes() -> int:
     """Add the revokes kept in Redis to this worker's own (Celery drops them on receipt)."""
-    from tasks.celeryapp import redis_client
+    from tasks.broker.app import redis_client
 
     ids = redis_client().zrevrangebyscore(REVOKED_KEY, "+inf", time.time() - cfg.REVOKE_TTL_S,
                                           start=0, num=LOAD_AT_MOST)

@@ -1,0 +1,140 @@
+"""The one publish path of a job: route it with this process's copy of the lane
+snapshot (no round trip), then publish it through the lane's conditions (limit,
+deadline, fast place, claimed run: ``tasks.broker.publish``), down the lanes until
+one takes it. ``submit()``, a coalesced run's heir and ``lanes dead requeue`` all
+publish here; a job is sent by its task's name (the submitting process never
+imports the worker)."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from functools import lru_cache
+
+import redis
+from celery.result import AsyncResult
+
+import celeryconfig as cfg
+from routing.lanes import Route
+from routing.names import FAST, GENERATE_TASK, RELAXED
+from routing.policy import PolicyView, decide
+from routing.snapshot import SnapshotCache
+from tasks.broker.app import app
+from tasks.broker.backend import no_subscription
+from tasks.broker.keys import SNAPSHOT_KEY, fast_queued_key
+from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
+from tasks.broker.store import connect
+from tasks.errors import BrokerUnavailable, LaneFull
+
+#: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
+PLACE_LAPSE_S = 3600
+
+
+#: The view routing falls back on without a fresh snapshot: every tier in its own
+#: lane, nothing known to be overloaded or full, no worker queues.
+TIER_LANES_ONLY = PolicyView()
+
+
+#: Redis' clock minus this process's (seconds), measured with each quick snapshot read
+#: (under ``CLOCK_READ_S``): a publish's deadline is stated on Redis' clock, which is
+#: what its script reads.
+_redis_clock_offset_s = [0.0]
+CLOCK_READ_S = 0.05
+
+
+def _read_snapshot(client: redis.Redis) -> str | None:
+    """The snapshot, and by the way how far Redis' clock is from ours."""
+    sent = time.time()
+    with client.pipeline(transaction=False) as pipe:
+        raw, (seconds, micros) = pipe.get(SNAPSHOT_KEY).time().execute()
+    received = time.time()
+    if received - sent < CLOCK_READ_S:  # a slow read would blur the estimate
+        _redis_clock_offset_s[0] = seconds + micros / 1e6 - (sent + received) / 2
+    return raw
+
+
+def publish_deadline() -> float:
+    """The Redis time after which a publish sent now must not happen: the caller gives
+    up at ``GPULANES_REDIS_TIMEOUT_S``; the margin leaves room for the reply."""
+    margin_s = min(1.0, cfg.REDIS_TIMEOUT_S / 4)
+    return time.time() + _redis_clock_offset_s[0] + cfg.REDIS_TIMEOUT_S - margin_s
+
+
+@lru_cache(maxsize=1)
+def snapshot_cache() -> SnapshotCache:
+    """This process's copy of the lane snapshot (refreshed in the background)."""
+    client = connect(cfg.broker_url, cfg.SENTINEL_MASTER, socket_timeout=1,
+                     socket_connect_timeout=1)
+    return SnapshotCache(lambda: _read_snapshot(client), refresh_s=cfg.HEARTBEAT_S / 2,
+                         stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH,
+                         epsilon=cfg.HASH_EPSILON)
+
+
+def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
+            submitted_at: float | None = None, accepted: bool = False) -> AsyncResult:
+    """Route a validated job dict with the cached view and publish it under ``job_id``.
+
+    The view's lane depths are an estimate; the publish itself checks the lane's
+    depth in Redis. A lane found full there is held full in the view and the job
+    routed again, down the lanes, until one takes it or none can. A fast job
+    takes one of its account's fast places in the same publish; with all of
+    them taken it is routed again, as over its account's limit.
+
+    ``run``: the (pointer, hash) of the result-cache run this job leads, confirmed
+    by the publish. ``accepted``: a job accepted earlier (a coalesced run's heir):
+    no lane limit refuses it, a job once accepted is not dropped for want of room.
+    """
+    cache = snapshot_cache()
+    view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
+    if accepted:  # no lane is full for it
+        view = replace(view, full=frozenset())
+    elif refused := cache.refused():
+        view = replace(view, full=view.full | refused)
+    where, over_fast_limit = _route(job, view), False
+    while where is not None:
+        try:
+            result = _publish(job, job_id, where, run, over_fast_limit, submitted_at,
+                              accepted)
+        except LaneAtLimit:
+            cache.note_full(where.lane)
+            view = replace(view, full=view.full | {where.lane})
+        except PublishRefused as refused:
+            if refused.why == "late":
+                raise BrokerUnavailable("Redis ran the publish only after it was given up "
+                                        "on (too late): nothing was enqueued") from refused
+            over_fast_limit = True  # all of its account's fast places are taken
+        else:
+            cache.note_sent(where.lane, where.node, job["model"])
+            return result
+        where = _route(job, view, over_fast_limit)
+    raise LaneFull(RELAXED, view.retry_after_s)
+
+
+def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
+    model = job["model"] if cfg.ROUTE_HASHING else None
+    return decide(job["tier"], job["account"], job["downgradable"], view, model,
+                  over_fast_limit)
+
+
+def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
+             over_fast_limit: bool, submitted_at: float | None, accepted: bool) -> AsyncResult:
+    options = {"priority": where.priority} if where.priority else {}
+    if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
+        options.update(exchange=where.queue, routing_key=where.queue)
+    else:
+        options["queue"] = where.lane
+    places = None
+    if where.lane == FAST and cfg.FAST_JOBS_PER_ACCOUNT and not over_fast_limit:
+        places = (fast_queued_key(job["account"]), cfg.FAST_JOBS_PER_ACCOUNT,
+                  PLACE_LAPSE_S)
+    # retry=False: a broken connection is retried once by the client itself; a
+    # Redis that does not answer must not hold the caller for several timeouts.
+    # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
+    # or failed leaves no subscription behind, and no outage of it holds the caller.
+    with publishing(limit=0 if accepted else cfg.MAX_DEPTH[where.lane], fast_places=places,
+                    deadline=publish_deadline(),
+                    run=(*run, cfg.result_expires) if run else None), \
+            no_subscription():
+        return app.send_task(
+            GENERATE_TASK, task_id=job_id, retry=False, **options,
+            kwargs={"job": job, "route": where.as_dict(),
+                    "submitted_at": time.time() if submitted_at is None else submitted_at})

@@ -1,0 +1,108 @@
+"""Every Redis key gpulanes uses, and kombu's naming of a lane's lists, in one place."""
+from __future__ import annotations
+
+from routing.names import RELAX_PRIORITIES, lane_of
+
+
+def lane_of_key(key: str) -> str:
+    """The lane a Redis list serves: ``relaxed.gpu0@host\x06\x163`` is ``relaxed``."""
+    return lane_of(key.split("\x06\x16", 1)[0])
+
+
+def lane_keys(lane: str) -> list[str]:
+    """The Redis lists that hold ``lane``, first-served first (kombu's naming)."""
+    return [lane if pri == 0 else f"{lane}\x06\x16{pri}" for pri in RELAX_PRIORITIES]
+
+
+PREFIX = "gpulanes"
+#: Hash: worker hostname -> JSON of its last heartbeat reply.
+WORKERS_KEY = f"{PREFIX}:workers"
+#: JSON: the latest load snapshot written by beat.
+SNAPSHOT_KEY = f"{PREFIX}:snapshot"
+
+
+#: Hash: account -> fast seconds left.
+FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
+#: Set: accounts whose fast seconds are spent (read by routers).
+FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
+#: Sorted sets per account (see ``fast_queued_key``) start with this.
+FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
+#: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
+MANIFESTS_KEY = f"{PREFIX}:manifests"
+#: Hash: delivery tag -> "<list key>\n<message>" of every message published and not
+#: yet taken by a worker (``tasks.broker.transport``).
+LEDGER_KEY = f"{PREFIX}:ledger"
+
+
+def lists_key(lane: str) -> str:
+    """Set: every Redis list key that jobs of ``lane`` were pushed to (its depth is
+    the sum of their lengths; the ledger compares itself with their contents)."""
+    return f"{PREFIX}:lists:{lane}"
+
+
+#: Hash: delivery tag -> when beat first found that ledgered message in no list.
+LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
+#: Hash: job id -> JSON of a job that failed for good.
+DEAD_KEY = f"{PREFIX}:dead"
+#: Hash: job id -> how many more runs of it finished after the first (should stay empty).
+DUPLICATES_KEY = f"{PREFIX}:duplicates"
+#: Sorted set: revoked job id -> when it was revoked (unix s); kept GPULANES_REVOKE_TTL_S.
+REVOKED_KEY = f"{PREFIX}:revoked"
+#: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
+HOLDERS_KEY = f"{PREFIX}:holders"
+#: Seconds of GPU time per account are counted in buckets this long.
+USAGE_BUCKET_S = 60
+
+
+def usage_key(bucket: int) -> str:
+    """Hash: account -> GPU seconds used in one ``USAGE_BUCKET_S`` bucket."""
+    return f"{PREFIX}:usage:{bucket}"
+
+
+def fast_queued_key(account: str) -> str:
+    """Sorted set: the account's fast jobs not yet started (job id, scored by lapse time)."""
+    return f"{FAST_QUEUED_PREFIX}{account}"
+
+
+def lease_key(job_id: str) -> str:
+    """Held while one copy of a job runs: a second copy never runs beside it."""
+    return f"{PREFIX}:lease:{job_id}"
+
+
+def done_key(job_id: str) -> str:
+    """The first result of a job: later runs of the same id return it unchanged."""
+    return f"{PREFIX}:done:{job_id}"
+
+
+def attempts_key(job_id: str) -> str:
+    """Counter of runs started for one job (survives redelivery)."""
+    return f"{PREFIX}:attempts:{job_id}"
+
+
+#: Sorted set: result-cache entry key -> when it was last hit (unix s); LRU order.
+CACHE_LRU_KEY = f"{PREFIX}:cache:lru"
+#: A run's followers live under this prefix plus the leader's job id (see ``run_key``).
+RUN_KEY_PREFIX = f"{PREFIX}:run:"
+
+
+def cache_entry_key(digest: str) -> str:
+    """JSON of the finished result of one content digest (model, prompt, seed, steps, size)."""
+    return f"{PREFIX}:cache:entry:{digest}"
+
+
+def inflight_key(digest: str) -> str:
+    """The job id of the run now making the image of ``digest`` (queued or running)."""
+    return f"{PREFIX}:inflight:{digest}"
+
+
+def run_key(job_id: str) -> str:
+    """Hash of a coalesced run led by ``job_id``: its keys, admission, and followers."""
+    return f"{RUN_KEY_PREFIX}{job_id}"
+
+
+#: Hash of cumulative job counters the workers and submitters add to and the
+#: Prometheus exporter reads: fields from ``metric_field``.
+METRICS_KEY = f"{PREFIX}:metrics"
+def metric_field(name: str, *labels: str) -> str:
+    """A field of ``METRICS_KEY``: ``queue_wait_bucket|fast|3``, ``downgrades|lane_full``."""
+    return "|".join((name, *labels))

@@ -1,0 +1,45 @@
+-- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
+-- places, a claimed run's pointer and hash, the job's lease and run counter.
+-- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
+-- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
+-- s, fence token ('' : none), the fenced run's number, how long a released lease is
+-- kept, the prefix a released lease starts with.
+-- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
+-- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold.
+-- The lane's lists are read by name from its set: a standalone Redis allows it.
+-- The same message published again (same delivery tag) before a worker took it finds
+-- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
+-- retry's publish tried again is stopped by its fence instead, the lease released.)
+-- include: holds
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if tonumber(ARGV[4]) > 0 and now > tonumber(ARGV[4]) then return -1 end
+if ARGV[9] ~= '' and not holds(KEYS[7], KEYS[8], ARGV[9], ARGV[10]) then return -3 end
+local limit = tonumber(ARGV[3])
+if limit > 0 then
+  local depth = 0
+  for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+    depth = depth + redis.call('LLEN', key)
+  end
+  if depth >= limit then return 0 end
+end
+local places = tonumber(ARGV[5])
+if places > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= places then return -2 end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[7])
+  redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[6])) + 60)
+end
+if KEYS[5] ~= '' and redis.call('GET', KEYS[5]) == ARGV[7] then
+  redis.call('EXPIRE', KEYS[5], ARGV[8])
+  redis.call('HSET', KEYS[6], 'confirmed', '1')
+  redis.call('EXPIRE', KEYS[6], ARGV[8])
+end
+if ARGV[9] ~= '' then
+  redis.call('SET', KEYS[7], ARGV[12] .. ARGV[10], 'EX', ARGV[11])
+end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\n' .. ARGV[1])
+redis.call('SADD', KEYS[3], KEYS[1])
+return 1

@@ -1,0 +1,91 @@
+"""The Redis side of one run of a job: begin it, then record its outcome, fenced.
+
+- :func:`begin` is one Lua call: a finished job answers with its result; a
+  revoked job is not run; a job another run holds is left to it; otherwise the
+  job's run counter goes up and the new run takes the lease
+  (``gpu_worker.lease``), its number the run's fencing token.
+- :func:`finish`, :func:`give_up` and :func:`release` each check, in the same
+  Lua call as their writes, that the run still holds its job; a stale run (a
+  newer one took over) writes nothing. So do a retry's publish
+  (``tasks.broker.publish``, ``fence``) and the lease's extensions.
+- Outcome writes go through ``tasks.broker.outage.persist``, tried until Redis answers:
+  a worker keeps a job's outcome through an outage and records it then, never
+  reports a false failure.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import celeryconfig as cfg
+from tasks.broker import scripts
+from tasks.broker.app import redis_client
+from tasks.broker.keys import (
+    DEAD_KEY,
+    FAST_BALANCE_KEY,
+    FAST_EXHAUSTED_KEY,
+    HOLDERS_KEY,
+    METRICS_KEY,
+    REVOKED_KEY,
+    USAGE_BUCKET_S,
+    attempts_key,
+    done_key,
+    fast_queued_key,
+    lease_key,
+    usage_key,
+)
+from tasks.broker.publish import RELEASED
+
+log = logging.getLogger(__name__)
+
+
+def _run(name: str, keys: list[str], args: list[Any]) -> Any:
+    return scripts.run(redis_client(), name, keys, args)
+
+
+def token(holder: str, attempt: int, tag: str) -> str:
+    """The lease value of run ``attempt`` taken by ``holder`` from message ``tag``."""
+    return f"{holder}#{attempt}#{tag}"
+
+
+def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
+          deferred: bool = False) -> tuple[str, str]:
+    """(``run``, its number) | (``done``, the result JSON) | (``dead``, the dead letter)
+    | (``revoked``|``busy``|``defer``|``superseded``, '').
+
+    A fast job gives back its account's fast place (``tasks.jobs.fastlimit``) here."""
+    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), REVOKED_KEY, DEAD_KEY,
+            HOLDERS_KEY]
+    if fast_account is not None:
+        keys.append(fast_queued_key(fast_account))
+    return tuple(_run("run_begin", keys, [holder, cfg.LEASE_TTL_S, cfg.RUNS_KEPT_S, job_id, tag,
+                                          "1" if deferred else "", RELEASED]))
+
+
+def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,
+           counts: dict[str, float], charge_fast: bool) -> tuple[str, str]:
+    """Store ``result`` as the job's, count it, add its GPU time to ``account``'s usage
+    and (``charge_fast``) charge it fast seconds, if the run still holds the job:
+    (``stored``|``stale``, '') or (``earlier``, the result stored before)."""
+    run_s = result["run_ms"] / 1000
+    bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
+    keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), bucket, METRICS_KEY]
+    if charge_fast:
+        keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
+    args = [token, attempt, json.dumps(result), cfg.result_expires, account, repr(run_s),
+            cfg.FAIR_WINDOW_S + USAGE_BUCKET_S, repr(cfg.FAST_SECONDS_DEFAULT),
+            *(item for field, amount in counts.items() for item in (field, repr(amount)))]
+    return tuple(_run("run_finish", keys, args))
+
+
+def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: str) -> bool:
+    """Dead-letter the job (``entry``) if the run still holds it; False: stale."""
+    return bool(_run("run_give_up", [lease_key(job_id), attempts_key(job_id), DEAD_KEY,
+                                     METRICS_KEY], [token, attempt, job_id, entry, failures_field]))
+
+
+def release(job_id: str, token: str, attempt: int) -> None:
+    """Drop the run's lease if it still holds it."""
+    _run("run_release", [lease_key(job_id), attempts_key(job_id)], [token, attempt])

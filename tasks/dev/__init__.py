@@ -1,0 +1,1 @@
+"""Development: the demo and a local cluster on an embedded Redis."""

@@ -1,0 +1,1 @@
+"""Operators: the ``celery -A tasks lanes`` CLI and the Prometheus exporter."""

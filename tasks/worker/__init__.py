@@ -1,0 +1,2 @@
+"""The worker's Celery task: runs, retries down the lanes, coalesced runs,
+refused messages."""
