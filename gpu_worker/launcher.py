@@ -3,6 +3,11 @@
 ``python -m gpu_worker --workers N --device auto|cpu|cuda``. SIGTERM (or
 Ctrl-C) asks every worker for a warm shutdown: each finishes the job it holds,
 and kombu puts back anything it had reserved.
+
+A worker whose models cannot load exits with 78 (EX_CONFIG). Restarting it
+cannot help, so after ``CONFIG_FAILURES_ALLOWED`` such exits in a row the
+supervisor gives up on it; once it has given up on every worker it exits 78
+itself, so systemd or Docker see a configuration error, not a crash loop.
 """
 from __future__ import annotations
 
@@ -22,6 +27,12 @@ log = logging.getLogger("gpu_worker")
 RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 #: A worker up this long has its crash count forgiven.
 STABLE_AFTER_S = 60.0
+#: ``gpu_worker.hooks.EXIT_NOT_WARM``, repeated: importing hooks here would pull
+#: Celery and torch into the supervisor.
+EXIT_CONFIG = 78
+#: Exits with EXIT_CONFIG in a row before giving up on a worker: a few, not one,
+#: as a model store on a network mount may come up late.
+CONFIG_FAILURES_ALLOWED = 3
 
 
 def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
@@ -61,6 +72,8 @@ class Child:
     started_at: float = 0.0
     crashes: int = 0
     restart_at: float = 0.0
+    config_failures: int = 0
+    given_up: bool = False
 
     def start(self) -> None:
         self.process = spawn(self.command, env=self.env, cpus=self.cpus)
@@ -83,10 +96,18 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         for child in self.children:
             child.start()
-        while not self.stopping:
+        while not self.stopping and not self._all_given_up():
             self._watch(time.monotonic())
             time.sleep(self.poll_s)
-        return self._stop_all()
+        code = self._stop_all()
+        if self._all_given_up():
+            log.error("no worker left to run (all exited with %d); the supervisor exits %d",
+                      EXIT_CONFIG, EXIT_CONFIG)
+            return EXIT_CONFIG
+        return code
+
+    def _all_given_up(self) -> bool:
+        return all(child.given_up for child in self.children)
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         self.stopping = True
@@ -96,16 +117,36 @@ class Supervisor:
             code = child.process.poll() if child.process else None
             if child.process is not None and code is not None:
                 self._schedule_restart(child, code, now)
-            if child.process is None and now >= child.restart_at:
+            if child.process is None and not child.given_up and now >= child.restart_at:
                 child.start()
 
     def _schedule_restart(self, child: Child, code: int, now: float) -> None:
         if now - child.started_at > STABLE_AFTER_S:
             child.crashes = 0
+        # Exits with EXIT_CONFIG in a row count, however long each run was: loading
+        # big models can outlast STABLE_AFTER_S and still fail. Any other exit got
+        # past the check, or died before it, and says nothing about the configuration.
+        child.config_failures = child.config_failures + 1 if code == EXIT_CONFIG else 0
+        child.process = None
+        if child.config_failures >= CONFIG_FAILURES_ALLOWED:
+            self._give_up(child)
+            return
+        # Exits with EXIT_CONFIG back off like crashes: one table, one counter.
         delay = RESTART_BACKOFF_S[min(child.crashes, len(RESTART_BACKOFF_S) - 1)]
         child.crashes += 1
-        child.process, child.restart_at = None, now + delay
-        log.warning("gpu%d exited with %s; restarting in %.0fs", child.index, code, delay)
+        child.restart_at = now + delay
+        why = " (its models could not load)" if code == EXIT_CONFIG else ""
+        log.warning("gpu%d exited with %s%s; restarting in %.0fs",
+                    child.index, code, why, delay)
+
+    def _give_up(self, child: Child) -> None:
+        """Stop restarting ``child``: its configuration, not luck, keeps it down."""
+        child.given_up = True
+        log.error("gpu%d exited with %d (EX_CONFIG) %d times in a row: its models could not "
+                  "load. Not restarting it. Check GPULANES_MODELS / GPULANES_WARM_MODELS / "
+                  "the model store (GPULANES_MODEL_DIR); see the worker's log above for the "
+                  "error, fix it and restart `python -m gpu_worker`.",
+                  child.index, EXIT_CONFIG, child.config_failures)
 
     def _stop_all(self) -> int:
         """Warm-stop every worker; 0 if all stopped in time, 1 if any was killed."""
