@@ -244,6 +244,8 @@ SENT_EVENTS = setting("SENT_EVENTS", flag, False)
 #: Basic-auth login (user:password) the Prometheus exporter asks for; without it
 #: the exporter listens on loopback addresses only.
 EXPORTER_AUTH = setting("EXPORTER_AUTH", login, None)
+#: How long a dead letter is kept before beat drops it (``lanes dead purge`` sooner).
+DEAD_TTL_S = setting("DEAD_TTL_S", positive(int), 7 * 24 * 3600)
 
 # --- Celery ------------------------------------------------------------------
 task_serializer = "json"

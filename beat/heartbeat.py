@@ -5,7 +5,8 @@ thread, even mid-job), fold the replies into the worker record (a worker
 that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead), measure the
 lanes, step the lane policy, and publish it all as one snapshot in Redis. Jobs
 queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
-reply) go back to the shared lanes.
+reply) go back to the shared lanes. Dead letters past ``GPULANES_DEAD_TTL_S`` are
+dropped, a bounded batch per round, read from their index (nothing due: one cheap call).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from tasks.broker.keys import (
     lane_keys,
     usage_key,
 )
+from tasks.jobs.deadletter import drop_dead
 
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
@@ -118,6 +120,15 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
             "levels": relax_levels(recent_usage(client, now), cfg.FAIR_UNIT_S)}
 
 
+def expire_dead_letters(client: redis.Redis, now: float) -> int:
+    """Drop one batch of the dead letters older than the retention; how many."""
+    dropped = drop_dead(client, now - cfg.DEAD_TTL_S)
+    if dropped:
+        log.info("dropped %d dead letter(s) older than %ss (GPULANES_DEAD_TTL_S)", dropped,
+                 cfg.DEAD_TTL_S)
+    return dropped
+
+
 @app.task(name=HEARTBEAT_TASK)
 def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary."""
@@ -139,6 +150,7 @@ def heartbeat() -> str:
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
             return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
     keep_replicas(app, workers, cfg.MIN_REPLICAS)
+    expire_dead_letters(client, now)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(
         f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"

@@ -16,7 +16,6 @@ ledger holds more than the lists, or every ``AUDIT_S``.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -25,11 +24,12 @@ from typing import Any
 import redis
 
 from routing.names import LANES
-from tasks.broker import scripts
+from tasks.broker import envelope, scripts
 from tasks.broker.keys import (
     LEDGER_KEY,
     LEDGER_SUSPECTS_KEY,
     METRICS_KEY,
+    UNACKED_KEY,
     done_key,
     lane_of_key,
     lists_key,
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 AUDIT_S = 60.0
 #: Messages put back per round at most (a burst of losses takes a few rounds).
 MAX_PUT_BACK = 100
-#: kombu's hash of unacked messages (delivery tag -> message), unless configured.
-UNACKED_KEY = "unacked"
 #: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
 RECOVERED_FIELD = metric_field("recovered")
 
@@ -83,15 +81,8 @@ def _sizes(client: redis.Redis) -> tuple[int, int]:
 def missing(client: redis.Redis) -> set[str]:
     """Delivery tags in the ledger but in no list, as of one consistent moment."""
     tags, lists = _at_one_moment(client, "hkeys", "lrange", 0, -1)
-    present = {_tag(raw) for raws in lists for raw in raws}
+    present = {envelope.tag_of(raw) for raws in lists for raw in raws}
     return {_text(tag) for tag in tags} - present
-
-
-def _tag(raw: bytes | str) -> str | None:
-    try:
-        return json.loads(raw)["properties"]["delivery_tag"]
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _text(value: bytes | str) -> str:
@@ -103,7 +94,7 @@ def _settled(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     entry = client.hget(LEDGER_KEY, tag)
     if entry is None:
         return True
-    job_id = json.loads(parse_entry(entry)[1]).get("headers", {}).get("id", "")
+    job_id = envelope.job_id(envelope.decode(parse_entry(entry)[1]))
     if client.hexists(unacked_key, tag) or (job_id and client.exists(done_key(job_id))):
         client.hdel(LEDGER_KEY, tag)
         return True
@@ -116,9 +107,8 @@ def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     if entry is None:
         return False
     key, payload = parse_entry(entry)
-    message = json.loads(payload)
-    message["properties"]["delivery_tag"] = new_tag = str(uuid.uuid4())
-    fresh = json.dumps(message)
+    new_tag = str(uuid.uuid4())
+    fresh = envelope.encode(envelope.with_tag(envelope.decode(payload), new_tag))
     lane_lists = lists_key(lane_of_key(key))
     return bool(scripts.run(client, "ledger_republish", [LEDGER_KEY, unacked_key, lane_lists],
                             [tag, entry, new_tag, ledger_entry(key, fresh), fresh]))

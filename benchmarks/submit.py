@@ -38,7 +38,7 @@ ratios (each round runs both modes back to back, so a slow stretch of the
 machine hits both sides of one pair; this is the headline, goal >= 0.9x,
 and the verdict names both). The lower rows time the pure parts of
 ``submit()`` alone, in memory with no Redis call: ``validate``, building the
-message body (``Job.as_dict()``), the snapshot ``view()``, ``decide()`` and
+message body (``Job.encode()``), the snapshot ``view()``, ``decide()`` and
 all four in a row, in microseconds per call; compare the last with the
 per-call gaps between the two modes.
 """
@@ -204,12 +204,12 @@ def pure_parts() -> dict[str, Callable[[int], Any]]:
 
     def routed(i: int) -> Any:
         job = check(i)
-        return job.as_dict(), decide(job.tier, job.account, job.downgradable, cache.view())
+        return job.encode(), decide(job.tier, job.account, job.downgradable, cache.view())
 
     job = check(1)
     seen = sightings()
-    return {"validate": check, "job.as_dict() (message body)": lambda i: job.as_dict(),
-            "cache digest + Bloom sighting": lambda i: seen.seen_before(digest(job.as_dict())),
+    return {"validate": check, "job.encode() (message body)": lambda i: job.encode(),
+            "cache digest + Bloom sighting": lambda i: seen.seen_before(digest(job.encode())),
             "view": lambda i: cache.view(),
             "decide": lambda i: decide(TIERS[i % 3], job.account, True, view),
             "all four in a row": routed}

@@ -63,12 +63,12 @@ def deadline_guard(group: list[Pending]):
 def forward(model: Any, group: list[Pending]) -> list[Any]:
     """One pass over the group's jobs (same model, steps and size): their images."""
     first = group[0].job
-    shape = {k: first[k] for k in ("steps", "width", "height")}
+    shape = {"steps": first.steps, "width": first.width, "height": first.height}
     if len(group) == 1:
-        return [model.generate(first["prompt"], seed=first["seed"], **shape,
+        return [model.generate(first.prompt, seed=first.seed, **shape,
                                on_step=deadline_guard(group))]
-    return list(model.generate_batch([p.job["prompt"] for p in group],
-                                     [p.job["seed"] for p in group], **shape,
+    return list(model.generate_batch([p.job.prompt for p in group],
+                                     [p.job.seed for p in group], **shape,
                                      on_step=deadline_guard(group)))
 
 
@@ -81,7 +81,7 @@ def settle(item: Pending, ran: Ran | None = None, error: BaseException | None = 
 def run_group(group: list[Pending]) -> None:
     """Run the group as one pass, or in parts after a failure; settle every job."""
     try:
-        model, load_ms = RUNTIME.model(group[0].job["model"])
+        model, load_ms = RUNTIME.model(group[0].job.model)
     except Exception as exc:  # noqa: BLE001  every job gets the load error as its own
         for item in group:
             settle(item, error=exc)
@@ -94,7 +94,7 @@ def run_group(group: list[Pending]) -> None:
     try:
         images = forward(model, group)
         if len(images) != len(group):
-            raise ValueError(f"{group[0].job['model']}: generate_batch returned "
+            raise ValueError(f"{group[0].job.model}: generate_batch returned "
                              f"{len(images)} images for {len(group)} jobs")
     except Exception as exc:  # noqa: BLE001  sorted below: split, one by one, or its own
         _after_failure(group, exc)

@@ -48,6 +48,7 @@ from typing import Any, Callable
 
 import celeryconfig as cfg
 from routing.names import LANES
+from tasks.broker.message import Job
 
 log = logging.getLogger(__name__)
 #: The worker's pool size, set by the supervisor: the batcher's "house is full".
@@ -55,9 +56,9 @@ CONCURRENCY_ENV = "GPULANES_WORKER_CONCURRENCY"
 Key = tuple[str, int, int, int]
 
 
-def job_key(job: dict) -> Key:
+def job_key(job: Job) -> Key:
     """Jobs with equal keys can share a forward pass."""
-    return job["model"], job["steps"], job["width"], job["height"]
+    return job.model, job.steps, job.width, job.height
 
 
 def worker_concurrency(max_batch: dict[str, int]) -> int:
@@ -80,7 +81,7 @@ class Ran:
 class Pending:
     """One job waiting in the batcher for its pass, and then for its outcome."""
 
-    job: dict
+    job: Job
     lane: str
     seq: int
     deadline: float  # monotonic; GPULANES_MAX_JOB_S from arrival
@@ -131,7 +132,7 @@ class Batcher:
         self._runner: threading.Thread | None = None
         self.passes = self.jobs = 0
 
-    def run(self, job: dict, lane: str, check: Callable[[int], None] | None = None) -> Ran:
+    def run(self, job: Job, lane: str, check: Callable[[int], None] | None = None) -> Ran:
         """Run ``job`` in some pass and return its own outcome (or raise its own error);
         ``check`` runs between steps and drops the job out of its pass when it raises."""
         with self._cond:

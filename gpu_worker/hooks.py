@@ -14,7 +14,6 @@ from typing import Any, Callable, Iterable
 
 from celery import signals
 from celery.utils.dispatch import Signal
-from kombu.transport.redis import Channel as RedisChannel
 
 import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
@@ -24,7 +23,7 @@ from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
 from gpu_worker.runtime import RUNTIME
 from routing.names import GENERATE_TASK, LANES, lane_of
-from tasks.broker.keys import HOLDERS_KEY
+from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.outage import OUTAGE
 from tasks.broker.transport import put_back_held, set_holder
 
@@ -218,7 +217,7 @@ class KeepHeld(Hook):
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
         index = cfg.broker_transport_options.get("unacked_index_key")
-        self.index_key = index or RedisChannel.unacked_index_key
+        self.index_key = index or UNACKED_INDEX_KEY
         self._suspects: set[str] = set()
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:

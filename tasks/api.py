@@ -44,7 +44,7 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
                    steps=steps, width=width, height=height, downgradable=downgradable)
-    body, job_id = job.as_dict(), str(uuid.uuid4())
+    body, job_id = job.encode(), str(uuid.uuid4())
     try:
         if seed is None or not cfg.CACHE:  # a drawn seed is never shared: no extra round trip
             return enqueue(body, job_id)

@@ -15,6 +15,7 @@ from gpu_worker.batching import Batcher, Pending, pick
 from gpu_worker.demo_model import DemoModel, make_weights
 from routing.names import STATS_COMMAND
 from tasks import submit
+from tasks.broker.message import Job
 from tasks.errors import JobFailed
 from tasks.worker.png import save_png
 from tests.flaky_model import open_gate
@@ -26,9 +27,9 @@ ENV = {"GPULANES_MAX_BATCH": f"demo={BATCH},demo-0=2,flaky={BATCH}", "GPULANES_M
        "GPULANES_MAX_QUEUE_DELAY_MS": "*=5000,flaky=0", "GPULANES_CACHE": "off"}
 
 
-def job(model: str = "demo", steps: int = 4, prompt: str = "p") -> dict:
-    return {"model": model, "steps": steps, "width": 64, "height": 64, "prompt": prompt,
-            "seed": 1}
+def job(model: str = "demo", steps: int = 4, prompt: str = "p", seed: int = 1) -> Job:
+    return Job(prompt=prompt, tier="relaxed", account="a", model=model, seed=seed,
+               steps=steps, width=64, height=64, downgradable=True)
 
 
 def pending(lane: str, seq: int, arrived: float = 0.0, **kw) -> Pending:
@@ -67,7 +68,7 @@ def test_batcher_forms_one_pass_per_compatible_group_in_lane_order():
 
     def execute(group: list[Pending]) -> None:
         release.wait(10)  # the first pass holds the runner while the rest queue up
-        passes.append([(p.lane, p.job["steps"]) for p in group])
+        passes.append([(p.lane, p.job.steps) for p in group])
         for p in group:
             p.ran, _ = object(), p.done.set()
 
@@ -220,7 +221,7 @@ def test_out_of_memory_pass_is_split_in_halves(monkeypatch):
             return [f"image {s}" for s in seeds]
 
     monkeypatch.setattr(batch_run.RUNTIME, "model", lambda name: (SmallCard(), None))
-    group = [Pending({**job(), "seed": i}, "relaxed", i, deadline=1e12) for i in range(4)]
+    group = [Pending(job(seed=i), "relaxed", i, deadline=1e12) for i in range(4)]
     batch_run.run_group(group)
     assert sizes == [4, 2, 2]
     assert [(p.ran.pixels, p.ran.batch_size) for p in group] == [

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from celery.exceptions import TaskRevokedError
@@ -16,9 +17,11 @@ from celery.result import AsyncResult
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
+import tasks.broker.enqueue as enqueue_module
 from routing.names import LANES, STATS_COMMAND
+from routing.policy import FAST_TIME_EXHAUSTED, RETRY, PolicyView
 from tasks import submit
-from tasks.broker.keys import CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key
+from tasks.broker.keys import CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key, run_key
 from tasks.errors import ConfigError, JobFailed
 from tasks.jobs.cache import Sightings, digest
 from tests.flaky_model import open_gate
@@ -281,4 +284,63 @@ def test_a_failed_run_fails_every_follower(cluster, clean_redis):
     with pytest.raises(JobFailed):
         again.get(timeout=60)
     assert gpu_runs(clean_redis) == 3
+    blocker.get(timeout=30)
+
+
+def test_a_fast_job_never_joins_a_run_sent_to_a_slower_lane(cluster, clean_redis, monkeypatch):
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold the worker", model="flaky", **SMALL)
+    wait_at_gate(blocker, gate)
+    # the router knows account "spent" has no fast time left: its fast job waits in relaxed
+    monkeypatch.setattr(enqueue_module, "TIER_LANES_ONLY",
+                        PolicyView(exhausted=frozenset({"spent"})))
+    leader = submit("lane not tier", seed=12, tier="fast", account="spent", **SMALL)
+    relaxed = submit("lane not tier", seed=12, tier="relaxed", account="rich", **SMALL)
+    fast = submit("lane not tier", seed=12, tier="fast", account="rich", **SMALL)
+    open_gate(gate)
+    leader_out, relaxed_out, fast_out = (r.get(timeout=60) for r in (leader, relaxed, fast))
+    assert (leader_out["lane"], leader_out["downgrade_reason"]) == ("relaxed",
+                                                                  FAST_TIME_EXHAUSTED)
+    assert relaxed_out["cached"] and relaxed_out["source_job_id"] == leader.id
+    assert fast_out["cached"] is False and fast_out["lane"] == "fast"
+    assert fast_out["started_at"] < leader_out["started_at"]
+    assert gpu_runs(clean_redis) == 3
+    blocker.get(timeout=30)
+
+
+def test_a_fast_job_never_joins_a_run_retried_down_a_lane(cluster, clean_redis):
+    gate = new_gate()
+    prompt = f"transient:1 gate:{gate} retried lower"  # fails once, then waits at the gate
+    leader = submit(prompt, model="flaky", seed=13, tier="fast", **SMALL)
+    wait_at_gate(leader, gate)  # its retry, one lane down, runs
+    assert clean_redis.hget(run_key(leader.id), "rank") == "1"
+    standard = submit(prompt, model="flaky", seed=13, tier="standard", **SMALL)
+    fast = submit(prompt, model="flaky", seed=13, tier="fast", **SMALL)
+    open_gate(gate)
+    leader_out, standard_out, fast_out = (r.get(timeout=60) for r in (leader, standard, fast))
+    assert (leader_out["lane"], leader_out["downgrade_reason"]) == ("standard", RETRY)
+    assert standard_out["cached"] and standard_out["source_job_id"] == leader.id
+    assert fast_out["cached"] is False and fast_out["lane"] == "fast"
+    assert gpu_runs(clean_redis) == 3  # the leader twice, the fast job once
+
+
+def test_followers_of_a_failed_run_are_told_once(cluster, clean_redis, app):
+    gate = new_gate()
+    blocker = submit(f"gate:{gate} hold the worker", model="flaky", **SMALL)
+    wait_at_gate(blocker, gate)
+    leader, *followers = (submit("bug told once", model="flaky", seed=14, tier=tier, **SMALL)
+                          for tier in ("fast", "standard", "relaxed"))
+    writes = clean_redis.pubsub(ignore_subscribe_messages=True)
+    writes.subscribe(*(app.backend.get_key_for_task(r.id) for r in followers))
+    open_gate(gate)
+    for result in (leader, *followers):
+        with pytest.raises(JobFailed, match="simulated bug"):
+            result.get(timeout=60)
+    # the worker's only thread finishes the leader (its failure signal too) before this
+    submit("after the failure", **SMALL).get(timeout=60)
+    told = Counter()
+    while message := writes.get_message(timeout=0.5):
+        told[message["channel"]] += 1
+    writes.close()
+    assert sorted(told.values()) == [1, 1]
     blocker.get(timeout=30)

@@ -47,7 +47,7 @@ def bury_one(client, reason: str = "retries_exhausted") -> str:
     from tasks.jobs.schema import validate
 
     job = validate("a lighthouse at dusk", tier="fast", account="alice", model="demo",
-                   seed=7, steps=4, width=64, height=64).as_dict()
+                   seed=7, steps=4, width=64, height=64).encode()
     job_id = str(uuid.uuid4())
     try:
         try:

@@ -151,7 +151,7 @@ def _check_accepted(client, call: dict) -> None:
     check_call(args, kwargs)  # the checks a worker makes before it runs a job
     check_content(kwargs)
     job = kwargs["job"]
-    assert check_job(job).as_dict() == {field: job[field] for field in JOB_FIELDS}
+    assert check_job(job).encode() == {field: job[field] for field in JOB_FIELDS}
     assert job["prompt"] == call["prompt"] and job["account"] == call["account"]
 
 

@@ -97,7 +97,7 @@ def test_jobs_already_accepted_are_never_refused_and_count_toward_the_depth(
     own = worker_queue("relaxed", "gpu9@limits")
     with app.connection_for_write() as conn:
         Queue(own, Exchange(own), routing_key=own)(conn.default_channel).declare()
-    job = validate("moved", tier="relaxed", account="a", model="demo", seed=1, **SMALL).as_dict()
+    job = validate("moved", tier="relaxed", account="a", model="demo", seed=1, **SMALL).encode()
     route = {"lane": "relaxed", "requested_tier": "relaxed"}
     for priority in (3, 9, 9):
         generate.apply_async(kwargs={"job": job, "route": route, "submitted_at": time.time()},

@@ -1,8 +1,10 @@
 """The Prometheus exporter, scraped for real over HTTP while a real worker runs jobs."""
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,7 +15,7 @@ from conftest import SMALL, free_port, http_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import submit
-from tasks.broker.keys import SNAPSHOT_KEY, metric_field
+from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, metric_field
 from tasks.errors import JobFailed
 from tasks.jobs.usage import job_counts
 
@@ -118,3 +120,47 @@ def test_the_exporter_asks_for_its_login_and_never_opens_without_it(redis_server
                                if k != "GPULANES_EXPORTER_AUTH"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "GPULANES_EXPORTER_AUTH" in proc.stderr
+
+
+def _get(url: str, login: str, accept: str | None = None) -> tuple[str, bytes]:
+    """(Content-Type, body) of a GET with basic auth and an optional Accept header."""
+    request = urllib.request.Request(url)
+    request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    if accept:
+        request.add_header("Accept", accept)
+    with urllib.request.urlopen(request, timeout=2) as response:
+        return response.headers["Content-Type"], response.read()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback on this host")
+def test_the_exporter_serves_ipv6_negotiates_openmetrics_and_logs_no_scrapes(clean_redis,
+                                                                           capfd):
+    from tasks.broker.store import connect
+    from tasks.ops.metrics import serve
+
+    clean_redis.hset(DEAD_KEY, "j1", "{}")
+    server = serve(connect(os.environ["GPULANES_BROKER_URL"]), free_port(), "::1",
+                   login="prometheus:s3cret")
+    try:
+        url = f"http://[::1]:{server.server_port}/metrics"
+        assert http_status(url) == 401
+        kind, body = _get(url, "prometheus:s3cret", "application/openmetrics-text")
+        assert kind.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
+        kind, body = _get(url, "prometheus:s3cret")
+        assert kind.startswith("text/plain")
+        samples = {s.name: s.value for family in text_string_to_metric_families(body.decode())
+                   for s in family.samples}
+        assert samples["gpulanes_dead_letters"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "GET /metrics" not in capfd.readouterr().err  # scrapes are not access-logged

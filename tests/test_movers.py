@@ -21,7 +21,7 @@ def _publish(tier: str, lane: str, priority: int = 0, waited_s: float = 0.0,
     job = validate("p", tier=tier, account="acct", model="demo", seed=1,
                    downgradable=downgradable, **SMALL)
     result = generate.apply_async(kwargs={
-        "job": job.as_dict(), "route": {"lane": lane, "requested_tier": tier},
+        "job": job.encode(), "route": {"lane": lane, "requested_tier": tier},
         "submitted_at": time.time() - waited_s}, queue=lane, priority=priority)
     return result.id
 

@@ -247,7 +247,7 @@ def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis)
     from tasks.worker.generate import generate
 
     host, own = "gpu9@sick", lane_keys(worker_queue("fast", "gpu9@sick"))[0]
-    job = validate("p", tier="fast", account="a", model="demo", seed=1, **SMALL).as_dict()
+    job = validate("p", tier="fast", account="a", model="demo", seed=1, **SMALL).encode()
     sent = generate.apply_async(kwargs={"job": job, "route": {"lane": "fast",
                                 "requested_tier": "fast"}, "submitted_at": time.time()},
                                 queue="fast")

@@ -40,10 +40,17 @@ def lists_key(lane: str) -> str:
     return f"{PREFIX}:lists:{lane}"
 
 
+#: kombu's hash of unacked messages (delivery tag -> message) and its index (tag -> when
+#: taken): kombu's default names, which gpulanes does not change.
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
 #: Hash: delivery tag -> when beat first found that ledgered message in no list.
 LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
+#: Sorted set: job id -> when its dead letter was written (unix s), so expiry reads the
+#: oldest letters without scanning ``DEAD_KEY``; changed in the same step as that hash.
+DEAD_INDEX_KEY = f"{PREFIX}:dead:index"
 #: Hash: job id -> how many more runs of it finished after the first (should stay empty).
 DUPLICATES_KEY = f"{PREFIX}:duplicates"
 #: Sorted set: revoked job id -> when it was revoked (unix s); kept GPULANES_REVOKE_TTL_S.

@@ -23,6 +23,7 @@ import celeryconfig as cfg
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.keys import (
+    DEAD_INDEX_KEY,
     DEAD_KEY,
     FAST_BALANCE_KEY,
     FAST_EXHAUSTED_KEY,
@@ -80,10 +81,20 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
     return tuple(_run("run_finish", keys, args))
 
 
+def failed_at(entry: str | bytes) -> float:
+    """When a dead letter says its job failed (its score in ``DEAD_INDEX_KEY``); now
+    when it does not say (retention then counts from its indexing)."""
+    try:
+        return float(json.loads(entry)["failed_at"])
+    except (ValueError, KeyError, TypeError):
+        return time.time()
+
+
 def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: str) -> bool:
     """Dead-letter the job (``entry``) if the run still holds it; False: stale."""
-    return bool(_run("run_give_up", [lease_key(job_id), attempts_key(job_id), DEAD_KEY,
-                                     METRICS_KEY], [token, attempt, job_id, entry, failures_field]))
+    keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY]
+    return bool(_run("run_give_up", keys, [token, attempt, job_id, entry, failures_field,
+                                           repr(failed_at(entry))]))
 
 
 def release(job_id: str, token: str, attempt: int) -> None:

@@ -41,7 +41,7 @@ from kombu.utils.json import dumps, loads
 
 import celeryconfig as cfg
 from routing.names import LANES, lane_of
-from tasks.broker import scripts
+from tasks.broker import envelope, scripts
 from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, LEDGER_KEY, done_key, lease_key, lists_key
 from tasks.broker.publish import RELEASED, Conditions, _put, _put_call, current, refusal
 from tasks.broker.store import ONE_RECONNECT
@@ -149,8 +149,9 @@ class LedgerChannel(kombu_redis.Channel):
         transaction: the copy that was taken keeps its tag, and with it only its own
         records. A lapsed lease of the job is marked released in the same step: the run
         that let it lapse (frozen, cut off) cannot take it again, the put-back copy can."""
+        tag = str(uuid.uuid4())
         try:
-            payload["properties"]["delivery_tag"] = tag = str(uuid.uuid4())
+            payload = envelope.with_tag(payload, tag)
         except (KeyError, TypeError):  # not an envelope: kombu logs what it cannot restore
             return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
@@ -159,7 +160,7 @@ class LedgerChannel(kombu_redis.Channel):
                 key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
                 pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))) \
                     .sadd(lists_key(lane_of(queue)), key)
-            if job_id := _job_id(payload):  # a lapsed lease can no longer be taken again
+            if job_id := envelope.job_id(payload):  # a lapsed lease can no longer be taken again
                 pipe.set(lease_key(job_id), f"{RELEASED}put-back", nx=True,
                          ex=cfg.RUNS_KEPT_S)
         except self.connection_errors:
@@ -184,7 +185,7 @@ class LedgerChannel(kombu_redis.Channel):
                 for key in keys:
                     pipe.lrange(key, 0, -1).delete(key)
                 held = pipe.execute()[::2]
-            if tags := [t for raws in held for t in map(_tag, raws) if t]:
+            if tags := [t for raws in held for t in map(envelope.tag_of, raws) if t]:
                 client.hdel(LEDGER_KEY, *tags)
         return sum(map(len, held))
 
@@ -212,7 +213,7 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
             return False
         raw = pipe.hget(qos.unacked_key, tag)
         message, exchange, routing_key = loads(raw) if raw else (None, None, None)
-        job_id = _job_id(message)
+        job_id = envelope.job_id(message)
         if job_id:
             pipe.watch(lease_key(job_id))
             if unless_running and holder_of(_text(pipe.get(lease_key(job_id)))) == holder:
@@ -228,12 +229,6 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
     return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
 
 
-def _job_id(message: Any) -> str:
-    headers = message.get("headers") if isinstance(message, dict) else None
-    job_id = headers.get("id") if isinstance(headers, dict) else None
-    return job_id if isinstance(job_id, str) else ""
-
-
 def _text(value: bytes | str | None) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -243,11 +238,18 @@ def _is_lane(queue: str) -> bool:
     return lane_of(queue) in LANES
 
 
-def _tag(raw: bytes | str) -> str | None:
-    try:
-        return loads(raw)["properties"]["delivery_tag"]
-    except (ValueError, KeyError, TypeError):
-        return None
+#: kombu's Redis transport members this module overrides or relies on: pinned to the
+#: kombu minor the suite runs on (setup.cfg); tests/test_kombu_hooks.py names any gone.
+KOMBU_HOOKS = {
+    kombu_redis.QoS: ("append", "ack", "reject", "_remove_from_indices", "pipe_or_acquire",
+                      "unacked_key", "unacked_index_key", "channel"),
+    kombu_redis.Channel: ("QoS", "_connparams", "_put", "_do_restore_message", "_purge",
+                          "_delete", "_q_for_pri", "_get_message_priority", "_lookup",
+                          "conn_or_acquire", "priority_steps", "global_keyprefix", "_expires",
+                          "connection_errors"),
+    kombu_redis.Transport: ("Channel",),
+    kombu_redis.SentinelTransport: ("Channel",),
+}
 
 
 class Transport(kombu_redis.Transport):

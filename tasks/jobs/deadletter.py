@@ -1,4 +1,9 @@
-"""Jobs that failed for good: kept with their reason, listed and requeued by operators."""
+"""Jobs that failed for good: kept with their reason, listed, requeued and purged by
+operators, dropped by beat after ``GPULANES_DEAD_TTL_S``.
+
+Every write of a letter changes ``DEAD_KEY`` and its index ``DEAD_INDEX_KEY`` (job id ->
+when it failed) in one step, so expiry reads the oldest letters from the index,
+a bounded number per Lua call, and never scans the hash."""
 from __future__ import annotations
 
 import json
@@ -8,13 +13,18 @@ from typing import Any
 
 import redis
 
+from tasks.broker import scripts
 from tasks.broker.app import app
 from tasks.broker.enqueue import enqueue
-from tasks.broker.keys import DEAD_KEY, attempts_key, lease_key
+from tasks.broker.keys import DEAD_INDEX_KEY, DEAD_KEY, attempts_key, lease_key
+from tasks.broker.runs import failed_at
 from tasks.jobs.schema import check_job
 
 #: Lines of traceback kept per dead job: enough to see where, not a log dump.
 TRACEBACK_LINES = 12
+#: Letters dropped per Lua call at most: one call never holds Redis long, and beat's
+#: round drops no more than this (a backlog goes over a few rounds).
+EXPIRE_BATCH = 500
 
 
 def summary(exc: BaseException) -> str:
@@ -38,7 +48,13 @@ def bury(client: redis.Redis, job_id: str, kwargs: dict[str, Any], reason: str,
          exc: BaseException, attempts: int, message: dict[str, Any] | None = None) -> None:
     """Record a job that failed for good, under its id (a rerun replaces it);
     ``message`` describes a message the worker refused (``tasks.worker.rejects``)."""
-    client.hset(DEAD_KEY, job_id, dead_entry(job_id, kwargs, reason, exc, attempts, message))
+    _record(client, job_id, dead_entry(job_id, kwargs, reason, exc, attempts, message))
+
+
+def _record(client: redis.Redis, job_id: str, entry: str | bytes) -> None:
+    """Write one letter and its index entry in one transaction (MULTI)."""
+    client.pipeline().hset(DEAD_KEY, job_id, entry) \
+        .zadd(DEAD_INDEX_KEY, {job_id: failed_at(entry)}).execute()
 
 
 def dead_jobs(client: redis.Redis) -> list[dict[str, Any]]:
@@ -56,11 +72,37 @@ def requeue(client: redis.Redis, job_id: str) -> Any:
     job = json.loads(raw)["job"]
     check_job(job)  # a refused message (tasks.worker.rejects) would only be refused again
     # Before the publish: a worker that took the job at once would find it dead.
-    client.pipeline().hdel(DEAD_KEY, job_id).delete(attempts_key(job_id), lease_key(job_id)) \
-        .execute()
+    client.pipeline().hdel(DEAD_KEY, job_id).zrem(DEAD_INDEX_KEY, job_id) \
+        .delete(attempts_key(job_id), lease_key(job_id)).execute()
     app.AsyncResult(job_id).forget()  # else .get() would see the old failure
     try:
         return enqueue(job, job_id)
     except BaseException:
-        client.hset(DEAD_KEY, job_id, raw)  # not requeued after all: still dead
+        _record(client, job_id, raw)  # not requeued after all: still dead
         raise
+
+
+def drop_dead(client: redis.Redis, cutoff: float | str, calls: int | None = 1) -> int:
+    """Drop the letters of jobs that failed before ``cutoff`` (unix s; ``"+inf"``: all),
+    ``EXPIRE_BATCH`` per Lua call, in at most ``calls`` calls (None: until none is due);
+    how many were dropped. Letters the index lacks are indexed on the way."""
+    dropped, made = 0, 0
+    while True:
+        taken, strays = scripts.run(client, "dead_expire", [DEAD_KEY, DEAD_INDEX_KEY],
+                                    [cutoff, EXPIRE_BATCH])
+        dropped, made = dropped + taken, made + 1
+        if strays > 0 and index_strays(client):
+            continue  # they may be due as well: one more call, whatever ``calls`` says
+        if taken < EXPIRE_BATCH or (calls is not None and made >= calls):
+            return dropped
+
+
+def index_strays(client: redis.Redis) -> int:
+    """Index the letters the index lacks, as of when each says it failed; how many.
+    Only letters written before the index existed are missing: one pass over the hash
+    after an upgrade, never part of a normal round."""
+    letters = [item for job_id, raw in client.hscan_iter(DEAD_KEY, count=EXPIRE_BATCH)
+               for item in (job_id, repr(failed_at(raw)))]
+    step = 2 * EXPIRE_BATCH
+    return sum(scripts.run(client, "dead_index", [DEAD_KEY, DEAD_INDEX_KEY],
+                           letters[i:i + step]) for i in range(0, len(letters), step))

@@ -5,11 +5,11 @@ import re
 import reprlib
 import secrets
 import unicodedata
-from dataclasses import dataclass
 from typing import Any
 
 import celeryconfig as cfg
 from routing.names import TIERS
+from tasks.broker.message import PARAMETERS, Job
 from tasks.errors import InvalidJob
 
 MAX_SEED = 2**63 - 1
@@ -25,24 +25,6 @@ def shown(value: Any) -> str:
     if type(value) is int and value.bit_length() > 64:  # str() of a huge int can raise
         return f"an integer of {value.bit_length()} bits"
     return _SHORT.repr(value)
-
-
-@dataclass(frozen=True)
-class Job:
-    """A validated job; ``as_dict()`` is what travels in the message."""
-
-    prompt: str
-    tier: str
-    account: str
-    model: str
-    seed: int
-    steps: int
-    width: int
-    height: int
-    downgradable: bool
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)  # flat fields: no deep copy on the submit path
 
 
 def _integer(field: str, value: Any, low: int, high: int) -> int:
@@ -138,7 +120,7 @@ def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
 
 
 #: The fields of a job as a message carries it.
-JOB_FIELDS: tuple[str, ...] = tuple(Job.__dataclass_fields__)
+JOB_FIELDS = PARAMETERS
 
 
 def check_job(job: Any) -> Job:

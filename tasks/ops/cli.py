@@ -18,7 +18,7 @@ import redis
 
 from tasks.broker.keys import SNAPSHOT_KEY
 from tasks.errors import InvalidJob
-from tasks.ops.group import _client, _echo_json, duration, iso_time, lanes, number, table
+from tasks.ops.group import Duration, _client, _echo_json, duration, iso_time, lanes, number, table
 
 #: Longest error text shown in the dead-letter table; ``--json`` has it all.
 ERROR_CHARS = 60
@@ -171,6 +171,23 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], every: bool) -> N
         except KeyError as exc:  # requeued by someone else meanwhile
             raise click.ClickException(f"no dead job {job_id!r} any more") from exc
         click.echo(f"{result.id}  requeued onto the {entry['job']['tier']} lane")
+
+
+@dead.command("purge")
+@click.option("--older-than", "older_than_s", type=Duration(), metavar="DURATION",
+              help="Only jobs that failed more than DURATION ago: 90s, 15m, 2h, 7d.")
+@click.option("--all", "every", is_flag=True, help="Every dead job.")
+@click.pass_context
+def dead_purge(ctx: click.Context, older_than_s: float | None, every: bool) -> None:
+    """Remove dead jobs for good; print how many (beat drops those older than
+    GPULANES_DEAD_TTL_S by itself)."""
+    from tasks.jobs.deadletter import drop_dead
+
+    if every == (older_than_s is not None):  # a bare `purge` must not mean "everything"
+        raise click.UsageError("give --older-than DURATION (e.g. 7d) or --all")
+    cutoff = "+inf" if every else time.time() - older_than_s
+    removed = drop_dead(_client(ctx), cutoff, calls=None)
+    click.echo(f"removed {removed} dead job(s)")
 
 
 # --- status -------------------------------------------------------------------

@@ -3,6 +3,7 @@ app Celery loaded, tables, numbers and spans for people."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
@@ -60,6 +61,23 @@ def duration(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
     return f"{seconds / 60:.1f}min" if seconds < 3600 else f"{seconds / 3600:.1f}h"
+
+
+class Duration(click.ParamType):
+    """A span given with its unit, ``90s``, ``15m``, ``2h`` or ``7d``, as seconds: a bare
+    number is refused (is ``7`` seconds or days? for a command that deletes, ask)."""
+
+    name = "duration"
+    UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, (int, float)):
+            return float(value)
+        found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", str(value))
+        if not found:
+            self.fail(f"{value!r} is not a duration like 90s, 15m, 2h or 7d", param, ctx)
+        return float(found[1]) * self.UNITS_S[found[2]]
 
 
 def iso_time(epoch_s: float) -> str:

@@ -15,8 +15,11 @@ import base64
 import hmac
 import ipaddress
 import json
+import socket
 import threading
+from socketserver import ThreadingMixIn
 from typing import Any, Callable, Iterator
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import redis
 from prometheus_client.core import (
@@ -178,6 +181,33 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+class QuietHandler(WSGIRequestHandler):
+    """Scrapes every few seconds would flood stderr with access lines: log none."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def address_family(address: str, port: int) -> socket.AddressFamily:
+    """The family ``address`` binds with (IPv6 for ``::1``), as getaddrinfo resolves it:
+    the stdlib's WSGIServer is IPv4 only."""
+    infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    return infos[0][0]
+
+
+def make_server(address: str, port: int, app: Callable) -> WSGIServer:
+    """A thread-per-request WSGI server for ``app`` on ``address:port``."""
+    family = address_family(address, port)
+
+    class Server(ThreadingMixIn, WSGIServer):
+        address_family = family
+        daemon_threads = True  # a hung scrape never holds up the exporter's exit
+
+    server = Server((address, port), QuietHandler)
+    server.set_app(app)
+    return server
+
+
 def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.0.1",
           login: str | None = None) -> Any:
     """Serve ``/metrics`` on ``address:port`` in a background thread; returns the server.
@@ -186,22 +216,15 @@ def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.
     only a loopback address is allowed: the exporter never opens to a network
     without its setting (GPULANES_EXPORTER_AUTH).
     """
-    from wsgiref.simple_server import make_server
-
     from prometheus_client import CollectorRegistry, make_wsgi_app
-    from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
 
     if not login and not is_loopback(address):
         raise PermissionError(f"the exporter will not listen on {address} without a login; "
                               "set GPULANES_EXPORTER_AUTH=user:password")
     registry = CollectorRegistry()
     registry.register(LanesCollector(client))
-    app = make_wsgi_app(registry)
-
-    class Server(ThreadingWSGIServer):  # IPv6 or IPv4, as the address says
-        address_family, _ = _get_best_family(address, port)
-    server = make_server(address, port, basic_auth(app, login) if login else app,
-                         Server, handler_class=_SilentHandler)
+    app = make_wsgi_app(registry)  # public API: content negotiation, gzip, name[] filters
+    server = make_server(address, port, basic_auth(app, login) if login else app)
     threading.Thread(target=server.serve_forever, name="gpulanes-exporter",
                      daemon=True).start()
     return server

@@ -40,14 +40,15 @@ from gpu_worker.hooks import HELD_JOBS
 from gpu_worker.lease import Lease
 from gpu_worker.runtime import RUNTIME
 from routing.names import FAST, GENERATE_TASK, lane_of
-from routing.policy import RETRY, next_lane
+from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
+from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.outage import persist
 from tasks.broker.publish import PublishRefused, publishing
 from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
-from tasks.jobs.cache import LEADS_RUN
+from tasks.jobs.artifacts import Artifact
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import job_counts
@@ -61,16 +62,16 @@ hooks.install()  # this module loads in workers (and beat) only: wire their hook
 STALE_FIELD = metric_field("stale_runs")
 
 
-def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
+def _begin(task: Any, message: JobMessage) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
-    job_id, fast = task.request.id, (job["account"] if route.get("requested_tier") == FAST
-                                     else None)
+    job_id, route = task.request.id, message.route
+    fast = message.job.account if route.requested_tier == FAST else None
     tag = (task.request.properties or {}).get("delivery_tag") or ""
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
         return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast,
-                                   deferred=bool(route.get("deferred")))
+                                   deferred=route.deferred)
 
     sent_at, (verdict, value) = persist(call, f"the start of job {job_id}")
     if verdict == "done":  # a redelivery of a job that already finished
@@ -81,7 +82,7 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     if verdict in ("busy", "superseded"):  # another run holds it, with its own message,
         raise Ignore()                      # or another copy exists: this one steps aside
     if verdict == "defer":
-        _defer(task, route)
+        _defer(task, message)
     if verdict == "revoked":
         _revoked(task, None)
     lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
@@ -89,23 +90,24 @@ def _begin(task: Any, job: dict, route: dict) -> Lease | dict:
     return lease
 
 
-def _defer(task: Any, route: dict) -> NoReturn:
+def _defer(task: Any, message: JobMessage) -> NoReturn:
     """Another run holds the job but its own message is no longer recorded (put back
     while it ran): this copy may be the job's last, so it comes back later instead of
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
-    copy = _next_copy(task, {**route, "deferred": True}, 2 * cfg.LEASE_TTL_S,
-                      task.request.retries)
+    copy = _next_copy(task, message.with_route(message.route.deferred_copy()),
+                      2 * cfg.LEASE_TTL_S, task.request.retries)
     persist(lambda: copy.apply_async(retry=False), f"a later copy of job {task.request.id}")
     log.info("job %s runs elsewhere with no record of its message: this copy comes back "
              "in %ss", task.request.id, 2 * cfg.LEASE_TTL_S)
     raise Ignore()
 
 
-def _next_copy(task: Any, route: dict, countdown: float, retries: int) -> Any:
-    """The signature of the job's next copy: in ``route``'s shared lane, after ``countdown``."""
-    lane = lane_of(route["lane"])
+def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int) -> Any:
+    """The signature of the job's next copy (``message``): in its route's shared lane,
+    after ``countdown``."""
+    lane = lane_of(message.route.lane)
     return task.signature_from_request(
-        task.request, None, {**task.request.kwargs, "route": route}, countdown=countdown,
+        task.request, None, message.kwargs(), countdown=countdown,
         retries=retries, queue=lane, exchange=lane, routing_key=lane)
 
 
@@ -122,22 +124,22 @@ def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
     return on_step
 
 
-def _run(job: dict, lane: str, on_step: Callable[[int], None]) -> Ran:
+def _run(job: Job, lane: str, on_step: Callable[[int], None]) -> Ran:
     """Generate on the warm model: alone, or through the batcher when the model batches
     or the worker has several pool threads (its runner makes one pass at a time, so
     jobs of a model that does not batch never share the device)."""
-    if cfg.for_model(cfg.MAX_BATCH, job["model"]) > 1 or (BATCHER.capacity or 1) > 1:
+    if cfg.for_model(cfg.MAX_BATCH, job.model) > 1 or (BATCHER.capacity or 1) > 1:
         return BATCHER.run(job, lane, on_step)
-    model, load_ms = RUNTIME.model(job["model"])
+    model, load_ms = RUNTIME.model(job.model)
     began = time.perf_counter()
-    pixels = model.generate(job["prompt"], seed=job["seed"], steps=job["steps"],
-                            width=job["width"], height=job["height"], on_step=on_step)
+    pixels = model.generate(job.prompt, seed=job.seed, steps=job.steps, width=job.width,
+                            height=job.height, on_step=on_step)
     return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
-def _lane(task: Any, route: dict) -> str:
+def _lane(task: Any, route: JobRoute) -> str:
     """The lane this run was taken from (a worker's own queue counts as its lane)."""
-    return lane_of((task.request.delivery_info or {}).get("routing_key") or route["lane"])
+    return lane_of((task.request.delivery_info or {}).get("routing_key") or route.lane)
 
 
 def _stale(task: Any, lease: Lease) -> NoReturn:
@@ -160,25 +162,26 @@ def _revoked(task: Any, lease: Lease | None) -> NoReturn:
     raise Ignore()
 
 
-def _give_up(task: Any, kwargs: dict, lease: Lease, reason: str, exc: BaseException,
+def _give_up(task: Any, message: JobMessage, lease: Lease, reason: str, exc: BaseException,
              what: str) -> NoReturn:
     job_id = task.request.id
-    entry = dead_entry(job_id, kwargs, reason, exc, lease.attempt)
-    failures = metric_field("failures", _lane(task, kwargs["route"]))
+    entry = dead_entry(job_id, message.kwargs(), reason, exc, lease.attempt)
+    failures = metric_field("failures", _lane(task, message.route))
     if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry, failures),
                    f"the failure of job {job_id}"):
         _stale(task, lease)
-    if kwargs["job"].get(LEADS_RUN):
+    if message.job.leads_run:
         persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
     raise JobFailed(what) from exc
 
 
-def _retry(task: Any, exc: Exception, lease: Lease, kwargs: dict, route: dict,
+def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: JobRoute,
            countdown: float) -> NoReturn:
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
     still holds the job may, and the same step marks its lease released (this run can
     never take it again; the next copy begins as if it were free)."""
-    signature = _next_copy(task, route, countdown, task.request.retries + 1)
+    signature = _next_copy(task, message.with_route(route), countdown,
+                           task.request.retries + 1)
     fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
              lease.attempt, cfg.RUNS_KEPT_S)
 
@@ -190,56 +193,51 @@ def _retry(task: Any, exc: Exception, lease: Lease, kwargs: dict, route: dict,
         persist(publish, f"the retry of job {task.request.id}")
     except PublishRefused:  # the fence: a newer run holds the job (or an earlier try of
         _stale(task, lease)  # this very publish went through, its reply lost)
-    retries = metric_field("retries", _lane(task, kwargs["route"]))
+    retries = metric_field("retries", _lane(task, message.route))
     persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
     raise Retry(exc=exc, when=countdown, sig=signature)
 
 
-def _fail_or_retry(task: Any, exc: Exception, lease: Lease, kwargs: dict) -> NoReturn:
+def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage) -> NoReturn:
     """Sort a failed run: stale, revoked, the worker's fault, transient, or for good."""
     if isinstance(exc, LeaseLost):
         _stale(task, lease)
     if isinstance(exc, JobRevoked):
         _revoked(task, lease)
     HEALTH.failed(exc)
-    route, attempt = kwargs["route"], lease.attempt
+    route, attempt = message.route, lease.attempt
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
-    faults = route.get("worker_faults", 0)
+    faults = route.worker_faults
     if is_worker_fault(exc) and faults < cfg.SICK_AFTER + cfg.MAX_RETRIES:
         # back to its shared lane, at once: another worker takes it, surely once this
         # one steps aside (GPULANES_SICK_AFTER faults in a row)
         log.warning("%s; this worker's fault: the job goes back to its lane", what)
-        _retry(task, exc, lease, kwargs, {**route, "lane": lane_of(route["lane"]),
-                                          "worker_faults": faults + 1,
-                                          "lane_since": time.time()}, 0)
+        _retry(task, exc, lease, message, route.back_to_shared(time.time()), 0)
     if is_worker_fault(exc):
-        _give_up(task, kwargs, lease, "worker_faults", exc,
+        _give_up(task, message, lease, "worker_faults", exc,
                  f"{what} (gave up after {faults + 1} workers failed it)")
     if not is_transient(exc):
-        _give_up(task, kwargs, lease, "error", exc, what)
+        _give_up(task, message, lease, "error", exc, what)
     if attempt - faults > cfg.MAX_RETRIES:
-        _give_up(task, kwargs, lease, "retries_exhausted", exc,
+        _give_up(task, message, lease, "retries_exhausted", exc,
                  f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
-    route = dict(route)
-    lane = next_lane(route["lane"]) or route["lane"]
-    if lane != route["requested_tier"]:
-        route.update(lane=lane, downgraded_from=route["requested_tier"], downgrade_reason=RETRY)
+    lane = next_lane(route.lane) or route.lane
     countdown = max(backoff_s(attempt - faults, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S),
                     getattr(exc, "retry_after_s", 0.0))
-    route["lane_since"] = time.time() + countdown  # its wait in the new lane starts then
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
-    _retry(task, exc, lease, kwargs, route, countdown)
+    # its wait in the new lane starts once the backoff is over
+    _retry(task, exc, lease, message, route.retried(lane, time.time() + countdown), countdown)
 
 
-def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
+def _finish(task: Any, lease: Lease, result: dict, job: Job) -> dict:
     """Record the run's result (fenced, counted and charged in one step) and return the
     job's result: this one, or the one recorded first."""
     job_id = task.request.id
     verdict, value = persist(
-        lambda: runs.finish(job_id, lease.token, lease.attempt, result, job["account"],
+        lambda: runs.finish(job_id, lease.token, lease.attempt, result, job.account,
                             job_counts(result), result["lane"] == FAST),
         f"the result of job {job_id}")
     if verdict == "stale":
@@ -251,7 +249,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
                 .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
         return recorded
     HEALTH.succeeded()
-    if job.get(LEADS_RUN):  # before its caller can see it: no one joins a finished run
+    if job.leads_run:  # before its caller can see it: no one joins a finished run
         persist(lambda: close_run(job_id, recorded), f"the followers of job {job_id}")
     return recorded
 
@@ -260,31 +258,42 @@ def _finish(task: Any, lease: Lease, result: dict, job: dict) -> dict:
 # CheckedTask: a message whose call, job or route breaks the schema never runs.
 @app.task(bind=True, name=GENERATE_TASK, max_retries=None, base=CheckedTask)
 def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
-    """Run one validated job (see ``tasks.api.submit``) and describe the result."""
+    """Run one job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()
-    kwargs = {"job": job, "route": route, "submitted_at": submitted_at}
-    lease = _begin(self, job, route)
+    message = self.checked({"job": job, "route": route, "submitted_at": submitted_at})
+    if isinstance(message, dict):  # a broken copy of a job that already finished
+        return message
+    lease = _begin(self, message)
     if isinstance(lease, dict):  # a redelivery of a job that already finished
         return lease
-    if lease.attempt > cfg.MAX_RETRIES + 1 + route.get("worker_faults", 0):
-        _give_up(self, kwargs, lease, "worker_lost", JobFailed("worker lost"),
+    if lease.attempt > cfg.MAX_RETRIES + 1 + message.route.worker_faults:
+        _give_up(self, message, lease, "worker_lost", JobFailed("worker lost"),
                  f"job {self.request.id} reached attempt {lease.attempt}: its earlier runs "
                  "were lost with their workers or failed")
-    lane = _lane(self, route)
+    lane = _lane(self, message.route)
     try:
-        ran = _run(job, lane, _step_guard(self.request.id, lease))
+        ran = _run(message.job, lane, _step_guard(self.request.id, lease))
         lease.check()  # a stale run writes no artifact
         artifact = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels, lease.attempt)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
-        _fail_or_retry(self, exc, lease, kwargs)
-    return _finish(self, lease, {
-        **{k: v for k, v in route.items() if k != "lane_since"},
-        "job_id": self.request.id, "image": str(artifact.path), "bytes": artifact.bytes,
+        _fail_or_retry(self, exc, lease, message)
+    return _finish(self, lease, _result(self, message, lane, started_at, lease, ran, artifact),
+                   message.job)
+
+
+def _result(task: Any, message: JobMessage, lane: str, started_at: float, lease: Lease,
+            ran: Ran, artifact: Artifact) -> dict:
+    """What the job's caller gets."""
+    job = message.job
+    return {
+        **message.route.reported(),
+        "job_id": task.request.id, "image": str(artifact.path), "bytes": artifact.bytes,
         "sha256": artifact.sha256, "lane": lane,
-        "worker": self.request.hostname, "device": RUNTIME.device, "started_at": started_at,
-        "queued_ms": round((started_at - submitted_at) * 1000, 1),
+        "worker": task.request.hostname, "device": RUNTIME.device, "started_at": started_at,
+        "queued_ms": round((started_at - message.submitted_at) * 1000, 1),
         "run_ms": round(ran.run_ms, 1), "attempts": lease.attempt, "cached": False,
         "cold_start": ran.load_ms is not None, "load_ms": round(ran.load_ms or 0.0, 1),
         "batch_size": ran.batch_size, "batch_wait_ms": round(ran.wait_ms, 1),
-        **{k: job[k] for k in ("model", "seed", "steps", "width", "height")},
-    }, job)
+        "model": job.model, "seed": job.seed, "steps": job.steps, "width": job.width,
+        "height": job.height,
+    }

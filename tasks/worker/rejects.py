@@ -18,10 +18,11 @@ Operators see them with ``celery -A tasks lanes dead list`` (reason
 """
 from __future__ import annotations
 
-import base64
+import json
 import logging
 import math
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, NoReturn
 
 import redis
@@ -29,7 +30,9 @@ from celery import Task, bootsteps
 from celery.worker.consumer import Consumer
 
 from routing.names import LANES, TIERS
+from tasks.broker.guard import guard_lane_reads
 from tasks.broker.keys import done_key
+from tasks.broker.message import JobMessage, JobRoute
 from tasks.errors import InvalidJob, JobFailed
 from tasks.jobs.deadletter import bury
 from tasks.jobs.schema import check_job, shown
@@ -86,32 +89,47 @@ def check_call(args: Any, kwargs: Any) -> None:
         raise InvalidJob("route", f"must be a mapping, got {type(kwargs['route']).__name__}")
 
 
-def check_content(kwargs: dict[str, Any]) -> None:
-    """The job against the schema; the route and the submit time as ``submit()`` makes them."""
-    check_job(kwargs["job"])
+def check_content(kwargs: dict[str, Any]) -> JobMessage:
+    """The job against the schema, the route and the submit time as ``submit()`` makes
+    them: the message, decoded (once)."""
+    job = check_job(kwargs["job"])
     route, submitted_at = kwargs["route"], kwargs["submitted_at"]
     if route.get("lane") not in LANES or route.get("requested_tier") not in TIERS:
         raise InvalidJob("route", f"needs a lane and a requested_tier among {', '.join(LANES)}"
                          f", got {shown(route)}")
     if type(submitted_at) not in (int, float) or not math.isfinite(submitted_at):
         raise InvalidJob("submitted_at", f"must be a unix time, got {shown(submitted_at)}")
+    try:
+        route = JobRoute.decode(route)
+    except TypeError as exc:
+        raise InvalidJob("route", f"cannot be read: {exc}") from exc
+    return JobMessage(replace(job, leads_run=bool(kwargs["job"].get("leads_run"))), route,
+                      float(submitted_at))
 
 
 class CheckedTask(Task):
-    """Base of ``generate``: its message is checked before the task body runs."""
+    """Base of ``generate``: the shape of its call is checked before the task body runs
+    (a wrong one would not even reach it); the body decodes its message with
+    :meth:`checked`."""
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         try:
             check_call(args, kwargs)
         except InvalidJob as exc:
             self._refuse(task_id, kwargs, exc)
+
+    def checked(self, kwargs: dict[str, Any]) -> JobMessage | dict[str, Any]:
+        """The call's message, decoded; a broken one is refused, unless its job already
+        finished: then the result stored before answers it."""
         try:
-            check_content(kwargs)
+            return check_content(kwargs)
         except InvalidJob as exc:
             from tasks.broker.app import redis_client
 
-            if not redis_client().exists(done_key(task_id)):  # else: answered by its result
-                self._refuse(task_id, kwargs, exc)
+            stored = redis_client().get(done_key(self.request.id))
+            if stored is None:
+                self._refuse(self.request.id, kwargs, exc)
+            return json.loads(stored)
 
     def _refuse(self, task_id: str, kwargs: Any, exc: InvalidJob) -> NoReturn:
         delivery = self.request.delivery_info or {}
@@ -194,64 +212,18 @@ class LanesConsumer(Consumer):
 
 # --- what is not a kombu message at all ---------------------------------------------
 
-def envelope_problem(item: Any) -> str | None:
-    """Why a lane item is not a message kombu's Redis transport can hand over, or None."""
-    if not isinstance(item, dict):
-        return f"a JSON {type(item).__name__}, not a message envelope"
-    properties = item.get("properties")
-    if not isinstance(properties, dict):
-        return "a message envelope without properties"
-    if not isinstance(properties.get("delivery_tag"), str):
-        return "a message envelope without a delivery tag"
-    if not isinstance(properties.get("delivery_info", {}), dict):
-        return "a message envelope whose delivery_info is not a mapping"
-    if not isinstance(item.get("headers") or {}, dict):
-        return "a message envelope whose headers are not a mapping"
-    return _body_problem(item.get("body"), properties.get("body_encoding"))
-
-
-def _body_problem(body: Any, encoding: Any) -> str | None:
-    if not isinstance(body, (str, type(None))):
-        return f"a message envelope whose body is a {type(body).__name__}, not text"
-    if body and encoding == "base64":
-        try:
-            base64.b64decode(body)  # as kombu will: it raises in the middle of its read
-        except ValueError as exc:  # binascii.Error among them
-            return f"a message envelope whose body is not base64 ({exc})"
-    return None
-
-
 class LaneGuard(bootsteps.StartStopStep):
-    """Wraps the Redis channel's lane reads: an item that is not valid JSON or not a
-    kombu envelope is dead-lettered (BRPOP already took it off the lane)."""
+    """Guards the Redis channel's lane reads (``tasks.broker.guard``): an item that is
+    not valid JSON or not a kombu envelope is dead-lettered."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, c: Any) -> None:
-        channel = c.task_consumer.channel
-        if "BRPOP" not in getattr(channel, "handlers", {}):
-            return  # not kombu's Redis transport
-        transport, read = channel.connection, channel._brpop_read
-        deliver, delivering = transport._deliver, []
+        guard_lane_reads(c.task_consumer.channel, _refuse_item)
 
-        def guarded_read(**options: Any) -> Any:
-            delivering.clear()  # (broadcasts reach deliver too, through LISTEN)
-            try:
-                return read(**options)
-            except ValueError as exc:  # JSON, UTF-8 or base64 of an item, before delivery
-                if delivering:
-                    raise
-                problem = InvalidJob("message", f"a lane item that is not JSON: {exc}")
-                dead_letter(f"unreadable-{uuid.uuid4()}", None, None, problem, {})
-                return True
 
-        def guarded_deliver(item: Any, queue: str) -> None:
-            problem = envelope_problem(item)
-            if problem is None:
-                delivering.append(True)
-                return deliver(item, queue)
-            dead_letter(f"unreadable-{uuid.uuid4()}", None, None, InvalidJob("message", problem),
-                        {"queue": queue, "body_head": shown(item)})
-
-        channel.handlers["BRPOP"] = guarded_read
-        transport._deliver = guarded_deliver
+def _refuse_item(problem: str, details: dict[str, Any]) -> None:
+    shown_details = {"queue": details["queue"], "body_head": shown(details["item"])} \
+        if "item" in details else {}
+    dead_letter(f"unreadable-{uuid.uuid4()}", None, None, InvalidJob("message", problem),
+                shown_details)

@@ -1,0 +1,127 @@
+"""The job message, typed: what a job carries from ``submit()`` to a worker.
+
+A call of the ``generate`` task has three keyword arguments: ``job`` (the
+validated parameters), ``route`` (the lane it was sent to and, when it was moved,
+from where, why and since when) and ``submitted_at``. They are decoded once where
+a message is read (the worker's task, beat's movers) and encoded once where one
+is written (the publish path, a retry, a move). The objects are frozen: a change
+is a new object, never an edit of a message in place.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from routing.lanes import Route
+from routing.names import lane_of
+from routing.policy import RETRY
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job's parameters as validated by ``tasks.jobs.schema``. ``leads_run``: callers
+    may have joined its run (``tasks.jobs.cache``): its worker closes the run."""
+
+    prompt: str
+    tier: str
+    account: str
+    model: str
+    seed: int
+    steps: int
+    width: int
+    height: int
+    downgradable: bool
+    leads_run: bool = False
+
+    def encode(self) -> dict[str, Any]:
+        encoded = dict(self.__dict__)  # flat fields: no deep copy on the submit path
+        if not self.leads_run:  # only a run's leader carries the flag
+            del encoded["leads_run"]
+        return encoded
+
+    @classmethod
+    def decode(cls, job: dict[str, Any]) -> "Job":
+        """From a message's ``job`` (checked by ``tasks.jobs.schema.check_job`` first)."""
+        return cls(**{f: job[f] for f in PARAMETERS}, leads_run=bool(job.get("leads_run")))
+
+    def leading(self) -> "Job":
+        return replace(self, leads_run=True)
+
+
+#: The parameters of a job, as a caller gives them.
+PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.name != "leads_run")
+
+
+@dataclass(frozen=True)
+class JobRoute:
+    """Where a job's message was sent: its lane (a worker's own queue counts as the
+    lane), the tier asked for, and when it was moved down, from where, why and since
+    when. ``worker_faults``: runs it lost to workers' own faults; ``deferred``: a copy
+    sent back because another run held the job."""
+
+    lane: str
+    requested_tier: str
+    downgraded_from: str | None = None
+    downgrade_reason: str | None = None
+    lane_since: float | None = None
+    worker_faults: int = 0
+    deferred: bool = False
+
+    @classmethod
+    def of(cls, decision: Route) -> "JobRoute":
+        """The route a routing decision sends a new job on."""
+        return cls(decision.lane, decision.requested_tier, decision.downgraded_from,
+                   decision.downgrade_reason)
+
+    def encode(self) -> dict[str, Any]:
+        """Only what is set: a route as the message and the result carry it."""
+        return {k: v for k, v in self.__dict__.items() if v is not None and v is not False
+                and not (k == "worker_faults" and v == 0)}
+
+    @classmethod
+    def decode(cls, route: dict[str, Any]) -> "JobRoute":
+        return cls(**{f.name: route[f.name] for f in fields(cls) if f.name in route})
+
+    def moved(self, lane: str, reason: str, since: float) -> "JobRoute":
+        """Moved down to ``lane`` for ``reason`` at ``since``."""
+        return replace(self, lane=lane, downgraded_from=self.requested_tier,
+                       downgrade_reason=reason, lane_since=since)
+
+    def retried(self, lane: str, since: float) -> "JobRoute":
+        """A retry's route: ``lane`` (one down, or the same), its wait from ``since``."""
+        if lane == self.requested_tier:
+            return replace(self, lane=lane, lane_since=since)
+        return self.moved(lane, RETRY, since)
+
+    def back_to_shared(self, since: float) -> "JobRoute":
+        """Back to the shared lane after a worker's own fault (not a try of the job)."""
+        return replace(self, lane=lane_of(self.lane), worker_faults=self.worker_faults + 1,
+                       lane_since=since)
+
+    def deferred_copy(self) -> "JobRoute":
+        return replace(self, deferred=True)
+
+    def reported(self) -> dict[str, Any]:
+        """What a result says of its route."""
+        return {k: v for k, v in self.encode().items() if k != "lane_since"}
+
+
+@dataclass(frozen=True)
+class JobMessage:
+    """The keyword arguments of a ``generate`` call."""
+
+    job: Job
+    route: JobRoute
+    submitted_at: float
+
+    def kwargs(self) -> dict[str, Any]:
+        return {"job": self.job.encode(), "route": self.route.encode(),
+                "submitted_at": self.submitted_at}
+
+    @classmethod
+    def decode(cls, kwargs: dict[str, Any]) -> "JobMessage":
+        return cls(Job.decode(kwargs["job"]), JobRoute.decode(kwargs["route"]),
+                   float(kwargs["submitted_at"]))
+
+    def with_route(self, route: JobRoute) -> "JobMessage":
+        return replace(self, route=route)
