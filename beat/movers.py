@@ -10,6 +10,9 @@ dropped.
   ``waited_past_budget``: fresh jobs can still make their budget, and the
   stale one is served before that lane's own jobs. Jobs submitted with
   ``downgradable=False`` (fast jobs, by default) stay where they are.
+- A job that leads a coalesced run (``tasks.jobs.cache``) takes its run down with
+  it: the run's rank becomes the lower lane's in the same step, so no faster
+  caller joins it there.
 - In relaxed, heavy users' jobs sit in lower priority levels; one that
   waited ``GPULANES_FAIR_AGING_S`` goes to the front of the first level, so
   light users go first and no account waits much longer than the aging time.
@@ -27,7 +30,7 @@ import redis
 
 import celeryconfig as cfg
 from beat.ledger import UNACKED_KEY, recover_lost
-from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
+from routing.names import FAST, LANES, MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
@@ -38,6 +41,7 @@ from tasks.broker.keys import (
     lane_keys,
     lane_of_key,
     lists_key,
+    run_key,
 )
 
 log = logging.getLogger(__name__)
@@ -76,7 +80,7 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
     order at the front of ``target``: the oldest is served first.
     ``leaves_fast``: a moved job gives back its account's fast place.
     """
-    batch = []
+    batch, lane = [], lane_of_key(target)
     for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
         try:
             message = json.loads(raw)
@@ -89,8 +93,8 @@ def _move_oldest(client: redis.Redis, source: str, target: str,
             break
         if rewritten is not None:
             places = [fast_queued_key(account)] if account else []
-            batch.append(([source, target, LEDGER_KEY, lists_key(lane_of_key(target)), *places],
-                          [raw, json.dumps(rewritten), *ids]))
+            batch.append(([source, target, LEDGER_KEY, lists_key(lane), run_key(ids[0]),
+                           *places], [raw, json.dumps(rewritten), *ids, LANES.index(lane)]))
     return sum(scripts.run(client, "move", keys, args) for keys, args in reversed(batch))
 
 

@@ -1,6 +1,9 @@
 """Per-account fast-lane limit: one account cannot flood the fast lane."""
 from __future__ import annotations
 
+import base64
+import json
+
 import pytest
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
@@ -8,7 +11,9 @@ import celeryconfig as cfg
 from routing.names import LANES
 from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
 from tasks import submit
-from tasks.broker.keys import fast_queued_key
+from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.keys import fast_queued_key, lane_keys
+from tasks.jobs.accounts import charge_fast_seconds, fast_seconds_left, grant_fast_seconds
 from tasks.jobs.fastlimit import fast_waiting
 from tests.flaky_model import open_gate
 
@@ -19,8 +24,20 @@ def limit(monkeypatch):
     return 2
 
 
+@pytest.fixture(scope="module")
+def worker(cluster_factory):
+    """One worker for the module, no beat: routers see no snapshot of the balances."""
+    return cluster_factory(workers=1, beat=False)
+
+
 def _lanes(client) -> list[int]:
     return [client.llen(lane) for lane in LANES]
+
+
+def _route_queued(client, lane: str) -> dict:
+    """The route of the one job queued in ``lane``."""
+    (raw,) = [raw for key in lane_keys(lane) for raw in client.lrange(key, 0, -1)]
+    return json.loads(base64.b64decode(json.loads(raw)["body"]))[1]["route"]
 
 
 def test_over_the_limit_runs_in_standard_and_exhaustion_still_wins():
@@ -107,9 +124,26 @@ def test_a_job_moved_down_by_its_deadline_gives_its_place_back(limit, clean_redi
     assert fast_waiting("mover") == 0
 
 
+def test_spent_fast_time_moves_the_next_fast_submit_without_a_snapshot(limit, clean_redis,
+                                                                       monkeypatch):
+    grant_fast_seconds("tight", 0.01 - fast_seconds_left("tight"))
+    submit("still fast", tier="fast", account="tight", **SMALL)
+    assert _lanes(clean_redis) == [1, 0, 0]
+    charge_fast_seconds("tight", 0.02)  # a fast run ends: the balance is spent
+    submit("spent", tier="fast", account="tight", **SMALL)
+    assert snapshot_cache().view() is None  # no beat: no snapshot says it is spent
+    assert _lanes(clean_redis) == [1, 0, 1]
+    route = _route_queued(clean_redis, "relaxed")
+    assert (route["downgraded_from"], route["downgrade_reason"]) == ("fast",
+                                                                     FAST_TIME_EXHAUSTED)
+    assert fast_waiting("tight") == 1  # the refused publish took no fast place
+    monkeypatch.setattr(cfg, "FAST_SECONDS_DEFAULT", 0.0)  # never charged: the default
+    submit("nothing to start with", tier="fast", account="newcomer", **SMALL)
+    assert _lanes(clean_redis) == [1, 0, 2]
+
+
 @pytest.mark.cluster
-def test_places_come_back_when_jobs_start(limit, cluster_factory):
-    cluster_factory(workers=1, beat=False)
+def test_places_come_back_when_jobs_start(limit, worker):
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast",
                      account="other", **SMALL)
@@ -126,8 +160,7 @@ def test_places_come_back_when_jobs_start(limit, cluster_factory):
 
 
 @pytest.mark.cluster
-def test_a_revoked_fast_job_gives_its_place_back(limit, app, cluster_factory):
-    cluster_factory(workers=1, beat=False)
+def test_a_revoked_fast_job_gives_its_place_back(limit, app, worker):
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold the worker", model="flaky", tier="fast",
                      account="other", **SMALL)
@@ -138,3 +171,23 @@ def test_a_revoked_fast_job_gives_its_place_back(limit, app, cluster_factory):
     open_gate(gate)
     blocker.get(timeout=60)
     wait_until(lambda: fast_waiting("canceller") == 0, what="the revoked job's place back")
+
+
+@pytest.mark.cluster
+def test_fast_jobs_stop_at_the_first_submit_after_the_balance_runs_out(worker, capsys):
+    account, start_s = "meter", 0.05
+    grant_fast_seconds(account, start_s - fast_seconds_left(account))
+    fast_runs_s = []
+    for i in range(500):
+        left = fast_seconds_left(account)
+        out = submit(f"meter {i}", tier="fast", account=account, **SMALL).get(timeout=60)
+        if left <= 0:  # the first submit after the balance ran out
+            break
+        assert out["lane"] == "fast", (i, left)
+        fast_runs_s.append(out["run_ms"] / 1000)
+    assert (out["lane"], out.get("downgrade_reason")) == ("relaxed", FAST_TIME_EXHAUSTED)
+    over_s = -fast_seconds_left(account)  # charged past zero: the last fast run's remainder
+    assert 0 <= over_s < fast_runs_s[-1] + 1e-6
+    with capsys.disabled():
+        print(f"\n{len(fast_runs_s)} fast runs on {start_s}s; over by {over_s * 1000:.1f} ms, "
+              "0 fast jobs after the balance ran out")

@@ -1,7 +1,7 @@
 """The one publish path of a job: route it with this process's copy of the lane
 snapshot (no round trip), then publish it through the lane's conditions (limit,
-deadline, fast place, claimed run: ``tasks.broker.publish``), down the lanes until
-one takes it. ``submit()``, a coalesced run's heir and ``lanes dead requeue`` all
+deadline, fast place, fast time, claimed run: ``tasks.broker.publish``), down the lanes
+until one takes it. ``submit()``, a coalesced run's heir and ``lanes dead requeue`` all
 publish here; a job is sent by its task's name (the submitting process never
 imports the worker)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
 
 import redis
 from celery.result import AsyncResult
@@ -20,7 +21,7 @@ from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
-from tasks.broker.keys import SNAPSHOT_KEY, fast_queued_key
+from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key
 from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import connect
 from tasks.errors import BrokerUnavailable, LaneFull
@@ -77,7 +78,9 @@ def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
     depth in Redis. A lane found full there is held full in the view and the job
     routed again, down the lanes, until one takes it or none can. A fast job
     takes one of its account's fast places in the same publish; with all of
-    them taken it is routed again, as over its account's limit.
+    them taken it is routed again, as over its account's limit. Its account's
+    fast time is read there too: found spent, the job is routed again as the
+    snapshot would route it once beat has seen the balance (exhausted).
 
     ``run``: the (pointer, hash) of the result-cache run this job leads, confirmed
     by the publish. ``accepted``: a job accepted earlier (a coalesced run's heir):
@@ -98,10 +101,7 @@ def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
             cache.note_full(where.lane)
             view = replace(view, full=view.full | {where.lane})
         except PublishRefused as refused:
-            if refused.why == "late":
-                raise BrokerUnavailable("Redis ran the publish only after it was given up "
-                                        "on (too late): nothing was enqueued") from refused
-            over_fast_limit = True  # all of its account's fast places are taken
+            view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
         else:
             cache.note_sent(where.lane, where.node, job["model"])
             return result
@@ -109,10 +109,33 @@ def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
     raise LaneFull(RELAXED, view.retry_after_s)
 
 
+def _after_refusal(refused: PublishRefused, job: dict, view: PolicyView,
+                   over_fast_limit: bool) -> tuple[PolicyView, bool]:
+    """The view and fast-limit flag to route a job again with after a refused publish."""
+    if refused.why == "late":
+        raise BrokerUnavailable("Redis ran the publish only after it was given up "
+                                "on (too late): nothing was enqueued") from refused
+    if refused.why == "fast_time":  # spent, and beat's snapshot does not say so yet
+        return replace(view, exhausted=view.exhausted | {job["account"]}), over_fast_limit
+    return view, True  # all of its account's fast places are taken
+
+
 def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
     model = job["model"] if cfg.ROUTE_HASHING else None
     return decide(job["tier"], job["account"], job["downgradable"], view, model,
                   over_fast_limit)
+
+
+def _fast_conditions(job: dict, where: Route, over_fast_limit: bool) -> dict[str, Any]:
+    """A fast publish's conditions: one of its account's fast places (unless over its
+    limit already), and its fast time, read exactly in the round trip it pays anyway."""
+    if where.lane != FAST:
+        return {}
+    places = None
+    if cfg.FAST_JOBS_PER_ACCOUNT and not over_fast_limit:
+        places = (fast_queued_key(job["account"]), cfg.FAST_JOBS_PER_ACCOUNT, PLACE_LAPSE_S)
+    return {"fast_places": places,
+            "fast_time": (FAST_BALANCE_KEY, job["account"], cfg.FAST_SECONDS_DEFAULT)}
 
 
 def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
@@ -122,16 +145,12 @@ def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
         options.update(exchange=where.queue, routing_key=where.queue)
     else:
         options["queue"] = where.lane
-    places = None
-    if where.lane == FAST and cfg.FAST_JOBS_PER_ACCOUNT and not over_fast_limit:
-        places = (fast_queued_key(job["account"]), cfg.FAST_JOBS_PER_ACCOUNT,
-                  PLACE_LAPSE_S)
     # retry=False: a broken connection is retried once by the client itself; a
     # Redis that does not answer must not hold the caller for several timeouts.
     # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
     # or failed leaves no subscription behind, and no outage of it holds the caller.
-    with publishing(limit=0 if accepted else cfg.MAX_DEPTH[where.lane], fast_places=places,
-                    deadline=publish_deadline(),
+    with publishing(limit=0 if accepted else cfg.MAX_DEPTH[where.lane],
+                    **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
                     run=(*run, cfg.result_expires) if run else None), \
             no_subscription():
         return app.send_task(

@@ -14,8 +14,15 @@ It checks, before it writes anything, what the publisher asked for in
   nothing (:class:`PublishRefused`, ``late``);
 - the account's fast place (a fast job, ``tasks.jobs.fastlimit``): taken in the
   same step, so a refused or failed publish leaves no place behind;
+- the account's fast time (a fast job, ``tasks.jobs.accounts``): a balance at zero or
+  below refuses the publish (:class:`PublishRefused`, ``fast_time``), exactly when it is
+  spent, where the routers' copy of the exhausted accounts lags a beat behind;
 - the run of a result-cache claim is confirmed (``tasks.jobs.cache``): a claim whose
   job was never published lapses by itself and no caller waits on it;
+- a coalesced run led by the job takes the rank of the lane its leader is published to
+  (never faster than it was), so no caller joins a run waiting in a lane slower than
+  its own. A worker's retry (a fenced publish, maybe down a lane) names the run of its
+  job too: it exists only if that job leads one;
 - a fence (a worker's retry of its job, ``tasks.worker.generate``): only the run that
   still holds the job may publish its next copy, and the same step marks the
   run's lease released.
@@ -33,8 +40,9 @@ from typing import Any, Iterator
 
 import redis
 
+from routing.names import LANES
 from tasks.broker import scripts
-from tasks.broker.keys import LEDGER_KEY, lists_key
+from tasks.broker.keys import LEDGER_KEY, lists_key, run_key
 
 #: A lease a run handed over (its retry published, or its message put back) reads
 #: ``RELEASED`` + the run number: the old run can never take it again, and the next
@@ -50,6 +58,8 @@ class Conditions:
     deadline: float = 0.0             #: unix s after which the publish is refused (0: none)
     fast_places: tuple[str, int, float] | None = None  #: (key, allowed, lapse s)
     run: tuple[str, str, int] | None = None  #: a claimed run: (pointer, hash, ttl s)
+    #: a fast job's fast time: (balances hash, account, an uncharged account's balance)
+    fast_time: tuple[str, str, float] | None = None
     #: (lease, counter, token, run number, seconds a released lease is kept)
     fence: tuple[str, str, str, int, int] | None = None
 
@@ -75,14 +85,14 @@ class LaneAtLimit(Exception):
 
 class PublishRefused(Exception):
     """A publish inside :func:`publishing` failed a condition; nothing was written.
-    ``why``: ``late``, ``fast_places`` or ``fence``."""
+    ``why``: ``late``, ``fast_places``, ``fence`` or ``fast_time``."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"publish refused: {why}")
         self.why = why
 
 
-_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence"}
+_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time"}
 
 
 @contextmanager
@@ -116,15 +126,25 @@ def refusal(verdict: int, lane: str, limit: int) -> Exception:
     return LaneAtLimit(lane, limit) if verdict == 0 else PublishRefused(_REFUSALS[verdict])
 
 
+def _led_run(job_id: str, when: Conditions) -> tuple[str, str]:
+    """(pointer to confirm, run hash to rank) of a publish: a claim's; a worker's retry
+    names its job's run, which exists only if the job leads one; else none."""
+    if when.run:
+        return when.run[0], when.run[1]
+    return "", run_key(job_id) if when.fence and job_id else ""
+
+
 def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
               when: Conditions) -> tuple[list[str], list[Any]]:
     """The KEYS and ARGV of the publish script (``lua/put.lua``)."""
     places, allowed, lapse_s = when.fast_places or ("", 0, 0)
-    pointer, run, run_ttl_s = when.run or ("", "", 0)
+    pointer, run = _led_run(job_id, when)
+    run_ttl_s = when.run[2] if when.run else 0
     lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
-    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter],
+    balances, account, start_s = when.fast_time or ("", "", 0.0)
+    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances],
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
-             token, attempt, kept_s, RELEASED])
+             token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s)])
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,

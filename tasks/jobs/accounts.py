@@ -3,9 +3,18 @@
 Only the run time of fast jobs that completed in the fast lane is charged;
 queue time and failed runs are free. An account starts with
 ``GPULANES_FAST_SECONDS_DEFAULT``. When a charge brings it to zero or below,
-the account joins the exhausted set that routers read, and its fast jobs run
-in relaxed (reason ``fast_time_exhausted``) until it is granted more. Every
-change is one atomic Lua script, so concurrent charges never lose an update.
+the account joins the exhausted set that beat copies into the routers'
+snapshot, and its fast jobs run in relaxed (reason ``fast_time_exhausted``)
+until it is granted more. Every change is one atomic Lua script, so concurrent
+charges never lose an update.
+
+The snapshot lags a beat behind a charge, so the balance itself is read where a
+fast job is admitted: the publish that takes its fast place
+(``tasks.broker.enqueue``, ``put.lua``) refuses it while the balance is at or
+below zero, and the job is routed again as exhausted. What still runs past zero
+is only what was admitted before: the account's fast jobs queued or running at
+the moment its balance ran out (at most ``GPULANES_FAST_JOBS_PER_ACCOUNT``
+queued, plus the running ones).
 """
 from __future__ import annotations
 

@@ -9,11 +9,14 @@ height): the same six give the same PNG bit for bit. ``submit()`` hashes them
   referenced, never copied or stored twice), and no GPU is touched; a PNG
   that has vanished, or whose size or sha256 no longer match the result's, is a
   miss and its entry is dropped;
-- finds a run of the same digest, queued or running, of a tier at least as
-  fast as the caller's: the caller *follows* it under its own job id,
-  registered in the run's hash, and the worker that closes the run writes the
-  caller's result (``tasks.worker.coalesce``); a faster caller leads a run of its
-  own instead, so coalescing never makes a fast job wait in a slower lane; or
+- finds a run of the same digest, queued or running, whose leader's message is in
+  a lane at least as fast as the caller's tier: the caller *follows* it under its
+  own job id, registered in the run's hash, and the worker that closes the run
+  writes the caller's result (``tasks.worker.coalesce``); a faster caller leads a
+  run of its own instead, so coalescing never makes a fast job wait in a slower
+  lane. The run's rank is the lane its leader was published to, not the tier it
+  asked for (an account out of fast time, a full lane, sends a fast job lower), and
+  it follows the leader down when a deadline move or a retry takes it lower; or
 - claims the digest for the caller's job, which is then published as usual;
   the claim is provisional until that publish confirms it in the same step,
   so a claim whose job never reached a lane (Redis stopped answering in

@@ -13,12 +13,15 @@ worker and called by ``tasks.worker.generate``, this module closes a run:
   script), and returns the followers; each gets a copy of the result
   (``cached``, ``coalesced``), or REVOKED when its own caller revoked it;
 - **failure for good** (a retry keeps the run open): every follower fails with
-  ``JobFailed`` naming the run;
+  ``JobFailed`` naming the run, once: the task's own give-up and Celery's
+  ``task_failure`` signal that follows it both settle the run, and only the first
+  settle of a run returns its followers (a settle retried after a lost reply is the
+  same settle: same token, same followers);
 - **the leader's own caller revoked it before it ran**: the follower of the
-  fastest tier inherits the run (the pointer and the other followers move over, and the
-  run takes the heir's tier) and its job is published under its own id and
-  tier; with no follower the run is
-  dropped, so later identical jobs start afresh.
+  fastest tier inherits the run (the pointer and the other followers move over) and
+  its job is published under its own id and tier; that publish confirms the run and
+  gives it the rank of the lane the heir is sent to, and nobody joins it before. With
+  no follower the run is dropped, so later identical jobs start afresh.
 
 Followers get their result in the result backend only: no message carries a
 follower's id (an heir's does, and it then leads and finishes like any job),
@@ -26,6 +29,7 @@ so the per-id done keys of ``tasks.worker.generate`` are not needed for them.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -42,22 +46,32 @@ from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import CACHE_LRU_KEY, RUN_KEY_PREFIX, run_key
 from tasks.broker.outage import persist
 from tasks.errors import JobFailed
-from tasks.jobs.cache import LEADS_RUN, copy_for
+from tasks.jobs.cache import LEADS_RUN, PROVISIONAL_S, copy_for
 
 log = logging.getLogger(__name__)
-#: How long a settled run stays, marked, for a retried settle to find (``_SETTLE``).
+#: How long a settled run stays, marked, for a retried settle to find (``settle``).
 SETTLED_KEPT_S = 300
+#: The settle token of a run that succeeded (a failure's names its reason: ``_failed``).
+SUCCEEDED = "ok"
 
 
-
-def settle(leader_id: str, result: dict[str, Any] | None) -> list[tuple[str, dict]]:
+def settle(leader_id: str, result: dict[str, Any] | None,
+           token: str = SUCCEEDED) -> list[tuple[str, dict]]:
     """Close the run led by ``leader_id`` (admitting ``result`` if it earned it);
-    its followers as (job id, {"job", "submitted_at"})."""
+    its followers as (job id, {"job", "submitted_at"}). Only the first settle of a run,
+    or the same settle (``token``) tried again, gets them: none is told twice."""
     flat = scripts.run(
         redis_client(), "run_settle", [run_key(leader_id), CACHE_LRU_KEY],
         [leader_id, json.dumps(result) if result is not None else "",
-              cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time(), SETTLED_KEPT_S])
+              cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time(), SETTLED_KEPT_S, token])
     return [(flat[i], json.loads(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+def _failed(why: str) -> str:
+    """The settle token of a failure: a call tried again after a lost reply passes the
+    same ``why``; another caller (the ``task_failure`` signal after the task's own
+    give-up) words it otherwise, and finds the followers already told."""
+    return "failed:" + hashlib.blake2b(why.encode(), digest_size=8).hexdigest()
 
 
 def deliver(followers: list[tuple[str, dict]], result: dict[str, Any]) -> None:
@@ -79,7 +93,7 @@ def close_run(leader_id: str, result: dict[str, Any]) -> None:
 
 def fail_followers(leader_id: str, why: str) -> int:
     """Fail every follower of the run led by ``leader_id``; how many there were."""
-    followers = settle(leader_id, None)
+    followers = settle(leader_id, None, _failed(why))
     for job_id, _ in followers:
         app.backend.mark_as_failure(job_id, JobFailed(
             f"job {job_id} shared the run of job {leader_id}, which failed: {why}"))
@@ -89,14 +103,16 @@ def fail_followers(leader_id: str, why: str) -> int:
 def promote(leader_id: str) -> str | None:
     """Hand a revoked leader's run to its first follower and publish that one's job."""
     heir = scripts.run(redis_client(), "run_promote", [run_key(leader_id)],
-                       [leader_id, RUN_KEY_PREFIX, cfg.result_expires])
+                       [leader_id, RUN_KEY_PREFIX, cfg.result_expires, PROVISIONAL_S])
     if not heir:
         return None
-    job_id, entry = heir[0], json.loads(heir[1])
+    job_id, entry, pointer = heir[0], json.loads(heir[1]), heir[2]
     # Routed like any job (lane policy, fast places, the router's count); accepted
-    # already, so no lane limit refuses it.
+    # already, so no lane limit refuses it. Its publish confirms the run, ranked by
+    # the lane it lands in, as a new leader's does.
     persist(lambda: enqueue({**entry["job"], LEADS_RUN: True}, job_id,
-                            submitted_at=entry["submitted_at"], accepted=True),
+                            (pointer, run_key(job_id)), submitted_at=entry["submitted_at"],
+                            accepted=True),
             f"the heir {job_id} of revoked job {leader_id}")
     log.info("job %s revoked by its caller; its run goes on as job %s", leader_id, job_id)
     return job_id

@@ -1,11 +1,16 @@
 -- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
--- places, a claimed run's pointer and hash, the job's lease and run counter.
+-- places, a claimed run's pointer, the run the job leads, the job's lease and run
+-- counter, the fast-time balances hash.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
 -- s, fence token ('' : none), the fenced run's number, how long a released lease is
--- kept, the prefix a released lease starts with.
+-- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
+-- account, an uncharged account's fast seconds.
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
--- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold.
+-- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
+-- -4 the account's fast time is spent (its balance is at or below zero).
+-- The run the job leads, if it exists, takes the lane's rank unless it is slower
+-- already: callers join only runs waiting in a lane as fast as their own tier.
 -- The lane's lists are read by name from its set: a standalone Redis allows it.
 -- The same message published again (same delivery tag) before a worker took it finds
 -- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
@@ -16,6 +21,10 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if tonumber(ARGV[4]) > 0 and now > tonumber(ARGV[4]) then return -1 end
 if ARGV[9] ~= '' and not holds(KEYS[7], KEYS[8], ARGV[9], ARGV[10]) then return -3 end
+if KEYS[9] ~= '' then
+  local left = redis.call('HGET', KEYS[9], ARGV[14]) or ARGV[15]
+  if tonumber(left) <= 0 then return -4 end
+end
 local limit = tonumber(ARGV[3])
 if limit > 0 then
   local depth = 0
@@ -35,6 +44,12 @@ if KEYS[5] ~= '' and redis.call('GET', KEYS[5]) == ARGV[7] then
   redis.call('EXPIRE', KEYS[5], ARGV[8])
   redis.call('HSET', KEYS[6], 'confirmed', '1')
   redis.call('EXPIRE', KEYS[6], ARGV[8])
+end
+if KEYS[6] ~= '' then
+  local rank = redis.call('HGET', KEYS[6], 'rank')
+  if rank and tonumber(rank) < tonumber(ARGV[13]) then
+    redis.call('HSET', KEYS[6], 'rank', ARGV[13])
+  end
 end
 if ARGV[9] ~= '' then
   redis.call('SET', KEYS[7], ARGV[12] .. ARGV[10], 'EX', ARGV[11])
