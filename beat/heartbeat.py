@@ -17,7 +17,6 @@ from typing import Any
 
 import redis
 
-import celeryconfig as cfg
 from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
@@ -36,6 +35,7 @@ from tasks.broker.keys import (
     usage_key,
 )
 from tasks.jobs.deadletter import drop_dead
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
@@ -87,7 +87,7 @@ def lane_depths(client: redis.Redis, workers: dict[str, dict]) -> dict[str, int]
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
     """GPU seconds per account over the fair-relax window."""
     newest = int(now) // USAGE_BUCKET_S
-    buckets = range(newest - cfg.FAIR_WINDOW_S // USAGE_BUCKET_S, newest + 1)
+    buckets = range(newest - settings.fair_window_s // USAGE_BUCKET_S, newest + 1)
     with client.pipeline(transaction=False) as pipe:
         for bucket in buckets:
             pipe.hgetall(usage_key(bucket))
@@ -110,22 +110,22 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
     """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
-    loads = lane_loads(workers, lane_depths(client, workers), cfg.DEFAULT_SERVICE_S)
-    policy = next_policy(previous, loads, cfg.MAX_WAIT_S, cfg.RELEASE_RATIO,
-                         cfg.RELEASE_SAMPLES)
+    loads = lane_loads(workers, lane_depths(client, workers), settings.default_service_s)
+    policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
+                         settings.release_samples)
     _log_changes(previous, policy, loads)
     return {"at": now, "measured_at": measured_at, "lanes": loads, "policy": policy,
             "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
-            "levels": relax_levels(recent_usage(client, now), cfg.FAIR_UNIT_S)}
+            "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s)}
 
 
 def expire_dead_letters(client: redis.Redis, now: float) -> int:
     """Drop one batch of the dead letters older than the retention; how many."""
-    dropped = drop_dead(client, now - cfg.DEAD_TTL_S)
+    dropped = drop_dead(client, now - settings.dead_ttl_s)
     if dropped:
         log.info("dropped %d dead letter(s) older than %ss (GPULANES_DEAD_TTL_S)", dropped,
-                 cfg.DEAD_TTL_S)
+                 settings.dead_ttl_s)
     return dropped
 
 
@@ -134,10 +134,10 @@ def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary."""
     client = redis_client()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
-    replies = ask_workers(cfg.HEARTBEAT_REPLY_S)
+    replies = ask_workers(settings.heartbeat_reply_s)
     now = time.time()
     holders = client.hgetall(HOLDERS_KEY)
-    workers = merge(previous, replies, now, cfg.MISSES_ALLOWED)
+    workers = merge(previous, replies, now, settings.misses_allowed)
     workers.update(unheard_holders(holders.values(), workers, now))
     snapshot = build_snapshot(client, workers, now)
     with client.pipeline() as pipe:
@@ -145,11 +145,11 @@ def heartbeat() -> str:
         if workers:
             pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
         pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
-    requeue_dead(app, client, workers, holders, cfg.MISSES_ALLOWED)
+    requeue_dead(app, client, workers, holders, settings.misses_allowed)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
             return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
-    keep_replicas(app, workers, cfg.MIN_REPLICAS)
+    keep_replicas(app, workers, settings.min_replicas)
     expire_dead_letters(client, now)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(

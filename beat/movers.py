@@ -28,8 +28,7 @@ from typing import Callable, Iterable
 
 import redis
 
-import celeryconfig as cfg
-from beat.ledger import UNACKED_KEY, recover_lost
+from beat.ledger import recover_lost
 from routing.names import FAST, LANES, MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.broker import scripts
@@ -43,6 +42,7 @@ from tasks.broker.keys import (
     lists_key,
     run_key,
 )
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +167,9 @@ def move_queued() -> str:
     """One round of deadline downgrades and relax aging."""
     client = redis_client()
     nodes = client.hkeys(WORKERS_KEY)  # every worker with its own queues
-    moved = enforce_deadlines(client, cfg.MAX_WAIT_S, nodes=nodes)
-    lifted = age_relaxed(client, cfg.FAIR_AGING_S, nodes=nodes)
+    moved = enforce_deadlines(client, settings.max_wait_s, nodes=nodes)
+    lifted = age_relaxed(client, settings.fair_aging_s, nodes=nodes)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
-    recovered = recover_lost(client, grace_s=max(10.0, 3 * cfg.HEARTBEAT_S),
-                             unacked_key=cfg.broker_transport_options.get("unacked_key",
-                                                                          UNACKED_KEY))
+    recovered = recover_lost(client, grace_s=max(10.0, 3 * settings.heartbeat_s))
     return f"deadline moves {moved}, aged {lifted}, lost and put back {recovered}"

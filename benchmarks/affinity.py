@@ -60,11 +60,11 @@ def drive(stream: list[str], in_flight: int, steps: int, size: int) -> list[dict
 
 def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """A fresh cluster, the stream, the figures."""
-    import celeryconfig as cfg
     from tasks import app
     from tasks.dev.cluster import LocalCluster
+    from tasks.settings import settings
 
-    cfg.ROUTE_HASHING = hashing  # read by submit() on every call
+    settings.route_hashing = hashing  # read by submit() on every call
     mode = "hashing" if hashing else "shared"
     cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / mode,
                            env={"GPULANES_MODEL_SLOTS": str(args.slots)})

@@ -87,9 +87,9 @@ def drive(stream: list[int], in_flight: int, size: JobSize) -> list[dict]:
 
 def one_mode(on: bool, stream: list[int], args: argparse.Namespace, app: Any) -> dict:
     """The stream with the cache ``on`` or off: runs, hits, joins, worker runs, wall time."""
-    import celeryconfig as cfg
+    from tasks.settings import settings
 
-    cfg.CACHE, before = on, served(app)
+    settings.cache, before = on, served(app)
     began = time.monotonic()
     results = drive(stream, args.in_flight, JobSize(args.steps, args.size))
     wall_s = time.monotonic() - began

@@ -80,11 +80,11 @@ class GatedModel:
 
 def load_gate(*, name: str, device: str, model_dir: Path) -> GatedModel:
     """Model factory for ``GPULANES_MODELS`` (imported by the worker)."""
-    import celeryconfig as cfg
     from gpu_worker.demo_model import load
+    from tasks.settings import settings
 
     return GatedModel(name, load(name="demo", device=device, model_dir=model_dir),
-                      Path(cfg.STATE_DIR) / "gates")
+                      Path(settings.state_dir) / "gates")
 
 
 # --- client side ---------------------------------------------------------------

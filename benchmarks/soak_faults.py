@@ -345,10 +345,10 @@ def main(argv: list[str] | None = None) -> int:
     if report is None:
         return 130
     rows = report["rows"]
-    import celeryconfig as cfg
+    from tasks.settings import current
 
     print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, visibility timeout "
-          f"{cfg.VISIBILITY_TIMEOUT_S}s, {report['wall_s']:.0f}s in all\n")
+          f"{current().visibility_timeout_s}s, {report['wall_s']:.0f}s in all\n")
     print(markdown_table(HEADERS, [c.row() for c in rows]))
     for counts in rows:
         if counts.lost_ids:

@@ -123,8 +123,8 @@ def soak(cluster: Any, app: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def lane_limits() -> dict[str, int]:
-    import celeryconfig as cfg
-    return dict(cfg.MAX_DEPTH)
+    from tasks.settings import settings
+    return dict(settings.max_depth)
 
 
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
@@ -140,8 +140,8 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         cluster.start(app, fresh=True)
         print(f"{args.procs} submitters, {args.jobs} jobs ...", file=sys.stderr, flush=True)
         figures = soak(cluster, app, args)
-    import celeryconfig as cfg
-    figures.update(max_depth=lane_limits(), budget_s=cfg.MAX_WAIT_FAST_S, procs=args.procs,
+    from tasks.settings import settings
+    figures.update(max_depth=lane_limits(), budget_s=settings.max_wait_fast_s, procs=args.procs,
                    jobs=args.jobs)
     return figures
 

@@ -26,9 +26,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> tuple[str, int]:
     """The device kind and the number of workers, checked against the host."""
-    import celeryconfig as cfg
+    from tasks.settings import settings
 
-    device = resolve(args.device or cfg.DEVICE)
+    device = resolve(args.device or settings.device)
     if args.concurrency is not None and args.concurrency < 1:
         raise SystemExit("--concurrency must be at least 1")
     gpus = gpu_count() if device == "cuda" else 0
@@ -44,11 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="[%(asctime)s %(name)s] %(message)s")
     device, workers = plan(args)
-    import celeryconfig as cfg
     from gpu_worker.redis_server import ensure_broker
+    from tasks.settings import settings
 
     # A batch forms only from jobs in hand: one pool thread per job of the largest batch.
-    concurrency = args.concurrency or worker_concurrency(cfg.MAX_BATCH)
+    concurrency = args.concurrency or worker_concurrency(settings.max_batch)
     children = [Child(i, worker_command(i, concurrency, args.loglevel),
                       {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)})
                 for i in range(workers)]
@@ -56,8 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         known = gpus()
         for child in children:
             child.cpus = cpus_for(child.env["CUDA_VISIBLE_DEVICES"], known)
-    with ensure_broker(cfg.STATE_DIR):
-        return Supervisor(children, stop_timeout_s=cfg.MAX_JOB_S + 30).run()
+    with ensure_broker(settings.state_dir):
+        return Supervisor(children, stop_timeout_s=settings.max_job_s + 30).run()
 
 
 if __name__ == "__main__":

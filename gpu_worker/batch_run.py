@@ -12,10 +12,10 @@ import sys
 import time
 from typing import Any
 
-import celeryconfig as cfg
 from gpu_worker.batching import Batcher, Pending, Ran, capacity_from_env
 from gpu_worker.runtime import RUNTIME
 from tasks.errors import JobTimeout
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def deadline_guard(group: list[Pending]):
 
     def on_step(step: int) -> None:
         if time.monotonic() > deadline:
-            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={cfg.MAX_JOB_S:g}s at step {step}")
+            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
         dropped = []
         for item in group:
             try:

@@ -46,9 +46,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import celeryconfig as cfg
 from routing.names import LANES
 from tasks.broker.message import Job
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: The worker's pool size, set by the supervisor: the batcher's "house is full".
@@ -123,9 +123,9 @@ class Batcher:
                  max_batch: Callable[[str], int] | None = None,
                  delay_s: Callable[[str], float] | None = None) -> None:
         self.execute, self.capacity = execute, capacity
-        self._max_batch = max_batch or (lambda model: cfg.for_model(cfg.MAX_BATCH, model))
+        self._max_batch = max_batch or (lambda model: settings.for_model(settings.max_batch, model))
         self._delay_s = delay_s or (
-            lambda model: cfg.for_model(cfg.MAX_QUEUE_DELAY_MS, model) / 1000)
+            lambda model: settings.for_model(settings.max_queue_delay_ms, model) / 1000)
         self._cond = threading.Condition()
         self._pending: list[Pending] = []
         self._seq = itertools.count()
@@ -136,7 +136,7 @@ class Batcher:
         """Run ``job`` in some pass and return its own outcome (or raise its own error);
         ``check`` runs between steps and drops the job out of its pass when it raises."""
         with self._cond:
-            item = Pending(job, lane, next(self._seq), time.monotonic() + cfg.MAX_JOB_S,
+            item = Pending(job, lane, next(self._seq), time.monotonic() + settings.max_job_s,
                            check or (lambda step: None))
             self._pending.append(item)
             self._start_runner()

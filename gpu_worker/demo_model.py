@@ -254,16 +254,16 @@ def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
     (publish it there with :func:`build_checkpoint`); otherwise it is made
     in ``model_dir`` on first use.
     """
-    import celeryconfig as cfg
+    from tasks.settings import settings
 
-    path = checkpoint_folder(name, model_dir, cfg.MODEL_STORE)
-    if not cfg.MODEL_STORE and not path.exists():
+    path = checkpoint_folder(name, model_dir, settings.model_store)
+    if not settings.model_store and not path.exists():
         build_checkpoint(name, path)
     # a store-fetched folder was verified shard by shard a moment ago
-    weights, load_ms = load_checkpoint_timed(path, device, verify=not cfg.MODEL_STORE)
+    weights, load_ms = load_checkpoint_timed(path, device, verify=not settings.model_store)
     for key, (shape, _) in WEIGHT_SPECS.items():
         if key not in weights or tuple(weights[key].shape) != shape:
             raise ModelError(f"{path}: checkpoint does not fit {ARCHITECTURE} (tensor {key!r}); "
                              f"delete {path} to rebuild it")
     return DemoModel(name, device, weights, load_ms,
-                     batch_invariant=cfg.for_model(cfg.MAX_BATCH, name) > 1)
+                     batch_invariant=settings.for_model(settings.max_batch, name) > 1)

@@ -13,9 +13,9 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-import celeryconfig as cfg
 from gpu_worker.runtime import RUNTIME
 from tasks.errors import ModelError, WorkerFault
+from tasks.settings import settings
 
 #: Words in the message of a device error (torch raises them as RuntimeError).
 DEVICE_ERROR_WORDS = ("CUDA error", "device-side assert", "cuDNN error", "CUBLAS_STATUS",
@@ -77,6 +77,6 @@ def self_check(exc: BaseException) -> Callable[[], None]:
     error) -> a device op."""
     cause = exc if isinstance(exc, OSError) else exc.__cause__
     if isinstance(exc, WorkerFault) or isinstance(cause, OSError):
-        folders = list(dict.fromkeys(filter(None, (folder_of(cause), Path(cfg.ARTIFACT_DIR)))))
+        folders = list(dict.fromkeys(filter(None, (folder_of(cause), Path(settings.artifact_dir)))))
         return lambda: check_folders(folders)
     return check_device

@@ -20,10 +20,10 @@ from typing import Any, Callable
 from celery import signals
 from celery.utils.dispatch import Signal
 
-import celeryconfig as cfg
 from gpu_worker.faults import is_worker_fault, self_check
 from gpu_worker.hook import Hook
 from routing.names import CONSUME_COMMAND, worker_queues
+from tasks.settings import settings
 
 __all__ = ["HEALTH", "HEALTH_HOOK", "HealthHook", "Lever", "SelfHealth", "is_worker_fault"]
 log = logging.getLogger(__name__)
@@ -53,9 +53,9 @@ class Lever:
 class SelfHealth:
     """Counts this worker's own faults in a row; ``sick`` says why it stepped aside."""
 
-    def __init__(self, sick_after: int = cfg.SICK_AFTER,
-                 probe_s: float = cfg.SICK_PROBE_S) -> None:
-        self.sick_after, self.probe_s = sick_after, probe_s
+    def __init__(self, sick_after: int | None = None, probe_s: float | None = None) -> None:
+        self.sick_after = sick_after or settings.sick_after
+        self.probe_s = probe_s or settings.sick_probe_s
         self.faults_in_a_row = 0
         self.sick: str | None = None
         self.lever: Lever | None = None  # set once the worker consumes (HealthHook)

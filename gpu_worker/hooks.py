@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterable
 from celery import signals
 from celery.utils.dispatch import Signal
 
-import celeryconfig as cfg
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
 from gpu_worker.devices import worker_device
 from gpu_worker.health import HEALTH_HOOK
@@ -26,6 +25,7 @@ from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.outage import OUTAGE
 from tasks.broker.transport import put_back_held, set_holder
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: Exit status of a worker whose models failed to load (EX_CONFIG).
@@ -60,11 +60,11 @@ class WarmModels(Hook):
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
         import torch
 
-        torch.set_num_threads(cfg.TORCH_THREADS)
-        device = worker_device(cfg.DEVICE)
-        RUNTIME.configure(sender.hostname, device, cfg.MODELS, cfg.MODEL_DIR, cfg.MODEL_SLOTS)
+        torch.set_num_threads(settings.torch_threads)
+        device = worker_device(settings.device)
+        RUNTIME.configure(sender.hostname, device, settings.models, settings.model_dir, settings.model_slots)
         try:
-            for name in cfg.WARM_MODELS:
+            for name in settings.warm_models:
                 RUNTIME.model(name)
         except Exception:
             # Celery swallows exceptions from signal handlers; a worker that
@@ -206,7 +206,7 @@ class KeepHeld(Hook):
 
     kombu redelivers an unacked message once its delivery is older than the
     visibility timeout, even while a live worker runs it. So, every
-    ``cfg.KEEPALIVE_S``, this worker dates each message it holds from now (the
+    ``settings.keepalive_s``, this worker dates each message it holds from now (the
     score in kombu's unacked index) and extends the lease of each job it runs
     (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
     jobs come back after the timeout, or at once through beat's health check.
@@ -216,8 +216,7 @@ class KeepHeld(Hook):
 
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
-        index = cfg.broker_transport_options.get("unacked_index_key")
-        self.index_key = index or UNACKED_INDEX_KEY
+        self.index_key = UNACKED_INDEX_KEY
         self._suspects: set[str] = set()
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
@@ -230,7 +229,7 @@ class KeepHeld(Hook):
     def _loop(self) -> None:
         failed = False
         while True:
-            time.sleep(cfg.KEEPALIVE_S)
+            time.sleep(settings.keepalive_s)
             try:
                 self.refresh()
                 if failed or self._suspects:
@@ -255,7 +254,7 @@ def give_up_hung(tag: str, lease: Lease) -> None:
     lease.abandon()
     put_back_own([tag])
     log.error("job %s: run %d hung (no step for %.0fs past its start); its message is back "
-              "in its lane", lease.job_id, lease.attempt, cfg.RUN_HUNG_S)
+              "in its lane", lease.job_id, lease.attempt, settings.run_hung_s)
 
 
 class WorkerSetup(Hook):

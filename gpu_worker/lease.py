@@ -2,7 +2,7 @@
 
 A job's runs are numbered by its run counter (``routing.names.attempts_key``),
 which each run that starts increments. The run holds the job's lease,
-``"<worker incarnation>#<run number>#<delivery tag>"``, for ``cfg.LEASE_TTL_S`` seconds (three
+``"<worker incarnation>#<run number>#<delivery tag>"``, for ``settings.lease_ttl_s`` seconds (three
 keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).
 Every write a run makes about its job (its result, its retry, its dead letter,
 its charge) checks in the same Lua call that the run still holds the job: the
@@ -27,17 +27,17 @@ from typing import Iterable
 
 import redis
 
-import celeryconfig as cfg
 from tasks.broker import scripts
 from tasks.broker.keys import attempts_key, lease_key
 from tasks.broker.outage import persist
 from tasks.broker.store import connect
 from tasks.errors import LeaseLost
+from tasks.settings import settings
 
 
 @lru_cache(maxsize=1)
 def _client() -> redis.Redis:
-    return connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S)
+    return connect(settings.broker_url, settings.sentinel_master, timeout_s=settings.redis_timeout_s)
 
 
 class Lease:
@@ -47,8 +47,8 @@ class Lease:
     def __init__(self, job_id: str, attempt: int, token: str, sent_at: float) -> None:
         self.job_id, self.attempt, self.token = job_id, attempt, token
         self.keys = (lease_key(job_id), attempts_key(job_id))
-        self._valid_until = sent_at + cfg.LEASE_TTL_S  # monotonic
-        self._hung_at = sent_at + cfg.RUN_HUNG_S
+        self._valid_until = sent_at + settings.lease_ttl_s  # monotonic
+        self._hung_at = sent_at + settings.run_hung_s
         self._lost = False
         self.abandoned = False
         self._lock = threading.Lock()
@@ -59,10 +59,10 @@ class Lease:
             if not held:
                 self._lost = True
             elif not self._lost:
-                self._valid_until = max(self._valid_until, sent_at + cfg.LEASE_TTL_S)
+                self._valid_until = max(self._valid_until, sent_at + settings.lease_ttl_s)
 
     def overdue(self) -> bool:
-        """Whether the run has held its job longer than any run may (``cfg.RUN_HUNG_S``)."""
+        """Whether the run has held its job longer than any run may (``settings.run_hung_s``)."""
         return time.monotonic() > self._hung_at
 
     def abandon(self) -> None:
@@ -94,7 +94,7 @@ def renew(leases: list[Lease], tags: Iterable[str], index_key: str = "unacked_in
     tags = list(tags)
     sent_at = time.monotonic()
     keys = [index_key, *(key for lease in leases for key in lease.keys)]
-    args = [time.time() if now is None else now, cfg.LEASE_TTL_S, len(tags), *tags,
+    args = [time.time() if now is None else now, settings.lease_ttl_s, len(tags), *tags,
             *(value for lease in leases for value in (lease.token, lease.attempt))]
     held = scripts.run(_client(), "lease_renew", keys, args)
     for lease, ok in zip(leases, held):

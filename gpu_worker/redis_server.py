@@ -18,6 +18,7 @@ import redis
 
 from gpu_worker.processes import spawn
 from tasks.errors import GpulanesError
+from tasks.settings import settings
 
 
 def redis_binary() -> str:
@@ -94,7 +95,7 @@ def ensure_broker(state_dir: Path) -> Iterator[EmbeddedRedis | None]:
     Reuses one that already answers on the socket (another launcher's, or
     the demo's); stops it on exit only if this call started it.
     """
-    if os.environ.get("GPULANES_BROKER_URL"):
+    if not settings.embedded_broker:
         yield None
         return
     server = EmbeddedRedis(state_dir)

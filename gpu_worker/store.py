@@ -191,7 +191,7 @@ def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path
 @lru_cache(maxsize=1)
 def cluster_pins() -> ManifestPins:
     """Manifest pins on the cluster's Redis (the broker); one client per process."""
-    import celeryconfig as cfg
     from tasks.broker.store import connect
+    from tasks.settings import settings
 
-    return ManifestPins(connect(cfg.broker_url, cfg.SENTINEL_MASTER, timeout_s=cfg.REDIS_TIMEOUT_S))
+    return ManifestPins(connect(settings.broker_url, settings.sentinel_master, timeout_s=settings.redis_timeout_s))

@@ -10,12 +10,12 @@ import uuid
 
 from celery.result import AsyncResult
 
-import celeryconfig as cfg
 from tasks.broker.enqueue import enqueue
 from tasks.broker.outage import OUTAGE
 from tasks.errors import BrokerUnavailable
 from tasks.jobs.cache import LEADS_RUN, claim, release
 from tasks.jobs.schema import validate
+from tasks.settings import settings
 
 
 def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
@@ -46,7 +46,7 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
                    steps=steps, width=width, height=height, downgradable=downgradable)
     body, job_id = job.encode(), str(uuid.uuid4())
     try:
-        if seed is None or not cfg.CACHE:  # a drawn seed is never shared: no extra round trip
+        if seed is None or not settings.cache:  # a drawn seed is never shared: no extra round trip
             return enqueue(body, job_id)
         shared = claim(body, job_id)  # one round trip: a cached result, a run to join, or ours
         if isinstance(shared, AsyncResult):
@@ -64,7 +64,7 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
         raise
     except OUTAGE as exc:
         raise BrokerUnavailable(f"Redis did not answer within GPULANES_REDIS_TIMEOUT_S="
-                                f"{cfg.REDIS_TIMEOUT_S:g}s ({type(exc).__name__}: {exc}); "
+                                f"{settings.redis_timeout_s:g}s ({type(exc).__name__}: {exc}); "
                                 "nothing was enqueued, submit again later") from exc
 
 

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,12 @@ def cluster_factory(redis_server, app, request):
     yield start
     for cluster in started:
         cluster.stop()
+
+
+def vary(monkeypatch: pytest.MonkeyPatch, **values: Any) -> None:
+    """These settings (by field name) in force in this process until the test ends."""
+    import tasks.settings as gl
+
+    changes = {**gl._changes[-1], **values}
+    monkeypatch.setattr(gl, "_changes", [*gl._changes, changes])
+    monkeypatch.setattr(gl, "_current", [gl.load(**changes)])

@@ -5,7 +5,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import celeryconfig as cfg
 from tasks.broker.keys import FAST_EXHAUSTED_KEY
 from tasks.broker.store import connect
 from tasks.errors import InvalidJob
@@ -15,15 +14,16 @@ from tasks.jobs.accounts import (
     fast_seconds_left,
     grant_fast_seconds,
 )
+from tasks.settings import settings
 
 
 def test_new_account_starts_with_the_default(clean_redis):
-    assert fast_seconds_left("newcomer") == cfg.FAST_SECONDS_DEFAULT
+    assert fast_seconds_left("newcomer") == settings.fast_seconds_default
 
 
 def test_concurrent_charges_never_lose_an_update(clean_redis):
-    grant_fast_seconds("busy", 100 - cfg.FAST_SECONDS_DEFAULT)
-    clients = [connect(cfg.broker_url) for _ in range(8)]  # 8 separate connections
+    grant_fast_seconds("busy", 100 - settings.fast_seconds_default)
+    clients = [connect(settings.broker_url) for _ in range(8)]  # 8 separate connections
 
     def charge(i: int) -> None:
         for _ in range(50):
@@ -36,7 +36,7 @@ def test_concurrent_charges_never_lose_an_update(clean_redis):
 
 
 def test_grant_clears_exhaustion_and_checks_its_input(clean_redis):
-    grant_fast_seconds("a", -cfg.FAST_SECONDS_DEFAULT - 1)
+    grant_fast_seconds("a", -settings.fast_seconds_default - 1)
     assert clean_redis.sismember(FAST_EXHAUSTED_KEY, "a")
     assert grant_fast_seconds("a", 10) == pytest.approx(9.0)
     assert "a" not in exhausted_accounts()

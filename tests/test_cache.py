@@ -6,17 +6,14 @@ run begins (before any result exists), and from the worker's served counter.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as ResultTimeout
 from celery.result import AsyncResult
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
 
-import celeryconfig as cfg
 import tasks.broker.enqueue as enqueue_module
 from routing.names import LANES, STATS_COMMAND
 from routing.policy import FAST_TIME_EXHAUSTED, RETRY, PolicyView
@@ -24,6 +21,7 @@ from tasks import submit
 from tasks.broker.keys import CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key, run_key
 from tasks.errors import ConfigError, JobFailed
 from tasks.jobs.cache import Sightings, digest
+from tasks.settings import load
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster
@@ -112,11 +110,9 @@ def test_sightings_stay_bounded_and_last_at_least_capacity_more():
 def test_bad_cache_setting_names_its_variable(monkeypatch):
     monkeypatch.setenv("GPULANES_CACHE_BLOOM_ERROR", "1.5")
     with pytest.raises(ConfigError, match="GPULANES_CACHE_BLOOM_ERROR"):
-        cfg.setting("CACHE_BLOOM_ERROR", cfg.fraction, 0.001)
-    proc = subprocess.run([sys.executable, "-c", "import celeryconfig"],
-                          env={"GPULANES_CACHE_TTL_S": "0", "PATH": os.environ["PATH"]},
-                          capture_output=True, text=True, cwd=cfg.PROJECT_DIR)
-    assert proc.returncode != 0 and "GPULANES_CACHE_TTL_S" in proc.stderr
+        load()
+    with pytest.raises(ConfigError, match="GPULANES_CACHE_TTL_S"):
+        load(cache_ttl_s="0")
 
 
 # --- the cache -------------------------------------------------------------------------
@@ -145,7 +141,7 @@ def test_jobs_without_a_seed_are_never_cached_or_coalesced(cluster, clean_redis)
 
 
 def test_cache_off_runs_every_job(cluster, clean_redis, monkeypatch):
-    monkeypatch.setattr(cfg, "CACHE", False)
+    vary(monkeypatch, cache=False)
     outs = [r.get(timeout=60) for r in [submit("off", seed=3, **SMALL) for _ in range(3)]]
     outs.append(run("off", 3))
     assert [o["cached"] for o in outs] == [False] * 4 and gpu_runs(clean_redis) == 4

@@ -71,9 +71,9 @@ def test_help_lists_the_sub_commands():
 
 
 def test_grant_show_and_list_agree_and_exhaustion_flips():
-    from celeryconfig import FAST_SECONDS_DEFAULT
+    from tasks.settings import settings
 
-    start = FAST_SECONDS_DEFAULT
+    start = settings.fast_seconds_default
     assert "alice: 10 fast seconds left" in ok("accounts", "grant", "alice", str(10 - start))
     shown = ok("accounts", "show", "alice")
     assert "alice: 10 fast seconds left" in shown and "exhausted" not in shown

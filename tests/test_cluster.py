@@ -7,10 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
 from PIL import Image
 
-import celeryconfig as cfg
 from routing.names import STATS_COMMAND
 from tasks import submit
 from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
@@ -58,7 +57,7 @@ def test_fast_job_overtakes_relaxed_backlog_on_one_worker(cluster):
 
 
 def test_same_seed_same_png_different_seed_different(cluster, monkeypatch):
-    monkeypatch.setattr(cfg, "CACHE", False)  # two real runs, not one run shared by both
+    vary(monkeypatch, cache=False)  # two real runs, not one run shared by both
     a, b, c = (submit("tidal pools at dusk", seed=s, **SMALL) for s in (5, 5, 6))
     paths = [r.get(timeout=60)["image"] for r in (a, b, c)]
     assert paths[0] != paths[1]  # each job writes its own file...

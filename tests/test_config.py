@@ -1,39 +1,79 @@
-"""Settings: one typed helper that names the bad variable; safe Celery defaults."""
+"""Settings: one typed object built from the environment, naming a bad variable;
+varied in process; safe Celery defaults derived from it."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-import celeryconfig as cfg
+import celeryconfig
 from tasks.errors import ConfigError
+from tasks.settings import DEMO_MODELS, PROJECT_DIR, Settings, load, override, settings
 
 
-def test_setting_parses_and_defaults(monkeypatch):
-    monkeypatch.setenv("GPULANES_SOMETHING_S", "2.5")
-    assert cfg.setting("SOMETHING_S", float, 1.0) == 2.5
-    monkeypatch.delenv("GPULANES_SOMETHING_S")
-    assert cfg.setting("SOMETHING_S", float, 1.0) == 1.0
+def test_settings_read_the_environment_and_default(monkeypatch):
+    monkeypatch.setenv("GPULANES_MAX_JOB_S", "2.5")
+    assert load().max_job_s == 2.5
+    monkeypatch.setenv("GPULANES_MAX_JOB_S", "")  # empty is unset
+    assert load().max_job_s == 300.0
+    monkeypatch.setenv("GPULANES_MAX_BATCH", "demo=4,*=2")
+    monkeypatch.setenv("GPULANES_WARM_MODELS", "demo, demo-1")
+    loaded = load()
+    assert loaded.max_batch == {"*": 2, "demo": 4} and loaded.warm_models == ("demo", "demo-1")
 
 
-@pytest.mark.parametrize("parse,raw", [(int, "ten"), (cfg.positive(float), "-1"),
-                                       (cfg.choice("auto", "cpu"), "tpu"),
-                                       (cfg.mapping, "demo-without-factory")])
-def test_bad_value_names_the_variable(monkeypatch, parse, raw):
-    monkeypatch.setenv("GPULANES_THING", raw)
+@pytest.mark.parametrize("variable,raw", [
+    ("MAX_STEPS", "ten"), ("MAX_JOB_S", "-1"), ("DEVICE", "tpu"),
+    ("MODELS", "demo-without-factory"), ("ROUTE_HASHING", "maybe"),
+    ("EXPORTER_AUTH", "no-password"), ("CACHE_BLOOM_ERROR", "1.5"), ("MAX_BATCH", "demo=0"),
+])
+def test_a_bad_value_names_its_variable(monkeypatch, variable, raw):
+    monkeypatch.setenv(f"GPULANES_{variable}", raw)
     with pytest.raises(ConfigError) as caught:
-        cfg.setting("THING", parse, None)
-    assert caught.value.variable == "GPULANES_THING"
-    assert "GPULANES_THING" in str(caught.value) and raw in str(caught.value)
+        load()
+    assert caught.value.variable == f"GPULANES_{variable}"
+    assert str(caught.value).startswith(f"GPULANES_{variable}: ")
 
 
-def test_bad_setting_stops_import_with_its_name():
+@pytest.mark.parametrize("values,variable", [
+    ({"warm_models": "demo,demo-0,demo-1", "model_slots": "2"}, "GPULANES_WARM_MODELS"),
+    ({"min_replicas": "nope=1"}, "GPULANES_MIN_REPLICAS"),
+    ({"max_batch": "nope=2"}, "GPULANES_MAX_BATCH"),
+    ({"min_side": "60"}, "GPULANES_MIN_SIDE"),
+    ({"broker_url": "sentinel://h:26379"}, "GPULANES_SENTINEL_MASTER"),
+])
+def test_rules_across_settings_name_a_variable(values, variable):
+    with pytest.raises(ConfigError) as caught:
+        load(**values)
+    assert caught.value.variable == variable
+
+
+def test_a_setting_varies_in_process_and_what_follows_from_it_too():
+    before = settings.visibility_timeout_s
+    with override(max_job_s=5):
+        assert settings.max_job_s == 5
+        assert settings.visibility_timeout_s == int(2 * 5 + settings.retry_cap_s)
+        assert settings.run_hung_s == 10 and settings.lease_ttl_s < settings.visibility_timeout_s
+        with override(retry_cap_s=1):  # nested: both changes hold
+            assert settings.visibility_timeout_s == 11
+    assert settings.max_job_s == 300 and settings.visibility_timeout_s == before
+
+
+def test_an_override_is_validated_like_the_environment():
+    with pytest.raises(ConfigError, match="GPULANES_MAX_JOB_S"):
+        with override(max_job_s=-1):
+            pass
+    assert settings.max_job_s == 300
+
+
+def test_a_bad_setting_stops_a_process_naming_it():
     env = {"GPULANES_MAX_STEPS": "lots", "PATH": ""}
     proc = subprocess.run([sys.executable, "-c", "import celeryconfig"], env=env,
-                          capture_output=True, text=True, cwd=cfg.PROJECT_DIR)
-    assert proc.returncode != 0
-    assert "GPULANES_MAX_STEPS" in proc.stderr
+                          capture_output=True, text=True, cwd=PROJECT_DIR)
+    assert proc.returncode != 0 and "GPULANES_MAX_STEPS" in proc.stderr
 
 
 def test_json_only_and_lanes_declared(app):
@@ -51,27 +91,27 @@ def test_delivery_guarantees(app):
     options = conf.broker_transport_options
     assert options["queue_order_strategy"] == "priority"
     # A job may run MAX_JOB_S and back off RETRY_CAP_S before Redis redelivers it.
-    assert options["visibility_timeout"] > cfg.MAX_JOB_S + cfg.RETRY_CAP_S
-
-
-def test_more_warm_models_than_slots_is_refused():
-    env = {"GPULANES_WARM_MODELS": "demo,demo-0,demo-1", "GPULANES_MODEL_SLOTS": "2",
-           "PATH": ""}
-    proc = subprocess.run([sys.executable, "-c", "import celeryconfig"], env=env,
-                          capture_output=True, text=True, cwd=cfg.PROJECT_DIR)
-    assert proc.returncode != 0 and "GPULANES_WARM_MODELS" in proc.stderr
+    assert options["visibility_timeout"] > settings.max_job_s + settings.retry_cap_s
+    assert celeryconfig.result_expires == settings.result_ttl_s
 
 
 def test_the_demo_family_is_built_in():
-    assert {"demo", "demo-0", "demo-15"} <= set(cfg.DEMO_MODELS)
-    assert len(cfg.DEMO_MODELS) == 17
+    assert {"demo", "demo-0", "demo-15"} <= set(DEMO_MODELS)
+    assert len(DEMO_MODELS) == 17 and Settings.model_fields["models"].default_factory() == \
+        DEMO_MODELS
 
 
 def test_every_setting_is_documented_in_the_readme():
-    import re
-    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    names = {f"GPULANES_{name.upper()}" for name in Settings.model_fields}
+    assert len(names) > 40 and not {n for n in names if n not in readme}
 
+
+def test_no_setting_is_read_outside_the_settings_object():
+    """Every GPULANES_ setting is a field: no module parses its own from os.environ."""
     root = Path(__file__).resolve().parent.parent
-    names = set(re.findall(r'setting\("([A-Z0-9_]+)"', (root / "celeryconfig.py").read_text()))
-    readme = (root / "README.md").read_text()
-    assert names and not {n for n in names if f"GPULANES_{n}" not in readme}
+    own = {"GPULANES_WORKER_DEVICE", "GPULANES_WORKER_CONCURRENCY"}  # set by the supervisor
+    for path in [*root.glob("tasks/**/*.py"), *root.glob("gpu_worker/*.py"),
+                 *root.glob("beat/*.py"), *root.glob("routing/*.py")]:
+        for name in re.findall(r"environ(?:\.get)?\(?\[?[\"'](GPULANES_[A-Z_]+)", path.read_text()):
+            assert name in own, f"{path.name} reads {name} itself"

@@ -7,18 +7,16 @@ give-up (``tasks.broker.runs.give_up``, with the failure time its letter says) a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 from test_cli import bury_one, failed, ok
 
-import celeryconfig as cfg
 from tasks.broker import runs
 from tasks.broker.keys import DEAD_INDEX_KEY, DEAD_KEY
+from tasks.errors import ConfigError
 from tasks.jobs import deadletter
+from tasks.settings import load, settings
 
 HOLDER = "gpu0@h/10/1.0"
 
@@ -78,7 +76,7 @@ def test_a_requeue_that_fails_puts_letter_and_index_entry_back(clean_redis, monk
 def test_beat_drops_only_letters_past_the_retention_a_batch_per_round(clean_redis,
                                                                     monkeypatch):
     monkeypatch.setattr(deadletter, "EXPIRE_BATCH", 2)
-    past_s = time.time() - cfg.DEAD_TTL_S
+    past_s = time.time() - settings.dead_ttl_s
     for i in range(3):
         give_up_at(f"expired-{i}", past_s - 60 - i)
     give_up_at("almost", past_s + 600)
@@ -120,7 +118,7 @@ def test_purge_refuses_no_option_both_or_a_duration_without_unit(clean_redis, ar
 def test_letters_written_before_the_index_get_indexed_and_expire(clean_redis):
     now = time.time()
     clean_redis.hset(DEAD_KEY, mapping={  # as the code before the index wrote them
-        "legacy-old": json.dumps({"job_id": "legacy-old", "failed_at": now - cfg.DEAD_TTL_S - 60}),
+        "legacy-old": json.dumps({"job_id": "legacy-old", "failed_at": now - settings.dead_ttl_s - 60}),
         "legacy-new": json.dumps({"job_id": "legacy-new", "failed_at": now - 60})})
     heartbeat_round()
     assert letters(clean_redis) == set(index(clean_redis)) == {"legacy-new"}
@@ -132,11 +130,10 @@ def test_letters_written_before_the_index_get_indexed_and_expire(clean_redis):
 
 
 @pytest.mark.parametrize("raw, ok_", [("60", True), ("0", False), ("-5", False)])
-def test_the_retention_must_be_positive(raw, ok_):
-    env = {**os.environ, "GPULANES_DEAD_TTL_S": raw}
-    proc = subprocess.run([sys.executable, "-c", "import celeryconfig as c; print(c.DEAD_TTL_S)"],
-                          env=env, capture_output=True, text=True, cwd=cfg.PROJECT_DIR)
+def test_the_retention_must_be_positive(monkeypatch, raw, ok_):
+    monkeypatch.setenv("GPULANES_DEAD_TTL_S", raw)
     if ok_:
-        assert proc.returncode == 0 and proc.stdout.strip() == raw
+        assert load().dead_ttl_s == int(raw)
     else:
-        assert proc.returncode != 0 and "GPULANES_DEAD_TTL_S" in proc.stderr
+        with pytest.raises(ConfigError, match="GPULANES_DEAD_TTL_S"):
+            load()

@@ -203,12 +203,12 @@ def test_each_worker_reserves_exactly_one_distinct_gpu():
 
 @lru_cache(maxsize=None)
 def settings_read() -> list[re.Pattern]:
-    """The variables celeryconfig reads through ``setting("NAME"`` (f-strings as patterns)."""
-    source = (ROOT / "celeryconfig.py").read_text()
-    names = re.findall(r'\bsetting\(\s*f?"([^"]+)"', source)
-    assert len(names) > 20, "celeryconfig no longer reads its settings through setting()"
-    return [re.compile("GPULANES_" + re.sub(r"\\\{[^}]*\\\}", "[A-Z0-9_]+", re.escape(name)))
-            for name in names]
+    """The variables of the settings object (``tasks.settings.Settings``' fields)."""
+    from tasks.settings import Settings
+
+    names = [name.upper() for name in Settings.model_fields]
+    assert len(names) > 20, "tasks.settings.Settings no longer lists the settings"
+    return [re.compile(f"GPULANES_{name}") for name in names]
 
 
 def test_every_gpulanes_variable_is_a_setting():
@@ -216,7 +216,7 @@ def test_every_gpulanes_variable_is_a_setting():
         for variable in service.get("environment") or {}:
             if variable.startswith("GPULANES_"):
                 assert any(p.fullmatch(variable) for p in settings_read()), \
-                    f"{name}: {variable} is not a setting celeryconfig.py reads"
+                    f"{name}: {variable} is not a setting (tasks/settings.py)"
 
 
 def test_no_literal_secret_in_any_environment():

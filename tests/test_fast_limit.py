@@ -5,9 +5,8 @@ import base64
 import json
 
 import pytest
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
 
-import celeryconfig as cfg
 from routing.names import LANES
 from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
 from tasks import submit
@@ -20,7 +19,7 @@ from tests.flaky_model import open_gate
 
 @pytest.fixture
 def limit(monkeypatch):
-    monkeypatch.setattr(cfg, "FAST_JOBS_PER_ACCOUNT", 2)
+    vary(monkeypatch, fast_jobs_per_account=2)
     return 2
 
 
@@ -62,7 +61,7 @@ def test_one_account_holds_at_most_its_places_in_the_fast_lane(limit, clean_redi
 
 
 def test_zero_means_no_limit(monkeypatch, clean_redis):
-    monkeypatch.setattr(cfg, "FAST_JOBS_PER_ACCOUNT", 0)
+    vary(monkeypatch, fast_jobs_per_account=0)
     for i in range(4):
         submit(f"many {i}", tier="fast", account="big", **SMALL)
     assert _lanes(clean_redis) == [4, 0, 0] and not clean_redis.exists(fast_queued_key("big"))
@@ -137,7 +136,7 @@ def test_spent_fast_time_moves_the_next_fast_submit_without_a_snapshot(limit, cl
     assert (route["downgraded_from"], route["downgrade_reason"]) == ("fast",
                                                                      FAST_TIME_EXHAUSTED)
     assert fast_waiting("tight") == 1  # the refused publish took no fast place
-    monkeypatch.setattr(cfg, "FAST_SECONDS_DEFAULT", 0.0)  # never charged: the default
+    vary(monkeypatch, fast_seconds_default=0.0)  # never charged: the default
     submit("nothing to start with", tier="fast", account="newcomer", **SMALL)
     assert _lanes(clean_redis) == [1, 0, 2]
 

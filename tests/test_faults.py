@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
 
-import celeryconfig as cfg
 from benchmarks.common import markdown_table
 from benchmarks.faults import (
     HEADERS,
@@ -27,6 +26,7 @@ from benchmarks.faults import (
 )
 from tasks import submit
 from tasks.broker.keys import attempts_key
+from tasks.settings import settings
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster
@@ -114,7 +114,7 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(cluster, app, clean_
 
 def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, clean_redis,
                                                                 monkeypatch):
-    monkeypatch.setattr(cfg, "ROUTE_HASHING", False)  # shared lanes: each worker takes one
+    vary(monkeypatch, route_hashing=False)  # shared lanes: each worker takes one
     gates = [new_gate(), new_gate()]
     held = [submit(f"gate:{g} held over a supervisor crash", model="flaky", **SMALL)
             for g in gates]
@@ -130,7 +130,7 @@ def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, c
     # no second process may run them meanwhile.
     wait_until(lambda: _all_new(worker_pids(app, 2, timeout_s=0), old), timeout_s=60,
                what="the new workers to answer")
-    window_ends = time.monotonic() + 3 * cfg.HEARTBEAT_S
+    window_ends = time.monotonic() + 3 * settings.heartbeat_s
     wait_until(lambda: time.monotonic() > window_ends or _runs(clean_redis, held) != [1, 1],
                timeout_s=30, what="the window to pass")
     assert _runs(clean_redis, held) == [1, 1], "a held job started again elsewhere"
@@ -184,7 +184,7 @@ def test_redis_killed_and_restarted_from_its_aof(redis_faults):
     running at the kill finish within seconds of the restart, not after the
     visibility timeout (Finding 4)."""
     counts = redis_faults["redis"]
-    assert counts["running_done_after_s"] < 30 < cfg.VISIBILITY_TIMEOUT_S
+    assert counts["running_done_after_s"] < 30 < settings.visibility_timeout_s
 
 
 def test_redis_frozen_refuses_submits_in_time_and_fails_nothing(redis_faults):
@@ -193,7 +193,7 @@ def test_redis_frozen_refuses_submits_in_time_and_fails_nothing(redis_faults):
     job runs when submitted again); jobs finishing meanwhile are not reported failed."""
     counts = redis_faults["redis-freeze"]
     assert counts["refused"] > 0 and set(counts["refusals"]) == {"BrokerUnavailable"}
-    assert counts["slowest_refusal_s"] < cfg.REDIS_TIMEOUT_S + 2
+    assert counts["slowest_refusal_s"] < settings.redis_timeout_s + 2
     probe = counts["probe"]  # a seeded fast job: a cache claim and a fast place
-    assert probe["refused"] == "BrokerUnavailable" and probe["refusal_s"] < cfg.REDIS_TIMEOUT_S + 2
+    assert probe["refused"] == "BrokerUnavailable" and probe["refusal_s"] < settings.redis_timeout_s + 2
     assert probe["done_after"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+from conftest import vary
 from kombu import Connection
 
 import celeryconfig as cfg
@@ -17,6 +18,7 @@ from tasks.broker import runs
 from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
 from tasks.broker.publish import PublishRefused, publishing
 from tasks.broker.transport import put_back_held, set_holder
+from tasks.settings import settings
 from tasks.worker.generate import generate
 
 A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
@@ -120,7 +122,7 @@ def test_an_ack_drops_only_the_records_of_its_own_take(clean_redis):
     generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
                          queue="standard")
     try:
-        with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c:
+        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
             set_holder(A)
             channel = c.channel()
             tag = channel.basic_get("standard", no_ack=False).delivery_tag
@@ -138,8 +140,8 @@ def test_an_ack_drops_only_the_records_of_its_own_take(clean_redis):
 def test_a_dead_holders_message_of_a_failed_job_is_dropped_not_put_back(clean_redis):
     job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
                                   queue="standard").id
-    with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c, \
-            Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as beat:
+    with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c, \
+            Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as beat:
         tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
         clean_redis.hset(HOLDERS_KEY, tag, A)
         clean_redis.hset(DEAD_KEY, job_id, "{}")  # its ack was lost after it failed
@@ -162,9 +164,9 @@ def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatc
                                   queue="standard").id
     try:
         set_holder(RUNTIME.incarnation)
-        with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as c:
+        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
             tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
-            monkeypatch.setattr(cfg, "RUN_HUNG_S", 0.0)
+            vary(monkeypatch, run_hung_s=1e-6)
             lease = _lease(job_id, RUNTIME.incarnation, tag)
             assert lease.overdue()
             give_up_hung(tag, lease)

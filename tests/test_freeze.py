@@ -11,7 +11,7 @@ import os
 import signal
 
 import pytest
-from conftest import SMALL, new_gate, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
 
 import celeryconfig as cfg
 from benchmarks.faults import JobStream, settle, wait_replaced, worker_pids
@@ -19,6 +19,7 @@ from routing.names import LANES
 from tasks import submit
 from tasks.broker.keys import HOLDERS_KEY, METRICS_KEY
 from tasks.jobs.accounts import fast_seconds_left
+from tasks.settings import settings
 from tasks.worker.generate import STALE_FIELD
 from tests.flaky_model import open_gate, runs_finished, runs_started
 
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def cluster(cluster_factory):
     # the default timeout (2 x GPULANES_MAX_JOB_S + the retry cap): nothing here waits it out
-    assert "GPULANES_VISIBILITY_TIMEOUT_S" not in os.environ and cfg.VISIBILITY_TIMEOUT_S > 600
+    assert "GPULANES_VISIBILITY_TIMEOUT_S" not in os.environ and settings.visibility_timeout_s > 600
     return cluster_factory(workers=2, beat=True)
 
 
@@ -111,7 +112,7 @@ def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, ap
 def test_revoked_jobs_never_run_though_a_worker_restarts(cluster, app, clean_redis,
                                                          monkeypatch):
     """Finding 5: a worker restarted after a revoke never heard of it and ran the jobs."""
-    monkeypatch.setattr(cfg, "ROUTE_HASHING", False)  # shared lanes: each worker takes one
+    vary(monkeypatch, route_hashing=False)  # shared lanes: each worker takes one
     gates = [new_gate(), new_gate()]
     blockers = [submit(f"gate:{g} hold a worker", model="flaky", **SMALL) for g in gates]
     for result, gate in zip(blockers, gates):
@@ -151,7 +152,7 @@ def test_a_copy_is_kept_when_the_running_holder_lost_its_record(cluster, app, cl
     holder = _holder_of(clean_redis, job.id)
     (tag,) = [t for t, who in clean_redis.hgetall(HOLDERS_KEY).items()
               if who.decode() == holder]
-    with Connection(cfg.broker_url, transport_options=cfg.broker_transport_options) as conn:
+    with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as conn:
         assert put_back_held(conn.default_channel, redis_client(), tag.decode(), holder,
                              unless_running=False)
     wait_until(lambda: _logged(cluster, "this copy comes back"), timeout_s=30,

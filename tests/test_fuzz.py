@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-import celeryconfig as cfg
 from routing.names import TIERS
 from tasks import submit
 from tasks.errors import InvalidJob
-from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, MODEL_NAMES, check_job
+from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, check_job, model_names
+from tasks.settings import settings as gl
 from tasks.worker.rejects import check_call, check_content
 
 #: Deterministic and database-free: CI sees the same examples on every run.
@@ -59,14 +59,14 @@ def _int_ok(value, low: int, high: int) -> bool:
 
 
 GOOD_VALUE = {
-    "prompt": lambda v: _text_ok(v, cfg.MAX_PROMPT_CHARS),
+    "prompt": lambda v: _text_ok(v, gl.max_prompt_chars),
     "tier": lambda v: isinstance(v, str) and v in TIERS,
-    "account": lambda v: _text_ok(v, cfg.MAX_ACCOUNT_CHARS) and bool(ACCOUNT_RE.fullmatch(v)),
-    "model": lambda v: isinstance(v, str) and v in MODEL_NAMES,
+    "account": lambda v: _text_ok(v, gl.max_account_chars) and bool(ACCOUNT_RE.fullmatch(v)),
+    "model": lambda v: isinstance(v, str) and v in model_names(),
     "seed": lambda v: v is None or _int_ok(v, 0, MAX_SEED),
-    "steps": lambda v: _int_ok(v, 1, cfg.MAX_STEPS),
-    "width": lambda v: _int_ok(v, cfg.MIN_SIDE, cfg.MAX_SIDE) and v % 8 == 0,
-    "height": lambda v: _int_ok(v, cfg.MIN_SIDE, cfg.MAX_SIDE) and v % 8 == 0,
+    "steps": lambda v: _int_ok(v, 1, gl.max_steps),
+    "width": lambda v: _int_ok(v, gl.min_side, gl.max_side) and v % 8 == 0,
+    "height": lambda v: _int_ok(v, gl.min_side, gl.max_side) and v % 8 == 0,
     "downgradable": lambda v: v is None or isinstance(v, bool),
 }
 
@@ -78,14 +78,14 @@ GARBAGE = st.one_of(
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
                                                          max_size=2),
     st.sampled_from([math.nan, math.inf, -math.inf, 1e308, "", " ", "\x00", "\ud800",
-                     "fast\x00", "x" * (cfg.MAX_PROMPT_CHARS + 1), b"fast", object()]),
+                     "fast\x00", "x" * (gl.max_prompt_chars + 1), b"fast", object()]),
 )
 #: Any code point, plus the ones that break encoders, terminals and C strings.
 #: (A list joined, not st.text: text() drops the surrogates from its alphabet.)
 NASTY_TEXT = st.lists(st.one_of(st.characters(), st.sampled_from(
     ["\ud800", "\udfff", "\x00", "\x1b", "\r", "\u202e", "\ufeff", "\U0010ffff"])),
     min_size=1, max_size=40).map("".join)
-SIDE = st.integers(cfg.MIN_SIDE // 8, cfg.MAX_SIDE // 8).map(lambda n: n * 8)
+SIDE = st.integers(gl.min_side // 8, gl.max_side // 8).map(lambda n: n * 8)
 
 
 def near(good: st.SearchStrategy, *edges) -> st.SearchStrategy:
@@ -96,14 +96,14 @@ def near(good: st.SearchStrategy, *edges) -> st.SearchStrategy:
 
 LIKELY_GOOD = {
     "prompt": st.one_of(st.text(min_size=1, max_size=60), NASTY_TEXT,
-                        st.just("y" * cfg.MAX_PROMPT_CHARS)),
+                        st.just("y" * gl.max_prompt_chars)),
     "tier": near(st.sampled_from(TIERS), "Fast", "fast ", "turbo"),
     "account": st.from_regex(ACCOUNT_RE, fullmatch=True).filter(lambda a: len(a) <= 70),
-    "model": near(st.sampled_from(MODEL_NAMES), "sdxl", "Demo", "demo "),
+    "model": near(st.sampled_from(model_names()), "sdxl", "Demo", "demo "),
     "seed": near(st.one_of(st.none(), st.integers(0, MAX_SEED)), -1, MAX_SEED + 1),
-    "steps": near(st.integers(1, cfg.MAX_STEPS), 0, -1, cfg.MAX_STEPS + 1),
-    "width": near(SIDE, 0, cfg.MIN_SIDE - 8, cfg.MIN_SIDE + 1, cfg.MAX_SIDE + 8),
-    "height": near(SIDE, 0, cfg.MIN_SIDE - 8, cfg.MAX_SIDE - 1, cfg.MAX_SIDE + 8),
+    "steps": near(st.integers(1, gl.max_steps), 0, -1, gl.max_steps + 1),
+    "width": near(SIDE, 0, gl.min_side - 8, gl.min_side + 1, gl.max_side + 8),
+    "height": near(SIDE, 0, gl.min_side - 8, gl.max_side - 1, gl.max_side + 8),
     "downgradable": st.one_of(st.none(), st.booleans()),
 }
 

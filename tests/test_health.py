@@ -11,6 +11,7 @@ import celeryconfig as cfg
 from tasks.broker.app import redis_client
 from tasks.broker.keys import HOLDERS_KEY, lease_key
 from tasks.broker.transport import put_back_held
+from tasks.settings import settings
 from tasks.worker.generate import generate
 
 
@@ -24,7 +25,7 @@ def _ids(client, key="standard") -> list[str]:
 
 
 def _connection() -> Connection:
-    return Connection(cfg.broker_url, transport_options=cfg.broker_transport_options)
+    return Connection(settings.broker_url, transport_options=cfg.broker_transport_options)
 
 
 def test_a_dead_holders_message_goes_back_to_its_lane(clean_redis):

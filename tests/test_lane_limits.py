@@ -14,10 +14,9 @@ import uuid
 from collections import Counter
 
 import pytest
-from conftest import SMALL
+from conftest import SMALL, vary
 from kombu import Exchange, Queue
 
-import celeryconfig as cfg
 from routing.names import LANES, worker_queue
 from routing.snapshot import SnapshotCache
 from tasks import submit
@@ -36,7 +35,7 @@ def limits(monkeypatch):
     # The router's copy of the limits too (made, with the defaults, before they change),
     # and back after: later tests keep the defaults.
     monkeypatch.setattr(snapshot_cache(), "max_depth", dict(LIMITS))
-    monkeypatch.setattr(cfg, "MAX_DEPTH", dict(LIMITS))
+    vary(monkeypatch, **{f"max_depth_{lane}": depth for lane, depth in LIMITS.items()})
     return LIMITS
 
 
@@ -76,7 +75,7 @@ def test_many_submitters_at_once_never_pass_the_limit(limits, clean_redis):
 
 def test_a_full_lane_spills_down_and_gives_back_the_fast_place(limits, monkeypatch,
                                                                clean_redis):
-    monkeypatch.setattr(cfg, "FAST_JOBS_PER_ACCOUNT", 100)
+    vary(monkeypatch, fast_jobs_per_account=100)
     for i in range(sum(LIMITS.values())):
         submit(f"spill {i}", tier="fast", account="payer", **SMALL)
     with pytest.raises(LaneFull):

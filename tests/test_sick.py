@@ -14,7 +14,6 @@ from types import SimpleNamespace
 import pytest
 from conftest import SMALL, wait_until
 
-import celeryconfig as cfg
 from beat.snapshot import lane_loads
 from gpu_worker.faults import folder_of, self_check
 from gpu_worker.health import HealthHook, Lever, SelfHealth, is_worker_fault
@@ -23,6 +22,7 @@ from routing.placement import holders, home, prewarm_targets, ring, serving
 from routing.snapshot import base_view
 from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY, lane_keys
 from tasks.errors import ArtifactError, JobTimeout, ModelError, TransientJobError
+from tasks.settings import settings
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 REASON = "3 jobs in a row failed here: PermissionError: [Errno 13] Permission denied: '/a/b'"
@@ -142,7 +142,7 @@ def test_each_kind_of_fault_gets_its_own_check(monkeypatch, tmp_path):
     wrapped = ArtifactError("cannot write the PNG")
     wrapped.__cause__ = denied
     self_check(wrapped)()
-    assert checked == [[tmp_path, Path(cfg.ARTIFACT_DIR)]] * 2
+    assert checked == [[tmp_path, Path(settings.artifact_dir)]] * 2
     monkeypatch.setattr(RUNTIME, "device", "cpu")
     check = self_check(RuntimeError("CUDA error: device-side assert triggered"))
     assert check is faults.check_device
@@ -313,7 +313,7 @@ def test_a_worker_with_a_broken_disk_steps_aside_and_comes_back(cluster, clean_r
                             timeout_s=30, what=f"{broken} to report itself sick")
         assert str(scratch_dir(broken)) in record["sick"] and "Error" in record["sick"]
         assert record["alive"] and record["queues"] == []  # it consumes nothing
-        assert record["worker_faults"] >= cfg.SICK_AFTER
+        assert record["worker_faults"] >= settings.sick_after
         row = _status_row(broken)
         assert row.split()[1] == "SICK:" and str(scratch_dir(broken)) in row
     finally:

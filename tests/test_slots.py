@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import SMALL
+from conftest import SMALL, vary
 from PIL import Image
 
-import celeryconfig as cfg
 from routing.names import STATS_COMMAND
 from tasks import submit
 
@@ -21,7 +20,7 @@ def cluster(cluster_factory):
 @pytest.fixture(autouse=True)
 def every_job_runs(monkeypatch):
     """Repeats of one seeded job must reach the worker: cold starts are what is measured."""
-    monkeypatch.setattr(cfg, "CACHE", False)
+    vary(monkeypatch, cache=False)
 
 
 def _run(model: str) -> dict:

@@ -9,8 +9,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
+from conftest import vary
 
-import celeryconfig as cfg
 from gpu_worker import demo_model
 from gpu_worker.shards import load_checkpoint, read_manifest
 from gpu_worker.store import RemoteStore
@@ -78,7 +78,7 @@ def test_missing_shard_or_model_is_a_clear_error(served, tmp_path):
 
 def test_demo_model_loads_from_the_store(served, tmp_path, monkeypatch):
     _, url = served
-    monkeypatch.setattr(cfg, "MODEL_STORE", url)
+    vary(monkeypatch, model_store=url)
     model = demo_model.load(name="demo-0", device="cpu", model_dir=tmp_path / "models")
     assert (tmp_path / "models" / "demo-0" / "manifest.json").exists()
     assert model.generate("x", seed=1, steps=2, width=64, height=64).shape == (64, 64, 3)

@@ -16,8 +16,8 @@ from typing import Any, Iterable
 from celery.app.control import Control
 from celery.worker import state as worker_state
 
-import celeryconfig as cfg
 from tasks.broker.keys import REVOKED_KEY
+from tasks.settings import settings
 
 #: The most revokes a worker loads when it starts (Celery keeps 50,000 in memory);
 #: the begin check in Redis covers any beyond.
@@ -33,8 +33,8 @@ def record_revokes(job_ids: Iterable[str]) -> int:
         return 0
     with redis_client().pipeline() as pipe:
         pipe.zadd(REVOKED_KEY, dict.fromkeys(ids, now))
-        pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - cfg.REVOKE_TTL_S)
-        pipe.expire(REVOKED_KEY, cfg.REVOKE_TTL_S)
+        pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - settings.revoke_ttl_s)
+        pipe.expire(REVOKED_KEY, settings.revoke_ttl_s)
         pipe.execute()
     return len(ids)
 
@@ -43,7 +43,7 @@ def load_revokes() -> int:
     """Add the revokes kept in Redis to this worker's own (Celery drops them on receipt)."""
     from tasks.broker.app import redis_client
 
-    ids = redis_client().zrevrangebyscore(REVOKED_KEY, "+inf", time.time() - cfg.REVOKE_TTL_S,
+    ids = redis_client().zrevrangebyscore(REVOKED_KEY, "+inf", time.time() - settings.revoke_ttl_s,
                                           start=0, num=LOAD_AT_MOST)
     worker_state.revoked.update(ids)
     return len(ids)

@@ -14,7 +14,6 @@ from typing import Any
 import redis
 from celery.result import AsyncResult
 
-import celeryconfig as cfg
 from routing.lanes import Route
 from routing.names import FAST, GENERATE_TASK, RELAXED
 from routing.policy import PolicyView, decide
@@ -25,6 +24,7 @@ from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key
 from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import connect
 from tasks.errors import BrokerUnavailable, LaneFull
+from tasks.settings import settings
 
 #: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
 PLACE_LAPSE_S = 3600
@@ -56,18 +56,18 @@ def _read_snapshot(client: redis.Redis) -> str | None:
 def publish_deadline() -> float:
     """The Redis time after which a publish sent now must not happen: the caller gives
     up at ``GPULANES_REDIS_TIMEOUT_S``; the margin leaves room for the reply."""
-    margin_s = min(1.0, cfg.REDIS_TIMEOUT_S / 4)
-    return time.time() + _redis_clock_offset_s[0] + cfg.REDIS_TIMEOUT_S - margin_s
+    margin_s = min(1.0, settings.redis_timeout_s / 4)
+    return time.time() + _redis_clock_offset_s[0] + settings.redis_timeout_s - margin_s
 
 
 @lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
     """This process's copy of the lane snapshot (refreshed in the background)."""
-    client = connect(cfg.broker_url, cfg.SENTINEL_MASTER, socket_timeout=1,
+    client = connect(settings.broker_url, settings.sentinel_master, socket_timeout=1,
                      socket_connect_timeout=1)
-    return SnapshotCache(lambda: _read_snapshot(client), refresh_s=cfg.HEARTBEAT_S / 2,
-                         stale_s=cfg.SNAPSHOT_STALE_S, max_depth=cfg.MAX_DEPTH,
-                         epsilon=cfg.HASH_EPSILON)
+    return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
+                         stale_s=settings.snapshot_stale_s, max_depth=settings.max_depth,
+                         epsilon=settings.hash_epsilon)
 
 
 def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
@@ -121,7 +121,7 @@ def _after_refusal(refused: PublishRefused, job: dict, view: PolicyView,
 
 
 def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
-    model = job["model"] if cfg.ROUTE_HASHING else None
+    model = job["model"] if settings.route_hashing else None
     return decide(job["tier"], job["account"], job["downgradable"], view, model,
                   over_fast_limit)
 
@@ -132,10 +132,10 @@ def _fast_conditions(job: dict, where: Route, over_fast_limit: bool) -> dict[str
     if where.lane != FAST:
         return {}
     places = None
-    if cfg.FAST_JOBS_PER_ACCOUNT and not over_fast_limit:
-        places = (fast_queued_key(job["account"]), cfg.FAST_JOBS_PER_ACCOUNT, PLACE_LAPSE_S)
+    if settings.fast_jobs_per_account and not over_fast_limit:
+        places = (fast_queued_key(job["account"]), settings.fast_jobs_per_account, PLACE_LAPSE_S)
     return {"fast_places": places,
-            "fast_time": (FAST_BALANCE_KEY, job["account"], cfg.FAST_SECONDS_DEFAULT)}
+            "fast_time": (FAST_BALANCE_KEY, job["account"], settings.fast_seconds_default)}
 
 
 def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
@@ -149,9 +149,9 @@ def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
     # Redis that does not answer must not hold the caller for several timeouts.
     # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
     # or failed leaves no subscription behind, and no outage of it holds the caller.
-    with publishing(limit=0 if accepted else cfg.MAX_DEPTH[where.lane],
+    with publishing(limit=0 if accepted else settings.max_depth[where.lane],
                     **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
-                    run=(*run, cfg.result_expires) if run else None), \
+                    run=(*run, settings.result_ttl_s) if run else None), \
             no_subscription():
         return app.send_task(
             GENERATE_TASK, task_id=job_id, retry=False, **options,

@@ -19,7 +19,6 @@ import logging
 import time
 from typing import Any
 
-import celeryconfig as cfg
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.keys import (
@@ -38,6 +37,7 @@ from tasks.broker.keys import (
     usage_key,
 )
 from tasks.broker.publish import RELEASED
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
             HOLDERS_KEY]
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
-    return tuple(_run("run_begin", keys, [holder, cfg.LEASE_TTL_S, cfg.RUNS_KEPT_S, job_id, tag,
+    return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s, job_id, tag,
                                           "1" if deferred else "", RELEASED]))
 
 
@@ -75,8 +75,8 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
     keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), bucket, METRICS_KEY]
     if charge_fast:
         keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
-    args = [token, attempt, json.dumps(result), cfg.result_expires, account, repr(run_s),
-            cfg.FAIR_WINDOW_S + USAGE_BUCKET_S, repr(cfg.FAST_SECONDS_DEFAULT),
+    args = [token, attempt, json.dumps(result), settings.result_ttl_s, account, repr(run_s),
+            settings.fair_window_s + USAGE_BUCKET_S, repr(settings.fast_seconds_default),
             *(item for field, amount in counts.items() for item in (field, repr(amount)))]
     return tuple(_run("run_finish", keys, args))
 

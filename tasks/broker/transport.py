@@ -39,12 +39,12 @@ from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
-import celeryconfig as cfg
 from routing.names import LANES, lane_of
 from tasks.broker import envelope, scripts
 from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, LEDGER_KEY, done_key, lease_key, lists_key
 from tasks.broker.publish import RELEASED, Conditions, _put, _put_call, current, refusal
 from tasks.broker.store import ONE_RECONNECT
+from tasks.settings import settings
 
 #: The identity ("host/pid/start") of the worker process consuming here, if any.
 _holder: list[str] = []
@@ -162,7 +162,7 @@ class LedgerChannel(kombu_redis.Channel):
                     .sadd(lists_key(lane_of(queue)), key)
             if job_id := envelope.job_id(payload):  # a lapsed lease can no longer be taken again
                 pipe.set(lease_key(job_id), f"{RELEASED}put-back", nx=True,
-                         ex=cfg.RUNS_KEPT_S)
+                         ex=settings.runs_kept_s)
         except self.connection_errors:
             raise  # abort the transaction, as kombu's own restore does
         except Exception:  # noqa: BLE001  kombu logs what it could not restore

@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import celeryconfig as cfg
 from gpu_worker.processes import spawn
 from gpu_worker.redis_server import EmbeddedRedis
 from routing.names import worker_hostname
 from tasks.errors import GpulanesError
+from tasks.settings import settings
 
 
 class LocalCluster:
@@ -85,10 +85,10 @@ class LocalCluster:
             for reply in app.control.ping(timeout=0.5) or []:
                 missing -= set(reply)
 
-    def stop_workers(self, timeout_s: float = cfg.MAX_JOB_S + 60) -> int | None:
+    def stop_workers(self, timeout_s: float | None = None) -> int | None:
         """SIGTERM the supervisor (a warm shutdown) and return its exit code:
-        0 when every worker finished its job in time."""
-        return _terminate(self.supervisor, timeout_s)
+        0 when every worker finished its job in time (default: a job's longest run)."""
+        return _terminate(self.supervisor, timeout_s or settings.max_job_s + 60)
 
     def stop(self) -> None:
         _terminate(self.beat, 10.0)

@@ -8,15 +8,14 @@ GPULANES_ARTIFACT_DIR; stops everything.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import sys
 import time
 
-import celeryconfig as cfg
 from tasks import app, submit
 from tasks.dev.cluster import LocalCluster
 from tasks.dev.report import Progress, lane_table
+from tasks.settings import settings
 
 PROMPTS = ("a lighthouse in a storm", "neon koi pond", "desert at dawn",
            "a cathedral of glass", "moss on old stone", "aurora over a fjord")
@@ -31,10 +30,10 @@ def workload(counts: dict[str, int], seed: int) -> list[tuple[str, str]]:
 
 
 def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int) -> int:
-    if os.environ.get("GPULANES_BROKER_URL"):
+    if not settings.embedded_broker:
         sys.exit("the demo runs its own embedded Redis under GPULANES_STATE_DIR; "
                  "unset GPULANES_BROKER_URL to run it")
-    cluster = LocalCluster(cfg.STATE_DIR, workers=workers, device=device)
+    cluster = LocalCluster(settings.state_dir, workers=workers, device=device)
     try:
         print(f"starting embedded Redis, {workers} GPU worker(s) on {device} and beat ...")
         cluster.start(app, fresh=True)
@@ -42,7 +41,7 @@ def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int
         done, total = _drive(workload(counts, seed=7), steps, size)
         print(lane_table(done))
         print(f"{len(done)} jobs in {time.monotonic() - began:.1f}s; "
-              f"PNGs in {cfg.ARTIFACT_DIR}")
+              f"PNGs in {settings.artifact_dir}")
         return 0 if len(done) == total else 1
     finally:
         cluster.stop()
@@ -52,7 +51,7 @@ def _drive(jobs: list[tuple[str, str]], steps: int, size: int) -> tuple[list[dic
     """Submit and wait; the AsyncResults die here, while Redis still answers them."""
     results = [submit(prompt, tier=tier, account=f"user{i % 7}", steps=steps,
                       width=size, height=size, seed=i) for i, (tier, prompt) in enumerate(jobs)]
-    return Progress(len(results)).wait(results, timeout_s=cfg.MAX_JOB_S * 2), len(results)
+    return Progress(len(results)).wait(results, timeout_s=settings.max_job_s * 2), len(results)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--standard", type=int, default=20)
     parser.add_argument("--relaxed", type=int, default=40)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--device", default=cfg.DEVICE, choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--device", default=settings.device, choices=("auto", "cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--size", type=int, default=256)
     args = parser.parse_args(argv)

@@ -22,11 +22,11 @@ import math
 
 import redis
 
-import celeryconfig as cfg
 from tasks.broker import scripts
 from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
 from tasks.errors import InvalidJob
 from tasks.jobs.schema import check_account
+from tasks.settings import settings
 
 
 def _client() -> redis.Redis:
@@ -37,7 +37,7 @@ def _client() -> redis.Redis:
 
 def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
     left = scripts.run(client or _client(), "fast_add", [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
-                       [account, repr(float(seconds)), repr(cfg.FAST_SECONDS_DEFAULT)])
+                       [account, repr(float(seconds)), repr(settings.fast_seconds_default)])
     return float(left)
 
 
@@ -58,7 +58,7 @@ def charge_fast_seconds(account: str, seconds: float, client: redis.Redis | None
 def fast_seconds_left(account: str) -> float:
     """Fast seconds ``account`` has left (the starting balance if never charged)."""
     left = _client().hget(FAST_BALANCE_KEY, account)
-    return cfg.FAST_SECONDS_DEFAULT if left is None else float(left)
+    return settings.fast_seconds_default if left is None else float(left)
 
 
 def balances() -> dict[str, float]:

@@ -56,7 +56,6 @@ from celery.backends.redis import RedisBackend
 from celery.result import AsyncResult, EagerResult
 from pybloom_live import ScalableBloomFilter
 
-import celeryconfig as cfg
 from routing.names import GENERATE_TASK, LANES
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
@@ -70,6 +69,7 @@ from tasks.broker.keys import (
 )
 from tasks.broker.outage import OUTAGE
 from tasks.jobs.artifacts import file_sha256
+from tasks.settings import settings
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
@@ -79,8 +79,11 @@ LEADS_RUN = "leads_run"
 #: Fields of the run's result that describe only the run's own routing.
 _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 
-#: How long an unconfirmed claim lives: well past the longest a submit takes to publish.
-PROVISIONAL_S = math.ceil(4 * cfg.REDIS_TIMEOUT_S) + 10
+
+
+def provisional_s() -> int:
+    """How long an unconfirmed claim lives: well past the longest a submit takes to publish."""
+    return math.ceil(4 * settings.redis_timeout_s) + 10
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class Sightings:
 @lru_cache(maxsize=1)
 def sightings() -> Sightings:
     """This process's sightings."""
-    return Sightings(cfg.CACHE_BLOOM_CAPACITY, cfg.CACHE_BLOOM_ERROR)
+    return Sightings(settings.cache_bloom_capacity, settings.cache_bloom_error)
 
 
 def digest(job: dict[str, Any]) -> str:
@@ -154,7 +157,7 @@ def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
         redis_client(), "cache_claim",
         [cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id), METRICS_KEY],
         [job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank,
-         PROVISIONAL_S, RUN_KEY_PREFIX])
+         provisional_s(), RUN_KEY_PREFIX])
 
 
 def _store(job_id: str, result: dict[str, Any]) -> None:

@@ -7,13 +7,12 @@ import secrets
 import unicodedata
 from typing import Any
 
-import celeryconfig as cfg
 from routing.names import TIERS
 from tasks.broker.message import PARAMETERS, Job
 from tasks.errors import InvalidJob
+from tasks.settings import settings
 
 MAX_SEED = 2**63 - 1
-MODEL_NAMES = tuple(sorted(cfg.MODELS))
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
 #: Error messages quote a bad value only this far: a caller's 10 MB string stays out of logs.
 _SHORT = reprlib.Repr()
@@ -25,6 +24,11 @@ def shown(value: Any) -> str:
     if type(value) is int and value.bit_length() > 64:  # str() of a huge int can raise
         return f"an integer of {value.bit_length()} bits"
     return _SHORT.repr(value)
+
+
+def model_names() -> tuple[str, ...]:
+    """The models a job may name (``GPULANES_MODELS``)."""
+    return tuple(sorted(settings.models))
 
 
 def _integer(field: str, value: Any, low: int, high: int) -> int:
@@ -78,7 +82,7 @@ def _choice(field: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str
 
 
 def _side(field: str, value: Any) -> int:
-    _integer(field, value, cfg.MIN_SIDE, cfg.MAX_SIDE)
+    _integer(field, value, settings.min_side, settings.max_side)
     if value % 8:
         raise InvalidJob(field, f"must be a multiple of 8, got {value}")
     return value
@@ -86,7 +90,7 @@ def _side(field: str, value: Any) -> int:
 
 def check_account(value: Any) -> str:
     """An account name, or :class:`InvalidJob` naming ``account``."""
-    account = _text("account", value, cfg.MAX_ACCOUNT_CHARS)
+    account = _text("account", value, settings.max_account_chars)
     if not _ACCOUNT_RE.fullmatch(account):
         raise InvalidJob("account", "may hold letters, digits and _.@:+- and must "
                          "start with a letter or digit")
@@ -107,12 +111,12 @@ def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
     """Check every field; raise :class:`InvalidJob` naming the first bad one."""
     tier = _choice("tier", tier, TIERS)
     return Job(
-        prompt=_text("prompt", prompt, cfg.MAX_PROMPT_CHARS),
+        prompt=_text("prompt", prompt, settings.max_prompt_chars),
         tier=tier,
         account=check_account(account),
-        model=_choice("model", model, MODEL_NAMES),
+        model=_choice("model", model, model_names()),
         seed=secrets.randbelow(MAX_SEED) if seed is None else _integer("seed", seed, 0, MAX_SEED),
-        steps=_integer("steps", steps, 1, cfg.MAX_STEPS),
+        steps=_integer("steps", steps, 1, settings.max_steps),
         width=_side("width", width),
         height=_side("height", height),
         downgradable=_downgradable(downgradable, tier),

@@ -48,8 +48,8 @@ def _balance_line(account: str, left: float, exhausted: bool) -> str:
 @click.pass_context
 def accounts_list(ctx: click.Context, as_json: bool) -> None:
     """Every account with a recorded balance."""
-    import celeryconfig as cfg
     from tasks.jobs.accounts import balances, exhausted_accounts
+    from tasks.settings import settings
 
     left = balances()
     exhausted = exhausted_accounts()
@@ -59,7 +59,7 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
         _echo_json(rows)
     elif not rows:
         click.echo(f"no recorded balances; every account starts with "
-                   f"{number(cfg.FAST_SECONDS_DEFAULT)} fast seconds")
+                   f"{number(settings.fast_seconds_default)} fast seconds")
     else:
         click.echo(table(["account", "fast seconds left", "exhausted"],
                          [(r["account"], number(r["fast_seconds_left"]),
@@ -234,12 +234,12 @@ def _warm(worker: dict[str, Any]) -> str:
 
 
 def _snapshot_header(snapshot: dict[str, Any]) -> str:
-    import celeryconfig as cfg
+    from tasks.settings import settings
 
     age_s = max(0.0, time.time() - snapshot.get("at", 0))
     line = f"snapshot of {iso_time(snapshot.get('at', 0))} ({duration(age_s)} ago)"
-    if age_s > cfg.SNAPSHOT_STALE_S:
-        line += (f"\nWARNING: older than {duration(cfg.SNAPSHOT_STALE_S)}; "
+    if age_s > settings.snapshot_stale_s:
+        line += (f"\nWARNING: older than {duration(settings.snapshot_stale_s)}; "
                  "routers ignore it. Is `celery -A tasks beat` running?")
     return line
 
@@ -291,13 +291,13 @@ def _live_workers() -> dict[str, dict]:
 @click.pass_context
 def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> None:
     """Load MODEL on the least busy workers ahead of traffic."""
-    import celeryconfig as cfg
     from beat.replicas import prewarm as ask
     from routing.placement import holders, prewarm_targets
+    from tasks.settings import settings
 
-    if model not in cfg.MODELS:
+    if model not in settings.models:
         raise click.ClickException(f"model: unknown model {model!r}; GPULANES_MODELS knows "
-                                   f"{', '.join(sorted(cfg.MODELS))}")
+                                   f"{', '.join(sorted(settings.models))}")
     app = ctx.obj.app
     workers = _live_workers()
     targets = prewarm_targets(workers, model, replicas)

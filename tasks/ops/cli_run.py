@@ -103,13 +103,13 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     Behind basic auth when GPULANES_EXPORTER_AUTH=user:password is set; without
     it, only on a loopback address.
     """
-    import celeryconfig as cfg
     from tasks.ops.metrics import serve
+    from tasks.settings import settings
 
     client = _client(ctx)
     client.ping()  # an unreachable Redis is an error now, not at the first scrape
     try:
-        server = serve(client, port, address, cfg.EXPORTER_AUTH)
+        server = serve(client, port, address, settings.exporter_auth)
     except PermissionError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"gpulanes metrics on http://{address}:{server.server_port}/metrics", err=True)
@@ -144,18 +144,18 @@ def up(ctx: click.Context, workers: int, device: str | None, flower_port: int,
     worker per device (CPU stand-ins without a GPU) and beat. Flower's login is
     FLOWER_BASIC_AUTH when set (not echoed), else a fresh one printed here.
     """
-    import celeryconfig as cfg
     from tasks.broker.store import connect
     from tasks.dev.cluster import LocalCluster
     from tasks.ops.metrics import serve
+    from tasks.settings import settings
 
-    if os.environ.get("GPULANES_BROKER_URL"):
+    if not settings.embedded_broker:
         raise click.ClickException("`up` runs its own embedded Redis under "
                                    "GPULANES_STATE_DIR; unset GPULANES_BROKER_URL")
     given = os.environ.get("FLOWER_BASIC_AUTH")
     auth = given or f"admin:{secrets.token_urlsafe(12)}"
     shown = "FLOWER_BASIC_AUTH" if given else auth  # never echo an operator's own secret
-    cluster = LocalCluster(cfg.STATE_DIR, workers=workers, device=device or cfg.DEVICE)
+    cluster = LocalCluster(settings.state_dir, workers=workers, device=device or settings.device)
     flower = None
     try:
         click.echo(f"starting embedded Redis, {workers} worker(s) and beat ...")

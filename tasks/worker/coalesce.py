@@ -38,7 +38,6 @@ from typing import Any
 from celery import signals, states
 from celery.worker.state import revoked as revoked_ids
 
-import celeryconfig as cfg
 from routing.names import GENERATE_TASK
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
@@ -46,7 +45,8 @@ from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import CACHE_LRU_KEY, RUN_KEY_PREFIX, run_key
 from tasks.broker.outage import persist
 from tasks.errors import JobFailed
-from tasks.jobs.cache import LEADS_RUN, PROVISIONAL_S, copy_for
+from tasks.jobs.cache import LEADS_RUN, copy_for, provisional_s
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: How long a settled run stays, marked, for a retried settle to find (``settle``).
@@ -63,7 +63,7 @@ def settle(leader_id: str, result: dict[str, Any] | None,
     flat = scripts.run(
         redis_client(), "run_settle", [run_key(leader_id), CACHE_LRU_KEY],
         [leader_id, json.dumps(result) if result is not None else "",
-              cfg.CACHE_TTL_S, cfg.CACHE_MAX_ENTRIES, time.time(), SETTLED_KEPT_S, token])
+              settings.cache_ttl_s, settings.cache_max_entries, time.time(), SETTLED_KEPT_S, token])
     return [(flat[i], json.loads(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
@@ -103,7 +103,7 @@ def fail_followers(leader_id: str, why: str) -> int:
 def promote(leader_id: str) -> str | None:
     """Hand a revoked leader's run to its first follower and publish that one's job."""
     heir = scripts.run(redis_client(), "run_promote", [run_key(leader_id)],
-                       [leader_id, RUN_KEY_PREFIX, cfg.result_expires, PROVISIONAL_S])
+                       [leader_id, RUN_KEY_PREFIX, settings.result_ttl_s, provisional_s()])
     if not heir:
         return None
     job_id, entry, pointer = heir[0], json.loads(heir[1]), heir[2]

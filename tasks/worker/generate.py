@@ -30,7 +30,6 @@ from celery import signals
 from celery.exceptions import Ignore, Retry
 from celery.worker.state import revoked as revoked_ids
 
-import celeryconfig as cfg
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from gpu_worker import hooks
 from gpu_worker.batch_run import BATCHER
@@ -52,6 +51,7 @@ from tasks.jobs.artifacts import Artifact
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import job_counts
+from tasks.settings import settings
 from tasks.worker.coalesce import close_run, fail_followers
 from tasks.worker.png import save_png
 from tasks.worker.rejects import CheckedTask
@@ -95,10 +95,10 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
     while it ran): this copy may be the job's last, so it comes back later instead of
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
     copy = _next_copy(task, message.with_route(message.route.deferred_copy()),
-                      2 * cfg.LEASE_TTL_S, task.request.retries)
+                      2 * settings.lease_ttl_s, task.request.retries)
     persist(lambda: copy.apply_async(retry=False), f"a later copy of job {task.request.id}")
     log.info("job %s runs elsewhere with no record of its message: this copy comes back "
-             "in %ss", task.request.id, 2 * cfg.LEASE_TTL_S)
+             "in %ss", task.request.id, 2 * settings.lease_ttl_s)
     raise Ignore()
 
 
@@ -113,11 +113,11 @@ def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int) -
 
 def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
     """Between steps: stop past ``GPULANES_MAX_JOB_S``, once revoked, or once stale."""
-    deadline = time.monotonic() + cfg.MAX_JOB_S
+    deadline = time.monotonic() + settings.max_job_s
 
     def on_step(step: int) -> None:
         if time.monotonic() > deadline:
-            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={cfg.MAX_JOB_S:g}s at step {step}")
+            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
         if job_id in revoked_ids:
             raise JobRevoked(f"job {job_id} was revoked at step {step}")
         lease.check()
@@ -128,7 +128,7 @@ def _run(job: Job, lane: str, on_step: Callable[[int], None]) -> Ran:
     """Generate on the warm model: alone, or through the batcher when the model batches
     or the worker has several pool threads (its runner makes one pass at a time, so
     jobs of a model that does not batch never share the device)."""
-    if cfg.for_model(cfg.MAX_BATCH, job.model) > 1 or (BATCHER.capacity or 1) > 1:
+    if settings.for_model(settings.max_batch, job.model) > 1 or (BATCHER.capacity or 1) > 1:
         return BATCHER.run(job, lane, on_step)
     model, load_ms = RUNTIME.model(job.model)
     began = time.perf_counter()
@@ -183,7 +183,7 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
     signature = _next_copy(task, message.with_route(route), countdown,
                            task.request.retries + 1)
     fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
-             lease.attempt, cfg.RUNS_KEPT_S)
+             lease.attempt, settings.runs_kept_s)
 
     def publish() -> None:
         with publishing(fence=fence):
@@ -208,7 +208,7 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage)
     route, attempt = message.route, lease.attempt
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
     faults = route.worker_faults
-    if is_worker_fault(exc) and faults < cfg.SICK_AFTER + cfg.MAX_RETRIES:
+    if is_worker_fault(exc) and faults < settings.sick_after + settings.max_retries:
         # back to its shared lane, at once: another worker takes it, surely once this
         # one steps aside (GPULANES_SICK_AFTER faults in a row)
         log.warning("%s; this worker's fault: the job goes back to its lane", what)
@@ -218,14 +218,14 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage)
                  f"{what} (gave up after {faults + 1} workers failed it)")
     if not is_transient(exc):
         _give_up(task, message, lease, "error", exc, what)
-    if attempt - faults > cfg.MAX_RETRIES:
+    if attempt - faults > settings.max_retries:
         _give_up(task, message, lease, "retries_exhausted", exc,
                  f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
     lane = next_lane(route.lane) or route.lane
-    countdown = max(backoff_s(attempt - faults, cfg.RETRY_BASE_S, cfg.RETRY_CAP_S),
+    countdown = max(backoff_s(attempt - faults, settings.retry_base_s, settings.retry_cap_s),
                     getattr(exc, "retry_after_s", 0.0))
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
     # its wait in the new lane starts once the backoff is over
@@ -246,7 +246,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job) -> dict:
     if recorded.get("attempts") != lease.attempt:  # another run finished first: never meant
         log.warning("job %s finished again after its first result was stored", job_id)
         persist(lambda: redis_client().pipeline().hincrby(DUPLICATES_KEY, job_id, 1)
-                .expire(DUPLICATES_KEY, cfg.result_expires).execute(), "a duplicate")
+                .expire(DUPLICATES_KEY, settings.result_ttl_s).execute(), "a duplicate")
         return recorded
     HEALTH.succeeded()
     if job.leads_run:  # before its caller can see it: no one joins a finished run
@@ -266,7 +266,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     lease = _begin(self, message)
     if isinstance(lease, dict):  # a redelivery of a job that already finished
         return lease
-    if lease.attempt > cfg.MAX_RETRIES + 1 + message.route.worker_faults:
+    if lease.attempt > settings.max_retries + 1 + message.route.worker_faults:
         _give_up(self, message, lease, "worker_lost", JobFailed("worker lost"),
                  f"job {self.request.id} reached attempt {lease.attempt}: its earlier runs "
                  "were lost with their workers or failed")
@@ -274,7 +274,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     try:
         ran = _run(message.job, lane, _step_guard(self.request.id, lease))
         lease.check()  # a stale run writes no artifact
-        artifact = save_png(cfg.ARTIFACT_DIR, self.request.id, ran.pixels, lease.attempt)
+        artifact = save_png(settings.artifact_dir, self.request.id, ran.pixels, lease.attempt)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message)
     return _finish(self, lease, _result(self, message, lane, started_at, lease, ran, artifact),
