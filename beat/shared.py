@@ -5,9 +5,9 @@ import logging
 
 import redis
 
-from beat.movers import readdress
 from routing.names import LANES, worker_queue
 from tasks.broker.keys import lane_keys
+from tasks.broker.moves import readdress
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 from tasks.broker.enqueue import enqueue
 from tasks.broker.outage import OUTAGE
 from tasks.errors import BrokerUnavailable
-from tasks.jobs.cache import LEADS_RUN, claim, release
+from tasks.jobs.cache import claim, release
 from tasks.jobs.schema import validate
 from tasks.settings import settings
 
@@ -44,17 +44,17 @@ def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
     """
     job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
                    steps=steps, width=width, height=height, downgradable=downgradable)
-    body, job_id = job.encode(), str(uuid.uuid4())
+    job_id = str(uuid.uuid4())
     try:
         if seed is None or not settings.cache:  # a drawn seed is never shared: no extra round trip
-            return enqueue(body, job_id)
-        shared = claim(body, job_id)  # one round trip: a cached result, a run to join, or ours
-        if isinstance(shared, AsyncResult):
+            return enqueue(job, job_id)
+        shared = claim(job.encode(), job_id)  # one round trip: a cached result, a run to join,
+        if isinstance(shared, AsyncResult):   # or ours
             return shared
         if shared is None:  # an identical run is being claimed right now: run alone
-            return enqueue(body, job_id)
+            return enqueue(job, job_id)
         try:
-            return enqueue({**body, LEADS_RUN: True}, job_id, run=(shared.pointer, shared.run))
+            return enqueue(job.leading(), job_id, run=(shared.pointer, shared.run))
         except OUTAGE:
             raise  # Redis is away: asking it to drop the claim would wait again; it lapses
         except BaseException:

@@ -22,9 +22,10 @@ from routing.policy import PolicyView
 from tasks.broker.app import app
 from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import attempts_key, lane_keys, lease_key, run_key
+from tasks.broker.message import Job
 from tasks.broker.publish import publishing
 from tasks.errors import JobFailed
-from tasks.jobs.cache import LEADS_RUN, RunClaim, claim
+from tasks.jobs.cache import RunClaim, claim
 from tasks.worker.generate import generate
 
 
@@ -39,7 +40,7 @@ def _lead(job: dict, **kwargs) -> str:
     job_id = str(uuid.uuid4())
     run = claim(job, job_id)
     assert isinstance(run, RunClaim)
-    enqueue({**job, LEADS_RUN: True}, job_id, run=(run.pointer, run.run), **kwargs)
+    enqueue(Job.decode(job).leading(), job_id, run=(run.pointer, run.run), **kwargs)
     return job_id
 
 
@@ -90,7 +91,7 @@ def test_a_retry_down_a_lane_takes_its_run_down(clean_redis):
     job = _job("fast")
     leader = _lead(job)
     clean_redis.delete("fast")  # a worker took it; its run failed and retries lower
-    _retry(clean_redis, leader, {**job, LEADS_RUN: True}, "relaxed")
+    _retry(clean_redis, leader, {**job, "leads_run": True}, "relaxed")
     assert _depths(clean_redis) == [0, 0, 1] and _rank(clean_redis, leader) == 2
     assert _follows(_job("relaxed"))
     assert isinstance(claim(_job("standard"), "later-standard"), RunClaim)
@@ -132,7 +133,7 @@ def test_followers_of_a_failed_run_are_failed_once(clean_redis, monkeypatch):
     assert coalesce.fail_followers(leader, what) == 2  # the task's own give-up...
     # ...then Celery's task_failure signal for the JobFailed it raised
     signals.task_failure.send(sender=generate, task_id=leader, exception=JobFailed(what),
-                              kwargs={"job": {**job, LEADS_RUN: True}})
+                              kwargs={"job": {**job, "leads_run": True}})
     assert writes == Counter({job_id: 1 for job_id in followers})
     assert all(AsyncResult(job_id, app=app).state == "FAILURE" for job_id in followers)
     # the same settle tried again after its reply was lost still names them

@@ -21,6 +21,7 @@ from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
 from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key
+from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import connect
 from tasks.errors import BrokerUnavailable, LaneFull
@@ -70,9 +71,9 @@ def snapshot_cache() -> SnapshotCache:
                          epsilon=settings.hash_epsilon)
 
 
-def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
+def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             submitted_at: float | None = None, accepted: bool = False) -> AsyncResult:
-    """Route a validated job dict with the cached view and publish it under ``job_id``.
+    """Route a validated job with the cached view and publish it under ``job_id``.
 
     The view's lane depths are an estimate; the publish itself checks the lane's
     depth in Redis. A lane found full there is held full in the view and the job
@@ -103,42 +104,41 @@ def enqueue(job: dict, job_id: str, run: tuple[str, str] | None = None, *,
         except PublishRefused as refused:
             view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
         else:
-            cache.note_sent(where.lane, where.node, job["model"])
+            cache.note_sent(where.lane, where.node, job.model)
             return result
         where = _route(job, view, over_fast_limit)
     raise LaneFull(RELAXED, view.retry_after_s)
 
 
-def _after_refusal(refused: PublishRefused, job: dict, view: PolicyView,
+def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,
                    over_fast_limit: bool) -> tuple[PolicyView, bool]:
     """The view and fast-limit flag to route a job again with after a refused publish."""
     if refused.why == "late":
         raise BrokerUnavailable("Redis ran the publish only after it was given up "
                                 "on (too late): nothing was enqueued") from refused
     if refused.why == "fast_time":  # spent, and beat's snapshot does not say so yet
-        return replace(view, exhausted=view.exhausted | {job["account"]}), over_fast_limit
+        return replace(view, exhausted=view.exhausted | {job.account}), over_fast_limit
     return view, True  # all of its account's fast places are taken
 
 
-def _route(job: dict, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
-    model = job["model"] if settings.route_hashing else None
-    return decide(job["tier"], job["account"], job["downgradable"], view, model,
-                  over_fast_limit)
+def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
+    model = job.model if settings.route_hashing else None
+    return decide(job.tier, job.account, job.downgradable, view, model, over_fast_limit)
 
 
-def _fast_conditions(job: dict, where: Route, over_fast_limit: bool) -> dict[str, Any]:
+def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str, Any]:
     """A fast publish's conditions: one of its account's fast places (unless over its
     limit already), and its fast time, read exactly in the round trip it pays anyway."""
     if where.lane != FAST:
         return {}
     places = None
     if settings.fast_jobs_per_account and not over_fast_limit:
-        places = (fast_queued_key(job["account"]), settings.fast_jobs_per_account, PLACE_LAPSE_S)
+        places = (fast_queued_key(job.account), settings.fast_jobs_per_account, PLACE_LAPSE_S)
     return {"fast_places": places,
-            "fast_time": (FAST_BALANCE_KEY, job["account"], settings.fast_seconds_default)}
+            "fast_time": (FAST_BALANCE_KEY, job.account, settings.fast_seconds_default)}
 
 
-def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
+def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
@@ -153,7 +153,7 @@ def _publish(job: dict, job_id: str, where: Route, run: tuple[str, str] | None,
                     **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
                     run=(*run, settings.result_ttl_s) if run else None), \
             no_subscription():
-        return app.send_task(
-            GENERATE_TASK, task_id=job_id, retry=False, **options,
-            kwargs={"job": job, "route": where.as_dict(),
-                    "submitted_at": time.time() if submitted_at is None else submitted_at})
+        message = JobMessage(job, JobRoute.of(where),
+                             time.time() if submitted_at is None else submitted_at)
+        return app.send_task(GENERATE_TASK, task_id=job_id, retry=False, **options,
+                             kwargs=message.kwargs())

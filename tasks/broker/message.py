@@ -47,6 +47,12 @@ class Job:
     def leading(self) -> "Job":
         return replace(self, leads_run=True)
 
+    @staticmethod
+    def leads(kwargs: Any) -> bool:
+        """Whether a raw ``generate`` call (as Celery's signals hand it) leads a run."""
+        job = kwargs.get("job") if isinstance(kwargs, dict) else None
+        return isinstance(job, dict) and bool(job.get("leads_run"))
+
 
 #: The parameters of a job, as a caller gives them.
 PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.name != "leads_run")

@@ -61,8 +61,8 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
             HOLDERS_KEY]
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
-    return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s, job_id, tag,
-                                          "1" if deferred else "", RELEASED]))
+    return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
+                                          job_id, tag, "1" if deferred else "", RELEASED]))
 
 
 def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,

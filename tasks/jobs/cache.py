@@ -73,9 +73,6 @@ from tasks.settings import settings
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
-#: Set in the job of a run that callers may join: only such a job has a run for
-#: the worker to close (others skip that round trip).
-LEADS_RUN = "leads_run"
 #: Fields of the run's result that describe only the run's own routing.
 _RUN_ONLY = ("downgraded_from", "downgrade_reason")
 

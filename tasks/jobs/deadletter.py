@@ -69,8 +69,8 @@ def requeue(client: redis.Redis, job_id: str) -> Any:
     raw = client.hget(DEAD_KEY, job_id)
     if raw is None:
         raise KeyError(f"no dead job {job_id!r}")
-    job = json.loads(raw)["job"]
-    check_job(job)  # a refused message (tasks.worker.rejects) would only be refused again
+    # checked: a refused message (tasks.worker.rejects) would only be refused again
+    job = check_job(json.loads(raw)["job"])
     # Before the publish: a worker that took the job at once would find it dead.
     client.pipeline().hdel(DEAD_KEY, job_id).zrem(DEAD_INDEX_KEY, job_id) \
         .delete(attempts_key(job_id), lease_key(job_id)).execute()

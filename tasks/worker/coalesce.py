@@ -43,9 +43,10 @@ from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import CACHE_LRU_KEY, RUN_KEY_PREFIX, run_key
+from tasks.broker.message import Job
 from tasks.broker.outage import persist
 from tasks.errors import JobFailed
-from tasks.jobs.cache import LEADS_RUN, copy_for, provisional_s
+from tasks.jobs.cache import copy_for, provisional_s
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def promote(leader_id: str) -> str | None:
     # Routed like any job (lane policy, fast places, the router's count); accepted
     # already, so no lane limit refuses it. Its publish confirms the run, ranked by
     # the lane it lands in, as a new leader's does.
-    persist(lambda: enqueue({**entry["job"], LEADS_RUN: True}, job_id,
+    persist(lambda: enqueue(Job.decode(entry["job"]).leading(), job_id,
                             (pointer, run_key(job_id)), submitted_at=entry["submitted_at"],
                             accepted=True),
             f"the heir {job_id} of revoked job {leader_id}")
@@ -127,7 +128,7 @@ def _ours(sender: Any) -> bool:
 @signals.task_failure.connect(weak=False)
 def _on_failure(sender: Any = None, task_id: str = "", exception: Any = None,
                 kwargs: dict | None = None, **_: Any) -> None:
-    if _ours(sender) and (kwargs or {}).get("job", {}).get(LEADS_RUN):
+    if _ours(sender) and Job.leads(kwargs):
         fail_followers(task_id, f"{type(exception).__name__}: {exception}")
 
 

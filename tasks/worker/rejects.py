@@ -32,7 +32,7 @@ from celery.worker.consumer import Consumer
 from routing.names import LANES, TIERS
 from tasks.broker.guard import guard_lane_reads
 from tasks.broker.keys import done_key
-from tasks.broker.message import JobMessage, JobRoute
+from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.errors import InvalidJob, JobFailed
 from tasks.jobs.deadletter import bury
 from tasks.jobs.schema import check_job, shown
@@ -103,7 +103,7 @@ def check_content(kwargs: dict[str, Any]) -> JobMessage:
         route = JobRoute.decode(route)
     except TypeError as exc:
         raise InvalidJob("route", f"cannot be read: {exc}") from exc
-    return JobMessage(replace(job, leads_run=bool(kwargs["job"].get("leads_run"))), route,
+    return JobMessage(replace(job, leads_run=Job.leads(kwargs)), route,
                       float(submitted_at))
 
 
