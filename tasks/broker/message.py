@@ -131,3 +131,58 @@ class JobMessage:
 
     def with_route(self, route: JobRoute) -> "JobMessage":
         return replace(self, route=route)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a job's caller gets from ``.get()`` (as a dict: :meth:`encode`): the image,
+    where and how it ran and, when moved down, from where and why."""
+
+    job_id: str
+    lane: str
+    requested_tier: str
+    image: str
+    model: str
+    seed: int
+    steps: int
+    width: int
+    height: int
+    worker: str = ""
+    device: str = ""
+    started_at: float = 0.0
+    queued_ms: float = 0.0
+    run_ms: float = 0.0
+    attempts: int = 0
+    cached: bool = False
+    bytes: int | None = None
+    sha256: str | None = None
+    cold_start: bool = False
+    load_ms: float = 0.0
+    batch_size: int = 1
+    batch_wait_ms: float = 0.0
+    downgraded_from: str | None = None
+    downgrade_reason: str | None = None
+    worker_faults: int = 0
+    deferred: bool = False
+    #: A copy (a cache hit, a coalesced run's follower): the job whose run made it.
+    source_job_id: str | None = None
+    coalesced: bool = False
+
+    def encode(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()
+                if v is not None and not (k in _ONLY_WHEN_SET and not v)}
+
+    @classmethod
+    def decode(cls, result: dict[str, Any]) -> "Result":
+        return cls(**{name: result[name] for name in _RESULT_FIELDS if name in result})
+
+    def copied_for(self, tier: str, job_id: str, **changes: Any) -> "Result":
+        """This result as another caller's (``tier``, ``job_id``): no GPU run of its own
+        (``cached``, ``attempts`` 0), the job that made it named, its route's moves not."""
+        return replace(self, job_id=job_id, requested_tier=tier, cached=True, attempts=0,
+                       source_job_id=self.source_job_id or self.job_id, downgraded_from=None,
+                       downgrade_reason=None, **changes)
+
+
+_RESULT_FIELDS = tuple(f.name for f in fields(Result))
+_ONLY_WHEN_SET = frozenset({"worker_faults", "deferred", "coalesced"})

@@ -67,15 +67,13 @@ from tasks.broker.keys import (
     inflight_key,
     run_key,
 )
+from tasks.broker.message import Result
 from tasks.broker.outage import OUTAGE
 from tasks.jobs.artifacts import file_sha256
 from tasks.settings import settings
 
 #: What decides a job's pixels, and so its content address.
 IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
-#: Fields of the run's result that describe only the run's own routing.
-_RUN_ONLY = ("downgraded_from", "downgrade_reason")
-
 
 
 def provisional_s() -> int:
@@ -140,10 +138,7 @@ def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
              **fields: Any) -> dict[str, Any]:
     """``result`` as another caller's: its job id and tier, ``cached`` (no GPU run
     of its own, ``attempts`` 0) and the job that made the image (``source_job_id``)."""
-    out = {k: v for k, v in result.items() if k not in _RUN_ONLY}
-    out.update(job_id=job_id, requested_tier=job["tier"], cached=True, attempts=0,
-               source_job_id=result.get("source_job_id", result["job_id"]), **fields)
-    return out
+    return Result.decode(result).copied_for(job["tier"], job_id, **fields).encode()
 
 
 def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,

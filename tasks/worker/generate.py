@@ -43,7 +43,7 @@ from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
-from tasks.broker.message import Job, JobMessage, JobRoute
+from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
 from tasks.broker.publish import PublishRefused, publishing
 from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
@@ -285,15 +285,13 @@ def _result(task: Any, message: JobMessage, lane: str, started_at: float, lease:
             ran: Ran, artifact: Artifact) -> dict:
     """What the job's caller gets."""
     job = message.job
-    return {
-        **message.route.reported(),
-        "job_id": task.request.id, "image": str(artifact.path), "bytes": artifact.bytes,
-        "sha256": artifact.sha256, "lane": lane,
-        "worker": task.request.hostname, "device": RUNTIME.device, "started_at": started_at,
-        "queued_ms": round((started_at - message.submitted_at) * 1000, 1),
-        "run_ms": round(ran.run_ms, 1), "attempts": lease.attempt, "cached": False,
-        "cold_start": ran.load_ms is not None, "load_ms": round(ran.load_ms or 0.0, 1),
-        "batch_size": ran.batch_size, "batch_wait_ms": round(ran.wait_ms, 1),
-        "model": job.model, "seed": job.seed, "steps": job.steps, "width": job.width,
-        "height": job.height,
-    }
+    return Result(
+        **{**message.route.reported(), "lane": lane},
+        job_id=task.request.id, image=str(artifact.path), bytes=artifact.bytes,
+        sha256=artifact.sha256, worker=task.request.hostname, device=RUNTIME.device,
+        started_at=started_at, queued_ms=round((started_at - message.submitted_at) * 1000, 1),
+        run_ms=round(ran.run_ms, 1), attempts=lease.attempt, cached=False,
+        cold_start=ran.load_ms is not None, load_ms=round(ran.load_ms or 0.0, 1),
+        batch_size=ran.batch_size, batch_wait_ms=round(ran.wait_ms, 1), model=job.model,
+        seed=job.seed, steps=job.steps, width=job.width, height=job.height,
+    ).encode()
