@@ -1,6 +1,6 @@
 """One run's hold on its job: a lease in Redis, fenced by the run's number.
 
-A job's runs are numbered by its run counter (``routing.names.attempts_key``),
+A job's runs are numbered by its run counter (``tasks.broker.keys.attempts_key``),
 which each run that starts increments. The run holds the job's lease,
 ``"<worker incarnation>#<run number>#<delivery tag>"``, for ``settings.lease_ttl_s`` seconds (three
 keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).

@@ -84,16 +84,19 @@ def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypa
     import tasks.broker.enqueue as enqueue
 
     monkeypatch.setattr(enqueue, "PLACE_LAPSE_S", 0.5)
-    for i in range(3):
-        submit(f"orphan {i}", tier="fast", account="gone", **SMALL)
+    orphans = [submit(f"orphan {i}", tier="fast", account="gone", **SMALL).id for i in range(3)]
     assert _lanes(clean_redis) == [2, 1, 0]  # the third found both places taken
+    later = []
 
     def fast_again() -> bool:
-        submit("later", tier="fast", account="gone", **SMALL)
+        later.append(submit("later", tier="fast", account="gone", **SMALL).id)
         return _lanes(clean_redis)[0] == 3
 
     wait_until(fast_again, timeout_s=10, what="a lapsed place to be taken again")
-    assert clean_redis.zcard(fast_queued_key("gone")) == 1  # the lapsed ones went
+    # the first place lapsed first: it went as the new one was taken (the second may
+    # have lapsed too by then, or not yet, on a busy machine)
+    held = {m.decode() for m in clean_redis.zrange(fast_queued_key("gone"), 0, -1)}
+    assert later[-1] in held and orphans[0] not in held and held <= {orphans[1], later[-1]}
 
 
 def test_a_publish_that_reaches_redis_too_late_takes_nothing(limit, monkeypatch, clean_redis):
@@ -173,7 +176,7 @@ def test_a_revoked_fast_job_gives_its_place_back(limit, app, worker):
 
 
 @pytest.mark.cluster
-def test_fast_jobs_stop_at_the_first_submit_after_the_balance_runs_out(worker, capsys):
+def test_fast_jobs_stop_at_the_first_submit_after_the_balance_runs_out(worker):
     account, start_s = "meter", 0.05
     grant_fast_seconds(account, start_s - fast_seconds_left(account))
     fast_runs_s = []
@@ -187,6 +190,3 @@ def test_fast_jobs_stop_at_the_first_submit_after_the_balance_runs_out(worker, c
     assert (out["lane"], out.get("downgrade_reason")) == ("relaxed", FAST_TIME_EXHAUSTED)
     over_s = -fast_seconds_left(account)  # charged past zero: the last fast run's remainder
     assert 0 <= over_s < fast_runs_s[-1] + 1e-6
-    with capsys.disabled():
-        print(f"\n{len(fast_runs_s)} fast runs on {start_s}s; over by {over_s * 1000:.1f} ms, "
-              "0 fast jobs after the balance ran out")

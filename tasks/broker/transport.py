@@ -6,7 +6,7 @@ in its socket buffer) takes the message with it, and nothing in Redis says it
 ever existed. gpulanes keeps a ledger instead, in the same Redis:
 
 - every publish is one Lua call that pushes the message and writes it to the
-  ledger (``routing.names.LEDGER_KEY``: delivery tag -> list key and message),
+  ledger (``tasks.broker.keys.LEDGER_KEY``: delivery tag -> list key and message),
   so a publish costs the same one round trip as before;
 - a worker removes the message's ledger entry in the same transaction that
   records it as unacked, and every message kombu puts back (a dead worker's,

@@ -1,7 +1,7 @@
 """In-flight coalescing, worker side: a run that ends settles every caller attached to it.
 
 ``tasks.jobs.cache.claim`` registers the callers of an identical seeded job as
-followers in the run's hash (``routing.names.run_key(leader id)``). Each has
+followers in the run's hash (``tasks.broker.keys.run_key(leader id)``). Each has
 its own job id and result, so a caller's revoke or timeout concerns its own
 id only and never the run the others wait for. Wired to Celery signals in the
 worker and called by ``tasks.worker.generate``, this module closes a run:
