@@ -62,7 +62,8 @@ class WarmModels(Hook):
 
         torch.set_num_threads(settings.torch_threads)
         device = worker_device(settings.device)
-        RUNTIME.configure(sender.hostname, device, settings.models, settings.model_dir, settings.model_slots)
+        RUNTIME.configure(sender.hostname, device, settings.models, settings.model_dir,
+                          settings.model_slots)
         try:
             for name in settings.warm_models:
                 RUNTIME.model(name)

@@ -28,16 +28,16 @@ from typing import Iterable
 import redis
 
 from tasks.broker import scripts
-from tasks.broker.keys import attempts_key, lease_key
+from tasks.broker.keys import UNACKED_INDEX_KEY, attempts_key, lease_key
 from tasks.broker.outage import persist
-from tasks.broker.store import connect
+from tasks.broker.store import broker_client
 from tasks.errors import LeaseLost
 from tasks.settings import settings
 
 
 @lru_cache(maxsize=1)
 def _client() -> redis.Redis:
-    return connect(settings.broker_url, settings.sentinel_master, timeout_s=settings.redis_timeout_s)
+    return broker_client()
 
 
 class Lease:
@@ -87,7 +87,7 @@ class Lease:
                             "newer run: it stops here and writes nothing")
 
 
-def renew(leases: list[Lease], tags: Iterable[str], index_key: str = "unacked_index",
+def renew(leases: list[Lease], tags: Iterable[str], index_key: str = UNACKED_INDEX_KEY,
           now: float | None = None) -> list[int]:
     """Date ``tags`` from now in kombu's unacked index and extend every lease still
     held, in one round trip; 1 or 0 per lease (each lease is told)."""

@@ -191,7 +191,6 @@ def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path
 @lru_cache(maxsize=1)
 def cluster_pins() -> ManifestPins:
     """Manifest pins on the cluster's Redis (the broker); one client per process."""
-    from tasks.broker.store import connect
-    from tasks.settings import settings
+    from tasks.broker.store import broker_client
 
-    return ManifestPins(connect(settings.broker_url, settings.sentinel_master, timeout_s=settings.redis_timeout_s))
+    return ManifestPins(broker_client())

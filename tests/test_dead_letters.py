@@ -118,7 +118,8 @@ def test_purge_refuses_no_option_both_or_a_duration_without_unit(clean_redis, ar
 def test_letters_written_before_the_index_get_indexed_and_expire(clean_redis):
     now = time.time()
     clean_redis.hset(DEAD_KEY, mapping={  # as the code before the index wrote them
-        "legacy-old": json.dumps({"job_id": "legacy-old", "failed_at": now - settings.dead_ttl_s - 60}),
+        "legacy-old": json.dumps({"job_id": "legacy-old",
+                                  "failed_at": now - settings.dead_ttl_s - 60}),
         "legacy-new": json.dumps({"job_id": "legacy-new", "failed_at": now - 60})})
     heartbeat_round()
     assert letters(clean_redis) == set(index(clean_redis)) == {"legacy-new"}

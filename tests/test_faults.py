@@ -195,5 +195,6 @@ def test_redis_frozen_refuses_submits_in_time_and_fails_nothing(redis_faults):
     assert counts["refused"] > 0 and set(counts["refusals"]) == {"BrokerUnavailable"}
     assert counts["slowest_refusal_s"] < settings.redis_timeout_s + 2
     probe = counts["probe"]  # a seeded fast job: a cache claim and a fast place
-    assert probe["refused"] == "BrokerUnavailable" and probe["refusal_s"] < settings.redis_timeout_s + 2
+    assert probe["refused"] == "BrokerUnavailable"
+    assert probe["refusal_s"] < settings.redis_timeout_s + 2
     assert probe["done_after"]

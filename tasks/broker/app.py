@@ -11,7 +11,7 @@ import redis
 from celery import Celery
 
 from tasks.broker import backend, transport
-from tasks.broker.store import connect
+from tasks.broker.store import broker_client
 
 transport.install()  # before the app makes any broker connection
 backend.install()
@@ -23,5 +23,4 @@ app.config_from_object("celeryconfig")
 @lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
     """A redis-py client on the broker's Redis, for gpulanes' own keys."""
-    return connect(app.conf.broker_url, app.conf.broker_transport_options.get("master_name"),
-                   timeout_s=app.conf.redis_socket_timeout)
+    return broker_client()

@@ -23,7 +23,7 @@ from tasks.broker.backend import no_subscription
 from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
-from tasks.broker.store import connect
+from tasks.broker.store import broker_client
 from tasks.errors import BrokerUnavailable, LaneFull
 from tasks.settings import settings
 
@@ -64,8 +64,7 @@ def publish_deadline() -> float:
 @lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
     """This process's copy of the lane snapshot (refreshed in the background)."""
-    client = connect(settings.broker_url, settings.sentinel_master, socket_timeout=1,
-                     socket_connect_timeout=1)
+    client = broker_client(socket_timeout=1, socket_connect_timeout=1)
     return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
                          stale_s=settings.snapshot_stale_s, max_depth=settings.max_depth,
                          epsilon=settings.hash_epsilon)

@@ -13,6 +13,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from tasks.settings import settings
+
 #: A broken connection (Redis restarted, a reset) is retried once on a new one; a
 #: timeout never is: a Redis that does not answer must not hold its caller longer.
 ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
@@ -61,3 +63,10 @@ def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 
                              "(GPULANES_SENTINEL_MASTER)")
         return sentinel_client(broker_url, master_name, **kwargs)
     return redis.Redis.from_url(redis_url(broker_url), **kwargs)
+
+
+def broker_client(**kwargs) -> redis.Redis:
+    """A new client of the broker's Redis as the settings name it, every call giving up
+    after ``GPULANES_REDIS_TIMEOUT_S`` (unless ``kwargs`` say otherwise)."""
+    return connect(settings.broker_url, settings.sentinel_master,
+                   timeout_s=settings.redis_timeout_s, **kwargs)
