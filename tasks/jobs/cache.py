@@ -52,13 +52,13 @@ from pathlib import Path
 from typing import Any
 
 from celery import states
-from celery.backends.redis import RedisBackend
 from celery.result import AsyncResult, EagerResult
 from pybloom_live import ScalableBloomFilter
 
 from routing.names import GENERATE_TASK, LANES
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
+from tasks.broker.backend import store_success
 from tasks.broker.keys import (
     CACHE_LRU_KEY,
     METRICS_KEY,
@@ -152,29 +152,12 @@ def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
          provisional_s(), RUN_KEY_PREFIX])
 
 
-def _store(job_id: str, result: dict[str, Any]) -> None:
-    """Store a hit under ``job_id`` in one plain SET where the backend is Redis.
-
-    The id is new: there is no earlier state to read first and no one
-    subscribed to tell, which is what Celery's own ``store_result`` spends a
-    read and a MULTI/PUBLISH transaction on. The entry is the one it writes.
-    """
-    backend = app.backend
-    if not isinstance(backend, RedisBackend):
-        backend.store_result(job_id, result, states.SUCCESS)
-        return
-    meta = {"status": states.SUCCESS, "result": result, "traceback": None, "children": [],
-            "date_done": app.now().isoformat(), "task_id": job_id}
-    backend.client.set(backend.get_key_for_task(job_id), backend.encode(meta),
-                       ex=backend.expires)
-
-
 def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncResult:
     """The hit stored under ``job_id`` (anyone holding the id can read it), and returned
     already resolved: the caller's ``.get()`` needs no further round trip."""
     result = copy_for(cached, job, job_id, queued_ms=0.0, run_ms=0.0, cold_start=False,
                       load_ms=0.0, started_at=time.time())
-    _store(job_id, result)
+    store_success(app, job_id, result)
     return EagerResult(job_id, result, states.SUCCESS, name=GENERATE_TASK)
 
 
