@@ -62,13 +62,13 @@ def deadline_guard(group: list[Pending]):
 
 def forward(model: Any, group: list[Pending]) -> list[Any]:
     """One pass over the group's jobs (same model, steps and size): their images."""
-    first = group[0].job
-    shape = {"steps": first.steps, "width": first.width, "height": first.height}
+    first = group[0].job.inputs
+    shape = {"steps": first["steps"], "width": first["width"], "height": first["height"]}
     if len(group) == 1:
-        return [model.generate(first.prompt, seed=first.seed, **shape,
+        return [model.generate(first["prompt"], seed=first["seed"], **shape,
                                on_step=deadline_guard(group))]
-    return list(model.generate_batch([p.job.prompt for p in group],
-                                     [p.job.seed for p in group], **shape,
+    return list(model.generate_batch([p.job.inputs["prompt"] for p in group],
+                                     [p.job.inputs["seed"] for p in group], **shape,
                                      on_step=deadline_guard(group)))
 
 

@@ -58,7 +58,7 @@ Key = tuple[str, int, int, int]
 
 def job_key(job: Job) -> Key:
     """Jobs with equal keys can share a forward pass."""
-    return job.model, job.steps, job.width, job.height
+    return job.model, job.inputs["steps"], job.inputs["width"], job.inputs["height"]
 
 
 def worker_concurrency(max_batch: dict[str, int]) -> int:
@@ -68,13 +68,15 @@ def worker_concurrency(max_batch: dict[str, int]) -> int:
 
 @dataclass
 class Ran:
-    """What running one job produced: its image and how it ran."""
+    """What running one job produced: an image model's pixels or a model's returned dict
+    (``output``), and how it ran."""
 
     pixels: Any
     run_ms: float
     load_ms: float | None = None
     batch_size: int = 1
     wait_ms: float = 0.0
+    output: dict | None = None
 
 
 @dataclass(eq=False)

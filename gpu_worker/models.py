@@ -1,4 +1,10 @@
-"""The model interface, and the registry that builds models from configuration.
+"""The model interfaces, and the registry that builds models from configuration.
+
+Any model: a class named in ``GPULANES_MODELS`` as ``name=module:Class`` with a
+pydantic ``Input``, ``__init__(*, device, model_dir)`` (load weights, once per
+worker), ``warmup()`` and ``predict(inputs, progress) -> dict`` (see
+``tasks.jobs.catalog`` and ``tasks.worker.outputs``). An image model, below, is the
+older and narrower shape the built-in demo family keeps.
 
 A model is anything with this shape, built once per worker by a *factory*
 named in ``GPULANES_MODELS`` as ``name=module:factory``::
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -43,15 +49,22 @@ class ImageModel(Protocol):
         """Return an ``(height, width, 3)`` ``uint8`` RGB image; same inputs, same image."""
 
 
-def load_model(name: str, specs: dict[str, str], device: str,
-               model_dir: Path) -> ImageModel:
-    """Build model ``name`` with the factory its spec names."""
+def load_model(name: str, specs: dict[str, str], device: str, model_dir: Path) -> Any:
+    """Build model ``name`` as its spec says: a class (``Input`` and ``predict``) is
+    instantiated on ``device`` (its weights load in ``__init__``); a factory is called."""
     spec = specs.get(name)
     if spec is None:
         raise ModelError(f"unknown model {name!r}; GPULANES_MODELS knows {sorted(specs)}")
     module_name, _, attr = spec.partition(":")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
+        target = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ModelError(f"model {name!r}: cannot import factory {spec!r}: {exc}") from exc
-    return factory(name=name, device=device, model_dir=Path(model_dir))
+        raise ModelError(f"model {name!r}: cannot import {spec!r}: {exc}") from exc
+    if is_predictor(target):
+        return target(device=device, model_dir=Path(model_dir))
+    return target(name=name, device=device, model_dir=Path(model_dir))
+
+
+def is_predictor(target: Any) -> bool:
+    """A model of the general contract: a class with ``Input`` and ``predict``."""
+    return isinstance(target, type) and hasattr(target, "predict") and hasattr(target, "Input")

@@ -101,7 +101,7 @@ class Runtime:
         self._evict_for_one_more()
         began = time.perf_counter()
         model = load_model(name, self.specs, self.device, self.model_dir)
-        model.warmup()
+        getattr(model, "warmup", lambda: None)()
         load_ms = (time.perf_counter() - began) * 1000
         with self._lock:
             self.models[name], self.load_ms[name] = model, load_ms

@@ -1,52 +1,60 @@
 """``submit()``: validate, claim a cached result or a run in flight, enqueue. No
 network round trip but the publish
 (which also enforces the lane's maximum depth and, for a fast job, its account's
-fast places: ``tasks.broker.publish``), plus one for a seeded job (result cache and
-coalescing, ``tasks.jobs.cache``). Every round trip gives up after
+fast places: ``tasks.broker.publish``), plus one for a job whose output can be
+shared (result cache and coalescing, ``tasks.jobs.cache``). Every round trip gives up after
 ``GPULANES_REDIS_TIMEOUT_S`` and leaves nothing behind."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from celery.result import AsyncResult
 
 from tasks.broker.enqueue import enqueue
 from tasks.broker.outage import OUTAGE
 from tasks.errors import BrokerUnavailable
-from tasks.jobs.cache import claim, release
+from tasks.jobs.cache import cacheable, claim, release
 from tasks.jobs.schema import validate
 from tasks.settings import settings
 
 
-def submit(prompt: str, *, tier: str = "standard", account: str = "anonymous",
-           model: str = "demo", seed: int | None = None, steps: int = 20,
-           width: int = 256, height: int = 256,
-           downgradable: bool | None = None) -> AsyncResult:
-    """Enqueue one image job and return its ``AsyncResult``.
+def submit(prompt: str | None = None, *, tier: str = "standard",
+           account: str = "anonymous", model: str = "demo", downgradable: bool | None = None,
+           **inputs: Any) -> AsyncResult:
+    """Enqueue one job of ``model`` and return its ``AsyncResult``.
 
-    ``.get()`` returns a dict with ``image`` (PNG path), ``lane`` (where it
-    ran), ``requested_tier``, ``worker``, ``device``, ``queued_ms``,
-    ``run_ms``, ``attempts``, ``cached`` and the job's parameters; when the
-    job was moved down, also ``downgraded_from`` and ``downgrade_reason``.
-    Without a ``seed`` one is drawn here, so the result can be reproduced.
-    With a ``seed``, an identical finished job may answer from the result
-    cache, or a run of it in flight may serve this call too (``cached: True``
-    in the result, no GPU run of its own; see ``tasks.jobs.cache``).
+    ``tier``, ``account``, ``downgradable`` and ``model`` route the job; every other
+    keyword is an input of the model, checked by its ``Input`` before anything is
+    enqueued. An image model (the built-in ``demo`` family) takes ``prompt`` (it may
+    come first), ``seed``, ``steps`` (20), ``width`` and ``height`` (256); without a
+    ``seed`` one is drawn, so the result can be reproduced.
+
+    ``.get()`` returns a dict with ``lane`` (where it ran), ``requested_tier``,
+    ``worker``, ``device``, ``queued_ms``, ``run_ms``, ``attempts``, ``cached``, and
+    ``image`` (PNG) and the image's parameters for an image model, or ``output`` (the
+    model's dict, images and bytes replaced by artifact references) for a class
+    model; when the job was moved down, also ``downgraded_from`` and
+    ``downgrade_reason``. A job whose model is deterministic for its inputs (an image
+    model given a ``seed``; a class model with ``deterministic = True``) may answer
+    from the result cache, or share a run of it in flight (``cached: True``, no GPU
+    run of its own; see ``tasks.jobs.cache``).
 
     ``downgradable`` (default: True for standard, False for fast) lets the
     job move down a lane while its lane is overloaded.
 
-    Raises :class:`tasks.errors.InvalidJob` naming the bad field, or
-    :class:`tasks.errors.LaneFull` when the relaxed lane is full, before
-    anything is enqueued; :class:`tasks.errors.BrokerUnavailable` when Redis
-    does not answer within ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing behind
-    (no job, no cache claim, no fast place): submitting again is safe.
+    Raises :class:`tasks.errors.InvalidJob` naming the bad field (an unknown model
+    or input, a bad value), or :class:`tasks.errors.LaneFull` when the relaxed lane
+    is full, before anything is enqueued; :class:`tasks.errors.BrokerUnavailable`
+    when Redis does not answer within ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing
+    behind (no job, no cache claim, no fast place): submitting again is safe.
     """
-    job = validate(prompt, tier=tier, account=account, model=model, seed=seed,
-                   steps=steps, width=width, height=height, downgradable=downgradable)
+    job = validate(prompt, tier=tier, account=account, model=model,
+                   downgradable=downgradable, **inputs)
+    shareable = settings.cache and cacheable(job, inputs)
     job_id = str(uuid.uuid4())
     try:
-        if seed is None or not settings.cache:  # a drawn seed is never shared: no extra round trip
+        if not shareable:  # no extra round trip
             return enqueue(job, job_id)
         shared = claim(job.encode(), job_id)  # one round trip: a cached result, a run to join,
         if isinstance(shared, AsyncResult):   # or ours

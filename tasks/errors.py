@@ -93,5 +93,10 @@ class JobTimeout(GpulanesError):
     """A job ran past ``GPULANES_MAX_JOB_S``."""
 
 
+class OutputError(GpulanesError):
+    """A model returned what a result cannot carry (not a dict, not JSON): the job
+    fails with that reason; the worker goes on serving."""
+
+
 class JobFailed(GpulanesError):
     """A job failed for good; the message says why and after how many attempts."""

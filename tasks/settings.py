@@ -24,6 +24,8 @@ PREFIX = "GPULANES_"
 #: different deterministic weights, so multi-model serving can be tried here.
 DEMO_MODELS = {name: "gpu_worker.demo_model:load"
                for name in ["demo", *(f"demo-{i}" for i in range(16))]}
+#: The models known without GPULANES_MODELS: the demo family and ``echo``.
+BUILT_IN_MODELS = {**DEMO_MODELS, "echo": "tasks.models.echo:Echo"}
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -47,6 +49,9 @@ class Settings(BaseSettings):
     # --- where things live ----------------------------------------------------
     state_dir: Path = PROJECT_DIR / ".gpulanes"
     artifact_dir: Path = PROJECT_DIR / "artifacts"
+    #: An fsspec URL (s3://, gs://, file://, memory://) artifacts are stored at, readable
+    #: from any host; unset: the local ARTIFACT_DIR (see ``artifact_root``).
+    artifact_url: str | None = None
     model_dir: Path | None = None  #: unset: ``<state_dir>/models``
     #: An fsspec URL (http://, s3://, file://) to fetch checkpoints from; unset: MODEL_DIR.
     model_store: str | None = None
@@ -57,7 +62,7 @@ class Settings(BaseSettings):
 
     # --- devices and models ---------------------------------------------------
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    models: Pairs = Field(default_factory=lambda: dict(DEMO_MODELS))
+    models: Pairs = Field(default_factory=lambda: dict(BUILT_IN_MODELS))
     warm_models: Names = ("demo",)
     #: Models a worker keeps loaded; the least recently used one makes room.
     model_slots: PositiveInt = 2
@@ -80,6 +85,8 @@ class Settings(BaseSettings):
     min_side: PositiveInt = 64
     max_side: PositiveInt = 1024
     max_job_s: Positive = 300.0
+    #: Largest a job's inputs may be, as JSON (bytes): checked before enqueue and by workers.
+    max_input_bytes: PositiveInt = 64 * 1024
 
     # --- retries --------------------------------------------------------------
     max_retries: Annotated[int, Field(ge=0)] = 3
@@ -186,6 +193,14 @@ class Settings(BaseSettings):
             raise ValueError("must be at least 1" if parse is int else "must not be negative")
         return table
 
+    @field_validator("artifact_url")
+    @classmethod
+    def _store_url(cls, raw: str | None) -> str | None:
+        if raw is not None and "://" not in raw:
+            raise ValueError("must be an fsspec URL such as s3://bucket/artifacts "
+                             "(a local folder: GPULANES_ARTIFACT_DIR)")
+        return raw
+
     @field_validator("exporter_auth")
     @classmethod
     def _login(cls, raw: str | None) -> str | None:
@@ -217,6 +232,12 @@ class Settings(BaseSettings):
     def embedded_broker(self) -> bool:
         """No broker URL was given: the embedded Redis on ``embedded_socket``."""
         return self.broker_url == f"redis+socket://{self.embedded_socket}"
+
+    @property
+    def artifact_root(self) -> str:
+        """Where artifacts are stored: ARTIFACT_URL, else ARTIFACT_DIR as a plain path
+        (so results name local artifacts by path, as they always did)."""
+        return self.artifact_url or str(self.artifact_dir)
 
     @property
     def max_depth(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ import uuid
 import numpy as np
 import pytest
 
+from tasks.errors import ArtifactError
 from tasks.jobs.artifacts import artifact_path
 from tasks.worker.png import save_png
 
@@ -24,3 +25,12 @@ def test_any_spelling_of_a_uuid_names_the_same_file(tmp_path):
     job_id = uuid.uuid4()
     for spelling in (str(job_id), str(job_id).upper(), "{%s}" % job_id, job_id.urn):
         assert artifact_path(tmp_path, spelling) == tmp_path / f"{job_id}.png"
+
+
+def test_a_refused_local_write_names_its_folder_for_the_self_check(tmp_path):
+    """The worker's self-check probes the folder the OSError names: it must be ours."""
+    (tmp_path / "taken").write_bytes(b"a file where the artifact folder should be")
+    with pytest.raises(ArtifactError) as caught:
+        save_png(tmp_path / "taken", str(uuid.uuid4()), np.zeros((4, 4, 3), dtype=np.uint8))
+    assert isinstance(caught.value.__cause__, OSError)
+    assert str(tmp_path / "taken") in str(caught.value.__cause__.filename)

@@ -28,8 +28,9 @@ ENV = {"GPULANES_MAX_BATCH": f"demo={BATCH},demo-0=2,flaky={BATCH}", "GPULANES_M
 
 
 def job(model: str = "demo", steps: int = 4, prompt: str = "p", seed: int = 1) -> Job:
-    return Job(prompt=prompt, tier="relaxed", account="a", model=model, seed=seed,
-               steps=steps, width=64, height=64, downgradable=True)
+    return Job(tier="relaxed", account="a", model=model, downgradable=True,
+               inputs={"prompt": prompt, "seed": seed, "steps": steps, "width": 64,
+                       "height": 64})
 
 
 def pending(lane: str, seq: int, arrived: float = 0.0, **kw) -> Pending:
@@ -68,7 +69,7 @@ def test_batcher_forms_one_pass_per_compatible_group_in_lane_order():
 
     def execute(group: list[Pending]) -> None:
         release.wait(10)  # the first pass holds the runner while the rest queue up
-        passes.append([(p.lane, p.job.steps) for p in group])
+        passes.append([(p.lane, p.job.inputs["steps"]) for p in group])
         for p in group:
             p.ran, _ = object(), p.done.set()
 

@@ -98,7 +98,7 @@ def test_delivery_guarantees(app):
 def test_the_demo_family_is_built_in():
     assert {"demo", "demo-0", "demo-15"} <= set(DEMO_MODELS)
     assert len(DEMO_MODELS) == 17 and Settings.model_fields["models"].default_factory() == \
-        DEMO_MODELS
+        {**DEMO_MODELS, "echo": "tasks.models.echo:Echo"}
 
 
 def test_every_setting_is_documented_in_the_readme():

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from routing.names import TIERS
 from tasks import submit
 from tasks.errors import InvalidJob
+from tasks.jobs import catalog
 from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, check_job, model_names
 from tasks.settings import settings as gl
 from tasks.worker.rejects import check_call, check_content
@@ -30,6 +31,8 @@ FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None
                                        HealthCheck.function_scoped_fixture])
 FIELDS = ("prompt", "tier", "account", "model", "seed", "steps", "width", "height",
           "downgradable")
+#: The models these fields fit (a class model, such as echo, takes other inputs).
+IMAGE_MODELS = [name for name in model_names() if catalog.spec(name).cls is None]
 ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
 
 
@@ -62,7 +65,7 @@ GOOD_VALUE = {
     "prompt": lambda v: _text_ok(v, gl.max_prompt_chars),
     "tier": lambda v: isinstance(v, str) and v in TIERS,
     "account": lambda v: _text_ok(v, gl.max_account_chars) and bool(ACCOUNT_RE.fullmatch(v)),
-    "model": lambda v: isinstance(v, str) and v in model_names(),
+    "model": lambda v: isinstance(v, str) and v in IMAGE_MODELS,
     "seed": lambda v: v is None or _int_ok(v, 0, MAX_SEED),
     "steps": lambda v: _int_ok(v, 1, gl.max_steps),
     "width": lambda v: _int_ok(v, gl.min_side, gl.max_side) and v % 8 == 0,
@@ -99,7 +102,7 @@ LIKELY_GOOD = {
                         st.just("y" * gl.max_prompt_chars)),
     "tier": near(st.sampled_from(TIERS), "Fast", "fast ", "turbo"),
     "account": st.from_regex(ACCOUNT_RE, fullmatch=True).filter(lambda a: len(a) <= 70),
-    "model": near(st.sampled_from(model_names()), "sdxl", "Demo", "demo "),
+    "model": near(st.sampled_from(IMAGE_MODELS), "sdxl", "Demo", "demo ", "echo"),
     "seed": near(st.one_of(st.none(), st.integers(0, MAX_SEED)), -1, MAX_SEED + 1),
     "steps": near(st.integers(1, gl.max_steps), 0, -1, gl.max_steps + 1),
     "width": near(SIDE, 0, gl.min_side - 8, gl.min_side + 1, gl.max_side + 8),

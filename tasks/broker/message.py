@@ -10,39 +10,47 @@ is a new object, never an edit of a message in place.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from routing.lanes import Route
 from routing.names import lane_of
 from routing.policy import RETRY
 
+#: A job's routing fields; every other field of a job is an input of its model.
+ROUTING: tuple[str, ...] = ("tier", "account", "model", "downgradable")
+#: Bookkeeping a job may carry beside them (``leads_run``).
+BOOKKEEPING: tuple[str, ...] = ("leads_run",)
+
 
 @dataclass(frozen=True)
 class Job:
-    """A job's parameters as validated by ``tasks.jobs.schema``. ``leads_run``: callers
+    """A validated job (``tasks.jobs.schema``): how to route it, and its model's inputs.
+
+    On the wire it is one flat mapping, the inputs beside the routing fields (an image
+    job: ``prompt``, ``seed``, ``steps``, ``width``, ``height``). ``leads_run``: callers
     may have joined its run (``tasks.jobs.cache``): its worker closes the run."""
 
-    prompt: str
     tier: str
     account: str
     model: str
-    seed: int
-    steps: int
-    width: int
-    height: int
     downgradable: bool
+    inputs: Mapping[str, Any]
     leads_run: bool = False
 
     def encode(self) -> dict[str, Any]:
-        encoded = dict(self.__dict__)  # flat fields: no deep copy on the submit path
-        if not self.leads_run:  # only a run's leader carries the flag
-            del encoded["leads_run"]
+        encoded = {"tier": self.tier, "account": self.account, "model": self.model,
+                   "downgradable": self.downgradable, **self.inputs}
+        if self.leads_run:  # only a run's leader carries the flag
+            encoded["leads_run"] = True
         return encoded
 
     @classmethod
     def decode(cls, job: dict[str, Any]) -> "Job":
         """From a message's ``job`` (checked by ``tasks.jobs.schema.check_job`` first)."""
-        return cls(**{f: job[f] for f in PARAMETERS}, leads_run=bool(job.get("leads_run")))
+        inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
+        return cls(**{k: job[k] for k in ROUTING}, inputs=MappingProxyType(inputs),
+                   leads_run=bool(job.get("leads_run")))
 
     def leading(self) -> "Job":
         return replace(self, leads_run=True)
@@ -52,10 +60,6 @@ class Job:
         """Whether a raw ``generate`` call (as Celery's signals hand it) leads a run."""
         job = kwargs.get("job") if isinstance(kwargs, dict) else None
         return isinstance(job, dict) and bool(job.get("leads_run"))
-
-
-#: The parameters of a job, as a caller gives them.
-PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(Job) if f.name != "leads_run")
 
 
 @dataclass(frozen=True)
@@ -135,18 +139,21 @@ class JobMessage:
 
 @dataclass(frozen=True)
 class Result:
-    """What a job's caller gets from ``.get()`` (as a dict: :meth:`encode`): the image,
-    where and how it ran and, when moved down, from where and why."""
+    """What a job's caller gets from ``.get()`` (as a dict: :meth:`encode`): the image
+    or the output, where and how it ran and, when moved down, from where and why."""
 
     job_id: str
     lane: str
     requested_tier: str
-    image: str
     model: str
-    seed: int
-    steps: int
-    width: int
-    height: int
+    #: An image model's PNG (a local path, or the artifact store's URL) and its inputs.
+    image: str | None = None
+    seed: int | None = None
+    steps: int | None = None
+    width: int | None = None
+    height: int | None = None
+    #: A model's returned dict, its images and bytes replaced by artifact references.
+    output: dict[str, Any] | None = None
     worker: str = ""
     device: str = ""
     started_at: float = 0.0

@@ -48,7 +48,6 @@ import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 from celery import states
@@ -67,13 +66,11 @@ from tasks.broker.keys import (
     inflight_key,
     run_key,
 )
-from tasks.broker.message import Result
+from tasks.broker.message import BOOKKEEPING, ROUTING, Job, Result
 from tasks.broker.outage import OUTAGE
-from tasks.jobs.artifacts import file_sha256
+from tasks.jobs import catalog
+from tasks.jobs.artifacts import is_intact, references
 from tasks.settings import settings
-
-#: What decides a job's pixels, and so its content address.
-IMAGE_FIELDS = ("model", "prompt", "seed", "steps", "width", "height")
 
 
 def provisional_s() -> int:
@@ -127,11 +124,26 @@ def sightings() -> Sightings:
 
 
 def digest(job: dict[str, Any]) -> str:
-    """The content address of a job's image: blake2b of the canonical JSON of
-    ``IMAGE_FIELDS`` (tier, account and routing do not change the pixels)."""
-    canonical = json.dumps({name: job[name] for name in IMAGE_FIELDS}, sort_keys=True,
-                           separators=(",", ":"), ensure_ascii=False)
+    """The content address of a job's output: blake2b of the canonical JSON of its
+    model, the model's pinned version and its validated inputs (tier, account and
+    routing do not change the output)."""
+    inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
+    addressed = {"model": job["model"], "version": catalog.spec(job["model"]).version,
+                 "inputs": inputs}
+    canonical = json.dumps(addressed, sort_keys=True, separators=(",", ":"),
+                           ensure_ascii=False)
     return hashlib.blake2b(canonical.encode(), digest_size=16).hexdigest()
+
+
+def cacheable(job: Job, given: dict[str, Any]) -> bool:
+    """Whether ``job``'s output may be served to, and shared with, identical jobs: its
+    model is deterministic for its inputs (a class model declaring ``deterministic``;
+    an image model), and a seed among them was given (a drawn seed is never shared)."""
+    found = catalog.spec(job.model)
+    if found.cls is not None and not found.deterministic:
+        return False
+    takes_seed = found.cls is None or "seed" in found.Input.model_fields
+    return not takes_seed or given.get("seed") is not None
 
 
 def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
@@ -179,15 +191,11 @@ def claim(job: dict[str, Any], job_id: str) -> AsyncResult | RunClaim | None:
 
 
 def intact(result: dict[str, Any]) -> bool:
-    """Whether the artifact a result names is still the one it made: same size and
-    sha256 (a result stored before artifacts carried them: the file exists)."""
-    path = Path(result["image"])
-    if "sha256" not in result:
-        return path.is_file()
-    try:
-        return path.stat().st_size == result["bytes"] and file_sha256(path) == result["sha256"]
-    except OSError:
-        return False
+    """Whether every artifact a result names (its ``image``, its ``output``'s
+    references) is still the one it made: same size and sha256, checked in the local
+    folder or through the artifact store, whichever wrote it (a result stored before
+    artifacts carried them: the artifact exists)."""
+    return all(is_intact(ref) for ref in references(result))
 
 
 def release(run: RunClaim) -> None:

@@ -1,15 +1,20 @@
 """The job schema and its validation: every field checked before enqueue."""
 from __future__ import annotations
 
+import json
 import re
 import reprlib
 import secrets
 import unicodedata
+from types import MappingProxyType
 from typing import Any
 
+from pydantic import ValidationError
+
 from routing.names import TIERS
-from tasks.broker.message import PARAMETERS, Job
+from tasks.broker.message import BOOKKEEPING, ROUTING, Job
 from tasks.errors import InvalidJob
+from tasks.jobs import catalog
 from tasks.settings import settings
 
 MAX_SEED = 2**63 - 1
@@ -106,35 +111,90 @@ def _downgradable(value: Any, tier: str) -> bool:
     return value
 
 
-def validate(prompt: Any, *, tier: Any, account: Any, model: Any, seed: Any,
-             steps: Any, width: Any, height: Any, downgradable: Any = None) -> Job:
+#: An image model's inputs and, for a new job, their defaults (a seed is drawn).
+IMAGE_DEFAULTS: dict[str, Any] = {"prompt": None, "seed": None, "steps": 20, "width": 256,
+                                  "height": 256}
+#: The fields of an image job as its message carries them.
+JOB_FIELDS: tuple[str, ...] = ("prompt", "tier", "account", "model", "seed", "steps", "width",
+                               "height", "downgradable")
+
+
+def image_inputs(raw: dict[str, Any], queued: bool = False) -> dict[str, Any]:
+    """An image model's inputs checked; ``queued``: taken from a message (no defaults, a
+    seed given), else a new job's (defaults applied, a seed drawn if none)."""
+    _no_unknown(raw, IMAGE_DEFAULTS)
+    if queued and (missing := [f for f in IMAGE_DEFAULTS if f not in raw]):
+        raise InvalidJob(missing[0], "is missing from the job")
+    given = {**IMAGE_DEFAULTS, **raw}
+    if queued and given["seed"] is None:
+        raise InvalidJob("seed", "must be an integer in a queued job")
+    seed = given["seed"]
+    return {"prompt": _text("prompt", given["prompt"], settings.max_prompt_chars),
+            "seed": secrets.randbelow(MAX_SEED) if seed is None
+            else _integer("seed", seed, 0, MAX_SEED),
+            "steps": _integer("steps", given["steps"], 1, settings.max_steps),
+            "width": _side("width", given["width"]), "height": _side("height", given["height"])}
+
+
+def model_inputs(model: str, raw: dict[str, Any], queued: bool = False) -> dict[str, Any]:
+    """The inputs of a job of ``model``, checked by its ``Input`` (an image model's by
+    :func:`image_inputs`), as the JSON the message carries; a bad one raises
+    :class:`InvalidJob` naming it. A pydantic error never escapes raw."""
+    found = catalog.spec(model)
+    if found.cls is None:
+        return _within_size(image_inputs(raw, queued))
+    _no_unknown(raw, found.Input.model_fields)
+    try:
+        return _within_size(found.Input.model_validate(raw).model_dump(mode="json"))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(map(str, first["loc"])) or "inputs"
+        raise InvalidJob(field, first["msg"]) from None
+
+
+def _no_unknown(raw: dict[str, Any], known: Any) -> None:
+    if unknown := [name for name in raw if name not in known]:
+        raise InvalidJob(str(unknown[0]), f"is not an input of this model; it takes "
+                         f"{', '.join(known) or 'none'}")
+
+
+def _within_size(inputs: dict[str, Any]) -> dict[str, Any]:
+    """Validated inputs, if their JSON is within ``GPULANES_MAX_INPUT_BYTES``."""
+    size = len(json.dumps(inputs, ensure_ascii=False).encode())
+    if size > settings.max_input_bytes:
+        raise InvalidJob("inputs", f"are {size} bytes as JSON; the limit is "
+                         f"GPULANES_MAX_INPUT_BYTES={settings.max_input_bytes}")
+    return inputs
+
+
+def validate_job(*, tier: Any, account: Any, model: Any, downgradable: Any = None,
+                 inputs: dict[str, Any], queued: bool = False) -> Job:
     """Check every field; raise :class:`InvalidJob` naming the first bad one."""
     tier = _choice("tier", tier, TIERS)
-    return Job(
-        prompt=_text("prompt", prompt, settings.max_prompt_chars),
-        tier=tier,
-        account=check_account(account),
-        model=_choice("model", model, model_names()),
-        seed=secrets.randbelow(MAX_SEED) if seed is None else _integer("seed", seed, 0, MAX_SEED),
-        steps=_integer("steps", steps, 1, settings.max_steps),
-        width=_side("width", width),
-        height=_side("height", height),
-        downgradable=_downgradable(downgradable, tier),
-    )
+    account = check_account(account)
+    model = _choice("model", model, model_names())
+    return Job(tier=tier, account=account, model=model,
+               downgradable=_downgradable(downgradable, tier),
+               inputs=MappingProxyType(model_inputs(model, inputs, queued)))
 
 
-#: The fields of a job as a message carries it.
-JOB_FIELDS = PARAMETERS
+def validate(prompt: Any = None, *, tier: Any = "standard", account: Any = "anonymous",
+             model: Any = "demo", downgradable: Any = None, **inputs: Any) -> Job:
+    """A new job as ``submit()`` takes it: the routing keywords, every other one an input
+    of the model (an image model's prompt may come first, positionally)."""
+    if prompt is not None:
+        inputs = {"prompt": prompt, **inputs}
+    return validate_job(tier=tier, account=account, model=model, downgradable=downgradable,
+                        inputs=inputs)
 
 
 def check_job(job: Any) -> Job:
     """A job dict taken from a message, checked as ``submit()`` checks its arguments
-    (other keys, such as a run's bookkeeping, are left alone)."""
+    (a run's bookkeeping, such as ``leads_run``, is left alone)."""
     if not isinstance(job, dict):
         raise InvalidJob("job", f"must be a mapping of job fields, got {type(job).__name__}")
-    for field in JOB_FIELDS:
+    for field in ROUTING:
         if field not in job:
             raise InvalidJob(field, "is missing from the job")
-    if job["seed"] is None:
-        raise InvalidJob("seed", "must be an integer in a queued job")
-    return validate(**{field: job[field] for field in JOB_FIELDS})
+    inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
+    return validate_job(**{k: job[k] for k in ROUTING}, inputs=inputs, queued=True)

@@ -32,7 +32,6 @@ from celery.worker.state import revoked as revoked_ids
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from gpu_worker import hooks
-from gpu_worker.batch_run import BATCHER
 from gpu_worker.batching import Ran
 from gpu_worker.health import HEALTH, is_worker_fault
 from gpu_worker.hooks import HELD_JOBS
@@ -47,13 +46,12 @@ from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
 from tasks.broker.publish import PublishRefused, publishing
 from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
-from tasks.jobs.artifacts import Artifact
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import job_counts
 from tasks.settings import settings
 from tasks.worker.coalesce import close_run, fail_followers
-from tasks.worker.png import save_png
+from tasks.worker.execute import kept, run_job
 from tasks.worker.rejects import CheckedTask
 
 log = logging.getLogger(__name__)
@@ -122,19 +120,6 @@ def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
             raise JobRevoked(f"job {job_id} was revoked at step {step}")
         lease.check()
     return on_step
-
-
-def _run(job: Job, lane: str, on_step: Callable[[int], None]) -> Ran:
-    """Generate on the warm model: alone, or through the batcher when the model batches
-    or the worker has several pool threads (its runner makes one pass at a time, so
-    jobs of a model that does not batch never share the device)."""
-    if settings.for_model(settings.max_batch, job.model) > 1 or (BATCHER.capacity or 1) > 1:
-        return BATCHER.run(job, lane, on_step)
-    model, load_ms = RUNTIME.model(job.model)
-    began = time.perf_counter()
-    pixels = model.generate(job.prompt, seed=job.seed, steps=job.steps, width=job.width,
-                            height=job.height, on_step=on_step)
-    return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
 def _lane(task: Any, route: JobRoute) -> str:
@@ -272,26 +257,27 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
                  "were lost with their workers or failed")
     lane = _lane(self, message.route)
     try:
-        ran = _run(message.job, lane, _step_guard(self.request.id, lease))
+        ran = run_job(message.job, lane, _step_guard(self.request.id, lease))
         lease.check()  # a stale run writes no artifact
-        artifact = save_png(settings.artifact_dir, self.request.id, ran.pixels, lease.attempt)
+        made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message)
-    return _finish(self, lease, _result(self, message, lane, started_at, lease, ran, artifact),
+    return _finish(self, lease, _result(self, message, lane, started_at, lease, ran, made),
                    message.job)
 
 
 def _result(task: Any, message: JobMessage, lane: str, started_at: float, lease: Lease,
-            ran: Ran, artifact: Artifact) -> dict:
-    """What the job's caller gets."""
-    job = message.job
+            ran: Ran, made: dict[str, Any]) -> dict:
+    """What the job's caller gets: what the run made (an image model's PNG and its
+    parameters, or the model's output), and where and how it ran."""
+    inputs = message.job.inputs if "image" in made else {}
     return Result(
-        **{**message.route.reported(), "lane": lane},
-        job_id=task.request.id, image=str(artifact.path), bytes=artifact.bytes,
-        sha256=artifact.sha256, worker=task.request.hostname, device=RUNTIME.device,
-        started_at=started_at, queued_ms=round((started_at - message.submitted_at) * 1000, 1),
+        **{**message.route.reported(), "lane": lane}, **made,
+        **{k: inputs[k] for k in ("seed", "steps", "width", "height") if k in inputs},
+        job_id=task.request.id, model=message.job.model, worker=task.request.hostname,
+        device=RUNTIME.device, started_at=started_at,
+        queued_ms=round((started_at - message.submitted_at) * 1000, 1),
         run_ms=round(ran.run_ms, 1), attempts=lease.attempt, cached=False,
         cold_start=ran.load_ms is not None, load_ms=round(ran.load_ms or 0.0, 1),
-        batch_size=ran.batch_size, batch_wait_ms=round(ran.wait_ms, 1), model=job.model,
-        seed=job.seed, steps=job.steps, width=job.width, height=job.height,
+        batch_size=ran.batch_size, batch_wait_ms=round(ran.wait_ms, 1),
     ).encode()

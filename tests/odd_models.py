@@ -1,0 +1,56 @@
+"""``odd``: a model of the general contract whose output the test chooses (``kind``):
+images and bytes to be stored as artifacts, or something JSON cannot hold."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OddInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["artifacts", "not_json", "not_a_dict", "steps"]
+    steps: int = Field(3, ge=1, le=20)
+
+
+class Odd:
+    Input = OddInput
+
+    def __init__(self, *, device: str, model_dir: Path) -> None:
+        self.device = device
+
+    def warmup(self) -> None:
+        pass
+
+    def predict(self, inputs: OddInput, progress: Callable[[int, int], None]) -> object:
+        for step in range(1, inputs.steps + 1):
+            progress(step, inputs.steps)
+        if inputs.kind == "artifacts":
+            import numpy as np
+            from PIL import Image
+
+            red = Image.new("RGB", (8, 8), (255, 0, 0))
+            return {"images": [red, np.zeros((4, 4, 3), dtype=np.uint8)],
+                    "blob": b"\x00\x01binary", "note": "two images and some bytes"}
+        if inputs.kind == "not_json":
+            return {"value": object()}
+        if inputs.kind == "not_a_dict":
+            return ["a", "list"]
+        return {"steps": inputs.steps}
+
+
+def _tiny_diffusion() -> type:
+    from tasks.models.diffusion import Diffusion
+
+    class TinySd(Diffusion):
+        """A tiny random-weight pipeline the test saves under the workers' model folder."""
+
+        folder = "tiny-sd"
+        version = "tiny-1"
+
+    return TinySd
+
+
+TinySd = _tiny_diffusion()
