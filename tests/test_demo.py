@@ -19,7 +19,8 @@ def test_demo_runs_all_lanes_and_writes_pngs():
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULANES_")}
     env.update(GPULANES_STATE_DIR=str(state), GPULANES_ARTIFACT_DIR=str(state / "png"),
                GPULANES_DEVICE="cpu")
-    args = ["--fast", "2", "--standard", "3", "--relaxed", "4", "--steps", "4", "--size", "64"]
+    args = ["--fast", "2", "--standard", "3", "--relaxed", "4", "--echo", "3", "--steps", "4",
+            "--size", "64"]
     try:
         proc = subprocess.run([sys.executable, "-m", "tasks.dev.demo", *args], env=env,
                               capture_output=True, text=True, timeout=150)
@@ -32,8 +33,9 @@ def _check(proc: subprocess.CompletedProcess, state: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
             if line.split() and line.split()[0] in ("fast", "standard", "relaxed")}
-    assert [rows[t][1] for t in ("fast", "standard", "relaxed")] == ["2", "3", "4"]
-    assert "9/9 done, 0 failed" in proc.stdout
+    assert [rows[t][1] for t in ("fast", "standard", "relaxed")] == ["3", "4", "5"]
+    assert "12/12 done, 0 failed" in proc.stdout
+    assert "echo         3 jobs, e.g. {'text': 'echo 0 echo 0 '}" in proc.stdout
     pngs = list((state / "png").glob("*.png"))
     assert len(pngs) == 9 and all(Image.open(p).format == "PNG" for p in pngs)
     assert (state / "appendonly.aof").exists()  # the embedded Redis ran with AOF on

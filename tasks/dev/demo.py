@@ -2,7 +2,9 @@
 
 Starts the embedded Redis (AOF on, under GPULANES_STATE_DIR), two GPU workers
 (CPU stand-ins without a GPU) and beat; submits 10 fast, 20 standard and 40
-relaxed jobs at once; shows progress; prints latency per lane; writes PNGs to
+relaxed image jobs of the ``demo`` model and 9 jobs of the ``echo`` model (a class
+of the general contract: its output comes back as JSON) at once; shows progress;
+prints latency per lane and what each model returned; writes PNGs to
 GPULANES_ARTIFACT_DIR; stops everything.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import random
 import sys
 import time
 
+from routing.names import LANES
 from tasks import app, submit
 from tasks.dev.cluster import LocalCluster
 from tasks.dev.report import Progress, lane_table
@@ -29,7 +32,8 @@ def workload(counts: dict[str, int], seed: int) -> list[tuple[str, str]]:
     return jobs
 
 
-def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int) -> int:
+def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int,
+        echoes: int = 9) -> int:
     if not settings.embedded_broker:
         sys.exit("the demo runs its own embedded Redis under GPULANES_STATE_DIR; "
                  "unset GPULANES_BROKER_URL to run it")
@@ -38,8 +42,9 @@ def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int
         print(f"starting embedded Redis, {workers} GPU worker(s) on {device} and beat ...")
         cluster.start(app, fresh=True)
         began = time.monotonic()
-        done, total = _drive(workload(counts, seed=7), steps, size)
+        done, total = _drive(workload(counts, seed=7), steps, size, echoes)
         print(lane_table(done))
+        print(model_lines(done))
         print(f"{len(done)} jobs in {time.monotonic() - began:.1f}s; "
               f"PNGs in {settings.artifact_dir}")
         return 0 if len(done) == total else 1
@@ -47,11 +52,24 @@ def run(counts: dict[str, int], workers: int, device: str, steps: int, size: int
         cluster.stop()
 
 
-def _drive(jobs: list[tuple[str, str]], steps: int, size: int) -> tuple[list[dict], int]:
+def _drive(jobs: list[tuple[str, str]], steps: int, size: int,
+           echoes: int) -> tuple[list[dict], int]:
     """Submit and wait; the AsyncResults die here, while Redis still answers them."""
     results = [submit(prompt, tier=tier, account=f"user{i % 7}", steps=steps,
                       width=size, height=size, seed=i) for i, (tier, prompt) in enumerate(jobs)]
+    results += [submit(model="echo", text=f"echo {i} ", repeat=2, tier=LANES[i % len(LANES)],
+                       account=f"user{i % 7}") for i in range(echoes)]
     return Progress(len(results)).wait(results, timeout_s=settings.max_job_s * 2), len(results)
+
+
+def model_lines(results: list[dict]) -> str:
+    """Per model: how many jobs, and one example of what it returned."""
+    lines = []
+    for model in sorted({r["model"] for r in results}):
+        mine = [r for r in results if r["model"] == model]
+        example = mine[0].get("output") or mine[0].get("image")
+        lines.append(f"{model:<9}{len(mine):>5} jobs, e.g. {example}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", type=int, default=10)
     parser.add_argument("--standard", type=int, default=20)
     parser.add_argument("--relaxed", type=int, default=40)
+    parser.add_argument("--echo", type=int, default=9, help="jobs of the echo model")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default=settings.device, choices=("auto", "cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--size", type=int, default=256)
     args = parser.parse_args(argv)
     counts = {"fast": args.fast, "standard": args.standard, "relaxed": args.relaxed}
-    return run(counts, args.workers, args.device, args.steps, args.size)
+    return run(counts, args.workers, args.device, args.steps, args.size, args.echo)
 
 
 if __name__ == "__main__":
