@@ -7,12 +7,15 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.models.types import StoredArtifact
+
 
 class OddInput(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["artifacts", "not_json", "not_a_dict", "steps"]
+    kind: Literal["artifacts", "not_json", "not_a_dict", "steps", "read"]
     steps: int = Field(3, ge=1, le=20)
+    source: StoredArtifact | None = None  #: for "read": an artifact to read back
 
 
 class Odd:
@@ -34,6 +37,11 @@ class Odd:
             red = Image.new("RGB", (8, 8), (255, 0, 0))
             return {"images": [red, np.zeros((4, 4, 3), dtype=np.uint8)],
                     "blob": b"\x00\x01binary", "note": "two images and some bytes"}
+        if inputs.kind == "read":
+            from tasks.jobs.artifacts import open_artifact
+
+            with open_artifact(inputs.source) as file:
+                return {"bytes_read": len(file.read())}
         if inputs.kind == "not_json":
             return {"value": object()}
         if inputs.kind == "not_a_dict":

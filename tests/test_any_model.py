@@ -50,6 +50,18 @@ def test_images_and_bytes_become_artifact_references(worker):
         assert file.read() == b"\x00\x01binary"
 
 
+def test_an_input_may_name_a_file_only_in_the_artifact_store(worker):
+    red = submit(model="odd", kind="artifacts").get(timeout=60)["output"]["images"][0]
+    assert submit(model="odd", kind="read", source=red["url"]).get(timeout=60)["output"] == \
+        {"bytes_read": red["bytes"]}
+    root = red["url"].rsplit("/", 1)[0]
+    for outside in ("/etc/passwd", f"{root}/../etc/passwd", f"{root}/sub/x.png",
+                    "file:///etc/passwd", red["url"] + "\x00"):
+        with pytest.raises(InvalidJob) as caught:
+            submit(model="odd", kind="read", source=outside)
+        assert caught.value.field == "source"
+
+
 @pytest.mark.parametrize("kind", ["not_json", "not_a_dict"])
 def test_an_output_that_is_not_json_fails_the_job_and_the_worker_serves_on(worker, kind):
     with pytest.raises(JobFailed, match="predict returned"):

@@ -222,3 +222,20 @@ def _remote_intact(url: str, ref: Mapping[str, Any]) -> bool:
             return _sha256(file) == ref["sha256"]
     except Exception:  # noqa: BLE001  unreachable or gone: the job simply runs again
         return False
+
+
+#: A file an artifact may be stored as (see :func:`artifact_name`).
+ARTIFACT_FILE = re.compile(r"[0-9a-f-]{36}(-\d+)?(-[a-z0-9][a-z0-9_-]{0,63})?\.[a-z0-9]{1,5}")
+
+
+def in_store(url: str) -> str:
+    """``url`` if it names an artifact in the store, else ``ValueError``: an input may
+    name a file for a model to read only there (never ``/etc/passwd``, never ``..``)."""
+    root = settings.artifact_root.rstrip("/")
+    if not isinstance(url, str) or "\x00" in url:
+        raise ValueError("must be the URL of an artifact in the artifact store")
+    name = url[len(root) + 1:] if url.startswith(root + "/") else ""
+    if not name or "/" in name or name in (".", "..") or not ARTIFACT_FILE.fullmatch(name):
+        raise ValueError(f"must name an artifact in the artifact store ({root}/<job id>-...), "
+                         f"got {url[:200]!r}")
+    return url
