@@ -25,6 +25,8 @@ from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.outage import OUTAGE
 from tasks.broker.transport import put_back_held, set_holder
+from tasks.errors import ModelError
+from tasks.jobs import catalog
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,12 @@ class WarmModels(Hook):
         return {signals.worker_init: self.on_worker_init}
 
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
+        try:  # every model's class imports (its Input is what jobs are checked with)
+            for name in settings.models:
+                catalog.spec(name)
+        except ModelError:
+            log.exception("a model in GPULANES_MODELS cannot be imported; this worker exits")
+            raise SystemExit(EXIT_NOT_WARM) from None
         import torch
 
         torch.set_num_threads(settings.torch_threads)

@@ -126,3 +126,16 @@ def test_a_diffusers_pipeline_runs_in_the_lanes_and_repeats_its_images(worker):
     assert digests[0] == digests[1] and len(set(digests[0])) == 2
     other = submit(**{**call, "seed": 8}).get(timeout=120)
     assert [image["sha256"] for image in other["output"]["images"]] != digests[0]
+
+
+def test_a_worker_whose_model_class_cannot_be_imported_exits_naming_it(monkeypatch, caplog):
+    from conftest import vary
+
+    from gpu_worker.hooks import EXIT_NOT_WARM, WarmModels
+    from tasks.settings import settings
+
+    vary(monkeypatch, models={**settings.models, "ghost": "no.such.module:Ghost"})
+    with pytest.raises(SystemExit) as stopped:
+        WarmModels().on_worker_init(sender=None)
+    assert stopped.value.code == EXIT_NOT_WARM
+    assert "cannot be imported" in caplog.text and "no.such.module" in caplog.text
