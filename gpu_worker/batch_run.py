@@ -15,6 +15,7 @@ from typing import Any
 from gpu_worker.batching import Batcher, Pending, Ran, capacity_from_env
 from gpu_worker.runtime import RUNTIME
 from tasks.errors import JobTimeout
+from tasks.jobs import catalog
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,10 @@ def deadline_guard(group: list[Pending]):
 
 
 def forward(model: Any, group: list[Pending]) -> list[Any]:
-    """One pass over the group's jobs (same model, steps and size): their images."""
+    """One pass over the group's jobs (same model and batch key): their images, or a
+    class model's outputs."""
+    if hasattr(model, "predict"):
+        return _predict_pass(model, group)
     first = group[0].job.inputs
     shape = {"steps": first["steps"], "width": first["width"], "height": first["height"]}
     if len(group) == 1:
@@ -70,6 +74,18 @@ def forward(model: Any, group: list[Pending]) -> list[Any]:
     return list(model.generate_batch([p.job.inputs["prompt"] for p in group],
                                      [p.job.inputs["seed"] for p in group], **shape,
                                      on_step=deadline_guard(group)))
+
+
+def _predict_pass(model: Any, group: list[Pending]) -> list[Any]:
+    inputs = [model.Input.model_validate(dict(item.job.inputs)) for item in group]
+    guard = deadline_guard(group)
+
+    def progress(done: int, total: int | None = None) -> None:
+        guard(done)
+
+    if len(group) == 1:
+        return [model.predict(inputs[0], progress)]
+    return list(model.predict_batch(inputs, progress))
 
 
 def settle(item: Pending, ran: Ran | None = None, error: BaseException | None = None) -> None:
@@ -86,7 +102,8 @@ def run_group(group: list[Pending]) -> None:
         for item in group:
             settle(item, error=exc)
         return
-    if len(group) > 1 and not hasattr(model, "generate_batch"):
+    if len(group) > 1 and not (hasattr(model, "generate_batch")
+                               or hasattr(model, "predict_batch")):
         for item in group:
             run_group([item])
         return
@@ -94,8 +111,8 @@ def run_group(group: list[Pending]) -> None:
     try:
         images = forward(model, group)
         if len(images) != len(group):
-            raise ValueError(f"{group[0].job.model}: generate_batch returned "
-                             f"{len(images)} images for {len(group)} jobs")
+            raise ValueError(f"{group[0].job.model}: its batched pass returned "
+                             f"{len(images)} outcomes for {len(group)} jobs")
     except Exception as exc:  # noqa: BLE001  sorted below: split, one by one, or its own
         _after_failure(group, exc)
         return
@@ -104,11 +121,14 @@ def run_group(group: list[Pending]) -> None:
 
 def _settle_pass(group: list[Pending], images: list[Any], began: float,
                  load_ms: float | None) -> None:
-    """Each job's image; run_ms is its share of the pass's time (GPU time per job)."""
+    """Each job's image (or output); run_ms is its share of the pass's time (GPU time
+    per job)."""
     pass_ms = (time.monotonic() - began) * 1000
-    for item, pixels in zip(group, images):
-        settle(item, Ran(pixels, pass_ms / len(group), load_ms, len(group),
-                         max(0.0, (began - item.arrived) * 1000)))
+    predicted = catalog.spec(group[0].job.model).cls is not None
+    for item, made in zip(group, images):
+        settle(item, Ran(None if predicted else made, pass_ms / len(group), load_ms,
+                         len(group), max(0.0, (began - item.arrived) * 1000),
+                         output=made if predicted else None))
 
 
 def _after_failure(group: list[Pending], exc: Exception) -> None:

@@ -48,17 +48,26 @@ from typing import Any, Callable
 
 from routing.names import LANES
 from tasks.broker.message import Job
+from tasks.jobs import catalog
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: The worker's pool size, set by the supervisor: the batcher's "house is full".
 CONCURRENCY_ENV = "GPULANES_WORKER_CONCURRENCY"
-Key = tuple[str, int, int, int]
+Key = tuple[Any, ...]
 
 
 def job_key(job: Job) -> Key:
-    """Jobs with equal keys can share a forward pass."""
-    return job.model, job.inputs["steps"], job.inputs["width"], job.inputs["height"]
+    """Jobs with equal keys can share a forward pass: the model first, then an image
+    model's steps and size, or what a class model's ``batch_key(inputs)`` says (all of
+    its jobs, without one)."""
+    found = catalog.spec(job.model)
+    if found.cls is None:
+        return job.model, job.inputs["steps"], job.inputs["width"], job.inputs["height"]
+    batch_key = getattr(found.cls, "batch_key", None)
+    if batch_key is None:
+        return (job.model,)
+    return job.model, repr(batch_key(found.Input.model_validate(dict(job.inputs))))
 
 
 def worker_concurrency(max_batch: dict[str, int]) -> int:
@@ -93,6 +102,8 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     ran: Ran | None = None
     error: BaseException | None = None
+    #: Its group's key (``job_key``), worked out once as it arrives.
+    key: Key = ()
 
     @property
     def rank(self) -> tuple[int, int]:
@@ -105,7 +116,7 @@ def pick(pending: list[Pending], now: float, max_batch: Callable[[str], int],
     """The group to run now and 0, or ``([], seconds until some group is ready)``."""
     groups: dict[Key, list[Pending]] = {}
     for item in sorted(pending, key=lambda p: p.rank):
-        groups.setdefault(job_key(item.job), []).append(item)
+        groups.setdefault(item.key or job_key(item.job), []).append(item)
     if not groups:
         return [], float("inf")
     house_full = capacity is not None and len(pending) >= capacity
@@ -139,7 +150,7 @@ class Batcher:
         ``check`` runs between steps and drops the job out of its pass when it raises."""
         with self._cond:
             item = Pending(job, lane, next(self._seq), time.monotonic() + settings.max_job_s,
-                           check or (lambda step: None))
+                           check or (lambda step: None), key=job_key(job))
             self._pending.append(item)
             self._start_runner()
             self._cond.notify()

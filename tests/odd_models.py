@@ -48,6 +48,18 @@ class Odd:
             return ["a", "list"]
         return {"steps": inputs.steps}
 
+    @staticmethod
+    def batch_key(inputs: OddInput) -> object:
+        """Jobs of one kind and length share a pass."""
+        return inputs.kind, inputs.steps
+
+    def predict_batch(self, batch: list[OddInput],
+                      progress: Callable[[int, int], None]) -> list[object]:
+        """One pass for the whole batch: each output says how many shared it."""
+        for step in range(1, batch[0].steps + 1):
+            progress(step, batch[0].steps)
+        return [{"steps": item.steps, "batched_with": len(batch)} for item in batch]
+
 
 def _tiny_diffusion() -> type:
     from tasks.models.diffusion import Diffusion

@@ -23,8 +23,9 @@ from tests.flaky_model import open_gate
 BATCH = 4
 #: A long delay, so only a full group or a full house (every thread's job held)
 #: starts a pass; flaky has none, so a gated job holds the runner at once.
-ENV = {"GPULANES_MAX_BATCH": f"demo={BATCH},demo-0=2,flaky={BATCH}", "GPULANES_MODEL_SLOTS": "3",
-       "GPULANES_MAX_QUEUE_DELAY_MS": "*=5000,flaky=0", "GPULANES_CACHE": "off"}
+ENV = {"GPULANES_MAX_BATCH": f"demo={BATCH},demo-0=2,flaky={BATCH},odd={BATCH}",
+       "GPULANES_MODEL_SLOTS": "3",
+       "GPULANES_MAX_QUEUE_DELAY_MS": "*=5000,flaky=0,odd=0", "GPULANES_CACHE": "off"}
 
 
 def job(model: str = "demo", steps: int = 4, prompt: str = "p", seed: int = 1) -> Job:
@@ -170,6 +171,23 @@ def hold_runner(app, host: str, prompt: str = "hold the runner") -> tuple[str, o
     blocker = submit(f"gate:{gate} {prompt}", tier="relaxed", model="flaky", **SMALL)
     wait_at_gate(blocker, gate)
     return gate, blocker
+
+
+def test_a_class_model_batches_by_its_batch_key(cluster, app):
+    """Held behind a busy runner (its pool has one thread per batch place): two ``odd``
+    jobs of one key and one of another. Freed, the two share one predict_batch pass
+    and the third runs alone."""
+    host = cluster.hostnames[0]
+    gate, blocker = hold_runner(app, host)
+    same = [submit(model="odd", kind="steps", steps=2, tier="relaxed") for _ in range(2)]
+    other = submit(model="odd", kind="steps", steps=3, tier="relaxed")
+    wait_until(lambda: batcher_stats(app, host).get("pending") == 3, 30, "3 jobs held")
+    open_gate(gate)
+    outs = [r.get(timeout=60) for r in same]
+    assert [o["output"] for o in outs] == [{"steps": 2, "batched_with": 2}] * 2
+    assert [o["batch_size"] for o in outs] == [2, 2]
+    assert other.get(timeout=60)["output"] == {"steps": 3}  # alone: predict, not the batch
+    blocker.get(timeout=60)
 
 
 def test_poisoned_job_fails_alone(cluster, app, reference):

@@ -25,10 +25,10 @@ def run_job(job: Job, lane: str, on_step: Callable[[int], None]) -> Ran:
     """Run ``job`` on the warm model: alone, or through the batcher when the model batches
     or the worker has several pool threads (its runner makes one pass at a time, so
     jobs of a model that does not batch never share the device)."""
-    if catalog.spec(job.model).cls is not None:
-        return _predict(job, on_step)
     if settings.for_model(settings.max_batch, job.model) > 1 or (BATCHER.capacity or 1) > 1:
         return BATCHER.run(job, lane, on_step)  # the batcher's runner loads the model
+    if catalog.spec(job.model).cls is not None:
+        return _predict(job, on_step)
     model, load_ms = RUNTIME.model(job.model)
     began, inputs = time.perf_counter(), job.inputs
     pixels = model.generate(inputs["prompt"], seed=inputs["seed"], steps=inputs["steps"],
