@@ -32,7 +32,8 @@ TEST_ENV = {
     "GPULANES_MODELS": ",".join([*(f"{name}=gpu_worker.demo_model:load" for name in
                                    ("demo", "demo-0", "demo-1", "demo-2")),
                                  "flaky=tests.flaky_model:load", "echo=tasks.models.echo:Echo",
-                                 "odd=tests.odd_models:Odd", "tiny-sd=tests.odd_models:TinySd"]),
+                                 "odd=tests.odd_models:Odd", "tiny-sd=tests.odd_models:TinySd",
+                                 "tiny-bert=tests.odd_models:TinyBert"]),
     "GPULANES_DEVICE": "cpu",
     "GPULANES_HEARTBEAT_S": "1",
     "GPULANES_HEARTBEAT_REPLY_S": "0.3",

@@ -74,3 +74,18 @@ def _tiny_diffusion() -> type:
 
 
 TinySd = _tiny_diffusion()
+
+
+def _tiny_embedding() -> type:
+    from tasks.models.text import TextEmbedding
+
+    class TinyBert(TextEmbedding):
+        """A tiny random-weight BERT the test saves under the workers' model folder."""
+
+        folder = "tiny-bert"
+        version = "tiny-1"
+
+    return TinyBert
+
+
+TinyBert = _tiny_embedding()

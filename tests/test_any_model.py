@@ -128,6 +128,26 @@ def test_a_diffusers_pipeline_runs_in_the_lanes_and_repeats_its_images(worker):
     assert [image["sha256"] for image in other["output"]["images"]] != digests[0]
 
 
+def test_a_transformers_model_returns_json_through_a_worker(worker):
+    """A tiny BERT saved with save_pretrained: mean-pooled embeddings as JSON rows, the
+    same texts giving the same numbers (a cache hit the third time)."""
+    pytest.importorskip("transformers")
+    from conftest import STATE_DIR
+
+    from tests.tiny_models import build_tiny_bert
+
+    build_tiny_bert(STATE_DIR / "models" / "tiny-bert")
+    call = dict(model="tiny-bert", texts=["a red fox", "blue ocean waves"], tier="fast")
+    runs = [submit(**call).get(timeout=120) for _ in range(3)]
+    output = runs[0]["output"]
+    assert output["dim"] == 32 and len(output["embeddings"]) == 2
+    assert all(len(row) == 32 for row in output["embeddings"])
+    assert runs[1]["output"] == output and runs[2]["cached"] and runs[2]["output"] == output
+    with pytest.raises(InvalidJob) as caught:
+        submit(model="tiny-bert", texts=[])
+    assert caught.value.field == "texts"
+
+
 def test_a_worker_whose_model_class_cannot_be_imported_exits_naming_it(monkeypatch, caplog):
     from conftest import vary
 
