@@ -61,6 +61,13 @@ class Odd:
         return [{"steps": item.steps, "batched_with": len(batch)} for item in batch]
 
 
+def unloadable(*, name: str, device: str, model_dir: Path) -> object:
+    """A factory that imports but cannot load its weights: its worker cannot warm it."""
+    from tasks.errors import ModelError
+
+    raise ModelError(f"model {name!r}: its weights are missing (on purpose)")
+
+
 def _tiny_diffusion() -> type:
     from tasks.models.diffusion import Diffusion
 

@@ -68,7 +68,7 @@ def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_fa
     broken = LocalCluster(STATE_DIR, workers=1, device="cpu", beat=False,
                           env={"GPULANES_WARM_MODELS": "demo,missing",
                                "GPULANES_MODELS": "demo=gpu_worker.demo_model:load,"
-                                                  "missing=no_such_module:load"},
+                                                  "missing=tests.odd_models:unloadable"},
                           log_dir=STATE_DIR / "logs" / "broken")
     broken.start_workers()
     try:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.models.hf import Progress, saved_folder, torch_dtype
+from tasks.models.hf import Progress, Saved, saved_folder, torch_dtype
 
 #: The same bound as the ``demo`` model's prompts (``GPULANES_MAX_PROMPT_CHARS``'s default).
 MAX_PROMPT_CHARS = 2000
@@ -55,18 +55,10 @@ class DiffusionInput(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
-class Diffusion:
+class Diffusion(Saved):
     """A diffusers pipeline behind the model contract; see the module docstring."""
 
     Input: ClassVar[type[DiffusionInput]] = DiffusionInput
-    #: Seeded jobs repeat bit for bit on one device, so the result cache applies.
-    deterministic: ClassVar[bool] = True
-    #: Part of the result cache's key: set a new one whenever the weights change.
-    version: ClassVar[str] = "1"
-    #: The saved pipeline's folder under ``model_dir``; empty: ``model_dir`` itself.
-    folder: ClassVar[str] = ""
-    #: Weights' dtype on CUDA ("bfloat16" suits some newer pipelines); float32 on the CPU.
-    cuda_dtype: ClassVar[str] = "float16"
 
     def __init__(self, *, device: str, model_dir: str | Path) -> None:
         path = saved_folder(model_dir, self.folder, what="diffusers pipeline")

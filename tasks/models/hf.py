@@ -17,12 +17,25 @@ This package imports none of its modules, for the same reason.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from tasks.errors import ModelError
 
 #: ``progress(done, total)`` reports a finished step; it may raise to stop the job.
 Progress = Callable[[int, int], None]
+
+
+class Saved:
+    """What every adapter declares: the model's saved folder, its version, its dtype."""
+
+    #: A fixed pass (seeded, or greedy) repeats exactly on one device: results are cached.
+    deterministic: ClassVar[bool] = True
+    #: Part of the result cache's key: set a new one whenever the weights change.
+    version: ClassVar[str] = "1"
+    #: The saved model's folder under ``model_dir``; empty: ``model_dir`` itself.
+    folder: ClassVar[str] = ""
+    #: Weights' dtype on CUDA ("bfloat16" suits some newer models); float32 on the CPU.
+    cuda_dtype: ClassVar[str] = "float16"
 
 
 def saved_folder(model_dir: str | Path, folder: str, *, what: str) -> Path:

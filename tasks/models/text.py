@@ -25,7 +25,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.models.hf import Progress, saved_folder, torch_dtype
+from tasks.models.hf import Progress, Saved, saved_folder, torch_dtype
 
 Text = Annotated[str, Field(min_length=1, max_length=2000)]
 
@@ -49,16 +49,9 @@ class GenerationInput(BaseModel):
     max_new_tokens: int = Field(64, ge=1, le=256)
 
 
-class _Pretrained:
+class _Pretrained(Saved):
     """What both adapters share: the folder, the dtype, the tokenizer."""
 
-    #: Greedy decoding and a fixed forward pass repeat exactly on one device.
-    deterministic: ClassVar[bool] = True
-    #: Part of the result cache's key: set a new one whenever the weights change.
-    version: ClassVar[str] = "1"
-    #: The saved model's folder under ``model_dir``; empty: ``model_dir`` itself.
-    folder: ClassVar[str] = ""
-    cuda_dtype: ClassVar[str] = "float16"
     auto_class: ClassVar[str] = "AutoModel"
 
     def __init__(self, *, device: str, model_dir: str | Path) -> None:
