@@ -93,7 +93,7 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
          loads: Mapping[str, float], epsilon: float,
          warm: Mapping[str, Collection[str]] | None = None,
          drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0,
-         first: str | None = None) -> str | None:
+         first: str | None = None, key: str | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -108,7 +108,9 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     is each worker's seconds per queued job; without it a job never waits.
 
     ``first``: the model's worker from :func:`assign_homes`, tried before the
-    rest of the ring.
+    rest of the ring. ``key``: the job's point on the ring in place of the model's (a
+    route key, e.g. a LoRA's name: its jobs keep landing on one of the model's warm
+    workers, and different keys spread over them).
     """
     points, owners = hash_ring
     nodes = set(owners)
@@ -117,7 +119,7 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     warm = warm or {}
     mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
-    order = _ring_order(model, points, owners, len(nodes))
+    order = _ring_order(key or model, points, owners, len(nodes))
     if first in nodes:
         order = [first] + [node for node in order if node != first]
     open_nodes = [node for node in order if loads.get(node, 0) < cap]

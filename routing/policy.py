@@ -130,13 +130,15 @@ def _moved(route: Route, lane: str, reason: str) -> Route:
 
 
 def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
-           model: str | None = None, over_fast_limit: bool = False) -> Route | None:
+           model: str | None = None, over_fast_limit: bool = False,
+           route_key: str | None = None) -> Route | None:
     """Where a new job goes; None when even the relaxed lane is full.
 
     With ``model``, the job goes to its worker's own queue of that lane
     (consistent hashing with bounded loads), else to the shared lane.
     ``over_fast_limit``: the account already has its share of fast jobs
-    waiting, so this one runs in standard.
+    waiting, so this one runs in standard. ``route_key``: the job's own point on the
+    ring (a model's ``route_key(inputs)``), in place of the model's home.
     """
     route = Route(lane=tier, requested_tier=tier)
     if tier == FAST and account in view.exhausted:
@@ -156,5 +158,6 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         level = view.levels.get(account, 0)
         route = replace(route, priority=RELAX_PRIORITIES[level])
     node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
-                view.cold_load_s(model), view.homes.get(model)) if model else None
+                view.cold_load_s(model), None if route_key else view.homes.get(model),
+                f"{model}/{route_key}" if route_key else None) if model else None
     return replace(route, node=node) if node else route

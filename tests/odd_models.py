@@ -16,6 +16,7 @@ class OddInput(BaseModel):
     kind: Literal["artifacts", "not_json", "not_a_dict", "steps", "read"]
     steps: int = Field(3, ge=1, le=20)
     source: StoredArtifact | None = None  #: for "read": an artifact to read back
+    lora: str | None = None  #: an adapter its worker would keep loaded: the route key
 
 
 class Odd:
@@ -47,6 +48,11 @@ class Odd:
         if inputs.kind == "not_a_dict":
             return ["a", "list"]
         return {"steps": inputs.steps}
+
+    @staticmethod
+    def route_key(inputs: OddInput) -> str | None:
+        """Jobs of one LoRA go to one worker (which would keep it loaded)."""
+        return f"lora:{inputs.lora}" if inputs.lora else None
 
     @staticmethod
     def batch_key(inputs: OddInput) -> object:

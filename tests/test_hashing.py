@@ -134,3 +134,29 @@ def test_each_models_jobs_run_on_one_warm_worker(cluster, clean_redis):
         cold += out["cold_start"]
     assert all(len(workers) == 1 for workers in runs.values()), dict(runs)
     assert cold <= 4  # at most one cold load per model, then warm on its worker
+
+
+def test_a_route_key_keeps_its_jobs_on_one_warm_worker_and_keys_spread():
+    """A model's route key (a LoRA's name) is the job's point on the ring: each key's jobs
+    land on one worker, the keys spread over the model's warm workers, and without a key
+    the model's home takes them all."""
+    nodes = [f"gpu{i}@h" for i in range(4)]
+    view = PolicyView(ring=ring(nodes), warm={n: ("sd",) for n in nodes},
+                      homes={"sd": nodes[2]})
+    keyed = {key: decide("standard", "a", False, view, "sd", route_key=key).node
+             for key in (f"lora-{i}" for i in range(24))}
+    again = {key: decide("standard", "a", False, view, "sd", route_key=key).node
+             for key in keyed}
+    assert again == keyed and len(set(keyed.values())) >= 3
+    assert {decide("standard", "a", False, view, "sd").node for _ in range(5)} == {nodes[2]}
+
+
+def test_a_models_route_key_travels_with_its_job():
+    from tasks.broker.message import Job
+    from tasks.jobs.schema import check_job, validate
+
+    job = validate(model="odd", kind="steps", lora="paper-cut")
+    assert job.route_key == "lora:paper-cut"
+    assert Job.decode(job.encode()).route_key == "lora:paper-cut"
+    assert check_job(job.encode()).route_key == "lora:paper-cut"
+    assert validate(model="odd", kind="steps").route_key is None

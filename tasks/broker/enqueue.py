@@ -122,7 +122,8 @@ def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,
 
 def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
     model = job.model if settings.route_hashing else None
-    return decide(job.tier, job.account, job.downgradable, view, model, over_fast_limit)
+    return decide(job.tier, job.account, job.downgradable, view, model, over_fast_limit,
+                  job.route_key)
 
 
 def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str, Any]:

@@ -19,8 +19,8 @@ from routing.policy import RETRY
 
 #: A job's routing fields; every other field of a job is an input of its model.
 ROUTING: tuple[str, ...] = ("tier", "account", "model", "downgradable")
-#: Bookkeeping a job may carry beside them (``leads_run``).
-BOOKKEEPING: tuple[str, ...] = ("leads_run",)
+#: Bookkeeping a job may carry beside them (``leads_run``, ``route_key``).
+BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key")
 
 
 @dataclass(frozen=True)
@@ -37,12 +37,16 @@ class Job:
     downgradable: bool
     inputs: Mapping[str, Any]
     leads_run: bool = False
+    #: The model's ``route_key(inputs)``: the job's point on the hash ring, if any.
+    route_key: str | None = None
 
     def encode(self) -> dict[str, Any]:
         encoded = {"tier": self.tier, "account": self.account, "model": self.model,
                    "downgradable": self.downgradable, **self.inputs}
         if self.leads_run:  # only a run's leader carries the flag
             encoded["leads_run"] = True
+        if self.route_key:
+            encoded["route_key"] = self.route_key
         return encoded
 
     @classmethod
@@ -50,7 +54,7 @@ class Job:
         """From a message's ``job`` (checked by ``tasks.jobs.schema.check_job`` first)."""
         inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
         return cls(**{k: job[k] for k in ROUTING}, inputs=MappingProxyType(inputs),
-                   leads_run=bool(job.get("leads_run")))
+                   leads_run=bool(job.get("leads_run")), route_key=job.get("route_key"))
 
     def leading(self) -> "Job":
         return replace(self, leads_run=True)

@@ -173,9 +173,20 @@ def validate_job(*, tier: Any, account: Any, model: Any, downgradable: Any = Non
     tier = _choice("tier", tier, TIERS)
     account = check_account(account)
     model = _choice("model", model, model_names())
+    checked = model_inputs(model, inputs, queued)
     return Job(tier=tier, account=account, model=model,
                downgradable=_downgradable(downgradable, tier),
-               inputs=MappingProxyType(model_inputs(model, inputs, queued)))
+               inputs=MappingProxyType(checked), route_key=route_key_of(model, checked))
+
+
+def route_key_of(model: str, inputs: dict[str, Any]) -> str | None:
+    """What the model's ``route_key(inputs)`` says (a LoRA's name...), if it has one."""
+    found = catalog.spec(model)
+    route_key = getattr(found.cls, "route_key", None)
+    if route_key is None:
+        return None
+    key = route_key(found.Input.model_validate(inputs))
+    return None if key is None else str(key)
 
 
 def validate(prompt: Any = None, *, tier: Any = "standard", account: Any = "anonymous",
