@@ -7,6 +7,8 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.models.diffusion import Diffusion  # light: the libraries load in __init__
+from tasks.models.text import TextEmbedding
 from tasks.models.types import StoredArtifact
 
 
@@ -74,31 +76,13 @@ def unloadable(*, name: str, device: str, model_dir: Path) -> object:
     raise ModelError(f"model {name!r}: its weights are missing (on purpose)")
 
 
-def _tiny_diffusion() -> type:
-    from tasks.models.diffusion import Diffusion
+class TinySd(Diffusion):
+    """A tiny random-weight pipeline the test saves under the workers' model folder."""
 
-    class TinySd(Diffusion):
-        """A tiny random-weight pipeline the test saves under the workers' model folder."""
-
-        folder = "tiny-sd"
-        version = "tiny-1"
-
-    return TinySd
+    folder, version = "tiny-sd", "tiny-1"
 
 
-TinySd = _tiny_diffusion()
+class TinyBert(TextEmbedding):
+    """A tiny random-weight BERT the test saves under the workers' model folder."""
 
-
-def _tiny_embedding() -> type:
-    from tasks.models.text import TextEmbedding
-
-    class TinyBert(TextEmbedding):
-        """A tiny random-weight BERT the test saves under the workers' model folder."""
-
-        folder = "tiny-bert"
-        version = "tiny-1"
-
-    return TinyBert
-
-
-TinyBert = _tiny_embedding()
+    folder, version = "tiny-bert", "tiny-1"

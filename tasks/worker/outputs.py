@@ -5,15 +5,14 @@ everything else must be JSON. Anything else fails the job with that reason
 (:class:`OutputError`), and the worker goes on serving."""
 from __future__ import annotations
 
-import io
 import itertools
 import json
 from typing import Any, Iterator
 
 from tasks.errors import OutputError
 from tasks.jobs.artifacts import IMAGE, store_bytes
+from tasks.worker.png import PNG, png_bytes
 
-PNG = "image/png"
 BINARY = "application/octet-stream"
 
 
@@ -34,7 +33,7 @@ def stored_output(job_id: str, run: int, output: Any) -> dict[str, Any]:
 def _stored(value: Any, job_id: str, run: int, names: Iterator[str],
             blobs: Iterator[str]) -> Any:
     if _is_image(value):
-        return store_bytes(job_id, run, next(names), _png(value), PNG).as_dict()
+        return store_bytes(job_id, run, next(names), png_bytes(value), PNG).as_dict()
     if isinstance(value, (bytes, bytearray, memoryview)):
         return store_bytes(job_id, run, next(blobs), bytes(value), BINARY).as_dict()
     if isinstance(value, dict):
@@ -53,12 +52,3 @@ def _is_image(value: Any) -> bool:
     dtype, shape = getattr(value, "dtype", None), getattr(value, "shape", ())
     return str(dtype) == "uint8" and (len(shape) == 2 or (len(shape) == 3
                                                           and shape[2] in (3, 4)))
-
-
-def _png(value: Any) -> bytes:
-    from PIL import Image  # the worker's: a submitting process never gets here
-
-    image = value if hasattr(value, "save") else Image.fromarray(value)
-    encoded = io.BytesIO()
-    image.save(encoded, format="PNG")
-    return encoded.getvalue()

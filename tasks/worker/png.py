@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -12,10 +13,10 @@ from tasks.jobs.artifacts import IMAGE, Artifact, ArtifactRef, artifact_name, st
 PNG = "image/png"
 
 
-def png_bytes(pixels: np.ndarray) -> bytes:
-    """``pixels`` (H x W x 3, uint8) encoded as a PNG."""
+def png_bytes(image: Any) -> bytes:
+    """A PIL image, or uint8 pixels (H x W, or x 3 or 4), encoded as a PNG."""
     encoded = io.BytesIO()
-    Image.fromarray(pixels, mode="RGB").save(encoded, format="PNG")
+    (image if hasattr(image, "save") else Image.fromarray(image)).save(encoded, format="PNG")
     return encoded.getvalue()
 
 
