@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import redis
 
+from beat.costs import queued_sample
 from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
-from routing.names import HEARTBEAT_TASK, LANES, RELAX_PRIORITIES, STATS_COMMAND, worker_queue
+from routing.names import HEARTBEAT_TASK, LANES, STATS_COMMAND, worker_queue
 from routing.placement import serving
 from routing.policy import relax_levels
 from tasks.broker.app import app, redis_client
@@ -63,25 +65,30 @@ def ask_workers(timeout_s: float) -> dict[str, dict]:
             if isinstance(reply, dict) and "error" not in reply}
 
 
-def lane_depths(client: redis.Redis, workers: dict[str, dict]) -> dict[str, int]:
-    """Queued jobs per lane, every priority level and every worker's own queue
-    of it included; each worker record gets its own ``queued`` count."""
-    queues = [(lane, None) for lane in LANES] + [
-        (lane, host) for host in workers for lane in LANES]
+def list_lengths(client: redis.Redis,
+                 workers: Mapping[str, dict] = MappingProxyType({})) -> dict[str, dict[str, int]]:
+    """Per lane, the length of each of its lists: every priority level of the shared
+    lane and of each worker's own queue of it."""
+    keys = {lane: [key for host in (None, *workers) for key in
+                   lane_keys(worker_queue(lane, host) if host else lane)] for lane in LANES}
     with client.pipeline(transaction=False) as pipe:
-        for lane, host in queues:
-            for key in lane_keys(worker_queue(lane, host) if host else lane):
+        for lane in LANES:
+            for key in keys[lane]:
                 pipe.llen(key)
         counts = iter(pipe.execute())
-    depths = dict.fromkeys(LANES, 0)
-    for worker in workers.values():
-        worker["queued"] = 0
-    for lane, host in queues:
-        n = sum(next(counts) for _ in RELAX_PRIORITIES)
-        depths[lane] += n
-        if host:
-            workers[host]["queued"] += n
-    return depths
+    return {lane: {key: next(counts) for key in keys[lane]} for lane in LANES}
+
+
+def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
+                lengths: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
+    """Queued jobs per lane (from ``lengths``, else read); each worker record gets its
+    own ``queued`` count."""
+    workers = {} if workers is None else workers
+    lengths = list_lengths(client, workers) if lengths is None else lengths
+    for host, worker in workers.items():
+        worker["queued"] = sum(lengths[lane][key] for lane in LANES
+                               for key in lane_keys(worker_queue(lane, host)))
+    return {lane: sum(per_list.values()) for lane, per_list in lengths.items()}
 
 
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
@@ -110,7 +117,9 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
     """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
-    loads = lane_loads(workers, lane_depths(client, workers), settings.default_service_s)
+    lengths = list_lengths(client, workers)
+    loads = lane_loads(workers, lane_depths(client, workers, lengths),
+                       settings.default_service_s, queued_sample(client, lengths))
     policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
                          settings.release_samples)
     _log_changes(previous, policy, loads)

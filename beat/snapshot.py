@@ -8,29 +8,62 @@ from routing.names import LANES
 from routing.placement import serving
 from routing.policy import Hysteresis, expected_waits, next_state
 
+#: (model, cost) of one queued job (``beat.costs``).
+Queued = tuple[str, float]
+
 
 def _service_s(healthy: list[dict], lane: str) -> float | None:
     samples = [w["service_ms"][lane] for w in healthy if w.get("service_ms", {}).get(lane)]
     return mean(samples) / 1000 if samples else None
 
 
+def _prices_s(healthy: list[dict]) -> dict[str, tuple[float, float]]:
+    """Per model, (base, per unit of cost) seconds of a job, over the workers that
+    measured it (``gpu_worker.costfit``)."""
+    samples: dict[str, list[tuple[float, float]]] = {}
+    for worker in healthy:
+        for model, (base_ms, unit_ms) in worker.get("cost_ms", {}).items():
+            samples.setdefault(model, []).append((base_ms / 1000, unit_ms / 1000))
+    return {model: (mean(b for b, _ in found), mean(u for _, u in found))
+            for model, found in samples.items()}
+
+
+def _queued_job_s(sample: list[Queued], prices_s: Mapping[str, tuple[float, float]],
+                  service_s: float) -> float:
+    """Mean seconds of a lane's queued job: each sampled job priced by its model's line
+    in its cost; a job of a model no worker measured yet, or no sample: the lane's
+    service time."""
+    if not sample:
+        return service_s
+    return mean(prices_s[model][0] + cost * prices_s[model][1] if model in prices_s
+                else service_s for model, cost in sample)
+
+
 def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
-               default_service_s: float) -> dict[str, dict[str, Any]]:
+               default_service_s: float,
+               queued: Mapping[str, list[Queued]] | None = None) -> dict[str, dict[str, Any]]:
     """Per lane: depth, in-flight jobs, serving workers, service time, expected wait.
 
-    A dead or sick worker adds no capacity (and its jobs in flight are its own
-    business: they finish or are retried elsewhere)."""
+    ``queued``: a sample of each lane's queued jobs (``beat.costs``), so that the
+    wait counts what they cost rather than how many there are. A dead or sick
+    worker adds no capacity (and its jobs in flight are its own business: they
+    finish or are retried elsewhere)."""
     healthy = [w for w in workers.values() if serving(w)]
     measured = {lane: _service_s(healthy, lane) for lane in LANES}
     known = [s for s in measured.values() if s is not None]
     fallback = mean(known) if known else default_service_s
     service_s = {lane: measured[lane] or fallback for lane in LANES}
+    prices_s = _prices_s(healthy)
+    job_s = {lane: _queued_job_s((queued or {}).get(lane, []), prices_s, service_s[lane])
+             for lane in LANES}
     in_flight = {lane: sum(w.get("in_flight", {}).get(lane, 0) for w in healthy) for lane in LANES}
     slots = sum(w.get("concurrency", 1) for w in healthy)  # jobs the pool runs at once
-    waits = expected_waits(depths, service_s, sum(in_flight.values()), slots)
+    waits = expected_waits(depths, job_s, sum(in_flight.values()), slots,
+                           running_s=mean(service_s.values()))
     return {lane: {"depth": depths.get(lane, 0), "in_flight": in_flight[lane],
                    "workers": sum(lane in w.get("lanes", LANES) for w in healthy),
                    "service_s": round(service_s[lane], 4),
+                   "queued_job_s": round(job_s[lane], 4),
                    "expected_wait_s": round(waits[lane], 3)} for lane in LANES}
 
 

@@ -23,6 +23,7 @@ from gpu_worker.lease import Lease, renew
 from gpu_worker.runtime import RUNTIME
 from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
+from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE
 from tasks.broker.transport import put_back_held, set_holder
 from tasks.errors import ModelError
@@ -90,7 +91,7 @@ class JobStats(Hook):
     """
 
     def __init__(self) -> None:
-        self._began: dict[int, tuple[str, float]] = {}
+        self._began: dict[int, tuple[str, float, str, float]] = {}
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
@@ -98,14 +99,17 @@ class JobStats(Hook):
     def on_prerun(self, task: Any, **_: Any) -> None:
         if task.name == GENERATE_TASK:
             lane = lane_of(task.request.delivery_info.get("routing_key") or "unknown")
-            self._began[threading.get_ident()] = (lane, time.perf_counter())
+            model, cost = Job.model_and_cost(task.request.kwargs)
+            self._began[threading.get_ident()] = (lane, time.perf_counter(), model, cost)
             RUNTIME.job_started(lane)
 
     def on_postrun(self, state: str | None = None, **_: Any) -> None:
-        lane, began = self._began.pop(threading.get_ident(), (None, 0.0))
-        if lane is not None:
+        began = self._began.pop(threading.get_ident(), None)
+        if began is not None:
+            lane, at, model, cost = began
             ok = state == "SUCCESS"
-            RUNTIME.job_finished(lane, (time.perf_counter() - began) * 1000 if ok else None)
+            RUNTIME.job_finished(lane, (time.perf_counter() - at) * 1000 if ok else None,
+                                 model, cost)
 
 
 class HeldJobs(Hook):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.costfit import CostFit
 from gpu_worker.models import ImageModel, load_model
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,9 @@ class Runtime:
     failed: int = 0
     #: Moving average of service time per lane (a lane's jobs differ in size).
     service_ms: dict[str, float] = field(default_factory=dict)
+    #: Per model, service time as a line in the job's cost (``Job.cost``): what beat
+    #: prices each queued job by to estimate a lane's wait.
+    cost_fits: dict[str, CostFit] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     # Counters and model loading lock apart: the consumer thread reads the
     # counters for heartbeats and must never wait out a model load.
@@ -112,7 +116,9 @@ class Runtime:
         with self._lock:
             self.in_flight[lane] = self.in_flight.get(lane, 0) + 1
 
-    def job_finished(self, lane: str, service_ms: float | None) -> None:
+    def job_finished(self, lane: str, service_ms: float | None, model: str = "",
+                     cost: float = 1.0) -> None:
+        """A job of ``model`` (of ``cost``) left ``lane``: in ``service_ms``, or failed (None)."""
         with self._lock:
             self.in_flight[lane] -= 1
             if service_ms is None:
@@ -122,6 +128,8 @@ class Runtime:
             prev = self.service_ms.get(lane)
             self.service_ms[lane] = service_ms if prev is None else \
                 prev + EWMA_ALPHA * (service_ms - prev)
+            if model:
+                self.cost_fits.setdefault(model, CostFit()).add(cost, service_ms)
 
     def stats(self) -> dict[str, Any]:
         """The heartbeat reply: liveness and load, JSON-ready."""
@@ -131,6 +139,8 @@ class Runtime:
                 "incarnation": self.incarnation, "started_at": self.started_at,
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),
+                "cost_ms": {model: [round(part, 3) for part in fit.line()]
+                            for model, fit in self.cost_fits.items()},
                 "warm_models": list(self.models), "slots": self.slots,
                 "loading_models": sorted(self.loading),
                 "load_ms": dict(self.load_ms),

@@ -59,18 +59,21 @@ def next_state(state: Hysteresis, wait_s: float, budget_s: float,
 
 
 def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
-                   in_flight: int, workers: int) -> dict[str, float]:
+                   in_flight: int, workers: int,
+                   running_s: float | None = None) -> dict[str, float]:
     """Seconds a job entering each lane now waits before it starts.
 
     Lanes are served in strict priority, FIFO within a lane: a job entering
-    lane L waits for every queued job in L and the lanes above it, plus on
-    average half of each running job, spread over the healthy workers'
+    lane L waits for every queued job in L and the lanes above it (``service_s``:
+    seconds per queued job of each lane), plus on average half of each running job
+    (``running_s`` each; default: the lanes' mean), spread over the healthy workers'
     job slots (``workers``: the sum of their concurrency).
     """
     if workers <= 0:
         return {lane: NO_CAPACITY_WAIT_S for lane in LANES}
-    mean_service_s = sum(service_s[lane] for lane in LANES) / len(LANES)
-    waits, work_s = {}, in_flight * mean_service_s / 2
+    if running_s is None:
+        running_s = sum(service_s[lane] for lane in LANES) / len(LANES)
+    waits, work_s = {}, in_flight * running_s / 2
     for lane in LANES:
         work_s += depths.get(lane, 0) * service_s[lane]
         waits[lane] = work_s / workers

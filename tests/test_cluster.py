@@ -111,6 +111,8 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     snapshot = wait_until(settled_snapshot, timeout_s=20, what=f"a settled heartbeat of {host}")
     info = snapshot["workers"][host]
     assert info["device"] == "cpu" and info["service_ms"]["standard"] > 0
+    base_ms, unit_ms = info["cost_ms"]["demo"]  # a demo job's ms as a line in its cost
+    assert base_ms >= 0 and unit_ms > 0
     assert "demo" in info["warm_models"]
     assert info["lanes"] == ["fast", "standard", "relaxed"]
     stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}

@@ -154,7 +154,9 @@ def _check_accepted(client, call: dict) -> None:
     check_call(args, kwargs)  # the checks a worker makes before it runs a job
     check_content(kwargs)
     job = kwargs["job"]
-    assert check_job(job).encode() == {field: job[field] for field in JOB_FIELDS}
+    # its cost (set unless 1.0) is worked out again by the worker, to the same value
+    sent = {field: job[field] for field in (*JOB_FIELDS, "cost") if field in job}
+    assert check_job(job).encode() == sent and set(sent) >= set(JOB_FIELDS)
     assert job["prompt"] == call["prompt"] and job["account"] == call["account"]
 
 

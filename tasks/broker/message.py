@@ -19,8 +19,14 @@ from routing.policy import RETRY
 
 #: A job's routing fields; every other field of a job is an input of its model.
 ROUTING: tuple[str, ...] = ("tier", "account", "model", "downgradable")
-#: Bookkeeping a job may carry beside them (``leads_run``, ``route_key``).
-BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key")
+#: Bookkeeping a job may carry beside them (``leads_run``, ``route_key``, ``cost``).
+BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key", "cost")
+
+
+def is_cost(value: Any) -> bool:
+    """Whether ``value`` can be a job's cost: a positive, finite number."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and 0 < value < float("inf")
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,9 @@ class Job:
     leads_run: bool = False
     #: The model's ``route_key(inputs)``: the job's point on the hash ring, if any.
     route_key: str | None = None
+    #: The model's ``cost(inputs)``: its work relative to a typical job (1.0), which
+    #: the expected-wait estimate weighs queued jobs by (``beat.costs``).
+    cost: float = 1.0
 
     def encode(self) -> dict[str, Any]:
         encoded = {"tier": self.tier, "account": self.account, "model": self.model,
@@ -47,6 +56,8 @@ class Job:
             encoded["leads_run"] = True
         if self.route_key:
             encoded["route_key"] = self.route_key
+        if self.cost != 1.0:
+            encoded["cost"] = self.cost
         return encoded
 
     @classmethod
@@ -54,7 +65,8 @@ class Job:
         """From a message's ``job`` (checked by ``tasks.jobs.schema.check_job`` first)."""
         inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
         return cls(**{k: job[k] for k in ROUTING}, inputs=MappingProxyType(inputs),
-                   leads_run=bool(job.get("leads_run")), route_key=job.get("route_key"))
+                   leads_run=bool(job.get("leads_run")), route_key=job.get("route_key"),
+                   cost=job.get("cost", 1.0))
 
     def leading(self) -> "Job":
         return replace(self, leads_run=True)
@@ -64,6 +76,16 @@ class Job:
         """Whether a raw ``generate`` call (as Celery's signals hand it) leads a run."""
         job = kwargs.get("job") if isinstance(kwargs, dict) else None
         return isinstance(job, dict) and bool(job.get("leads_run"))
+
+    @staticmethod
+    def model_and_cost(kwargs: Any) -> tuple[str, float]:
+        """(model, cost) of a raw ``generate`` call, unchecked: ("", 1.0) where a field
+        is missing or malformed (estimates only read them)."""
+        job = kwargs.get("job") if isinstance(kwargs, dict) else None
+        if not isinstance(job, dict):
+            return "", 1.0
+        model, cost = job.get("model"), job.get("cost", 1.0)
+        return (model if isinstance(model, str) else ""), float(cost) if is_cost(cost) else 1.0
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from routing.names import TIERS
-from tasks.broker.message import BOOKKEEPING, ROUTING, Job
-from tasks.errors import InvalidJob
+from tasks.broker.message import BOOKKEEPING, ROUTING, Job, is_cost
+from tasks.errors import InvalidJob, ModelError
 from tasks.jobs import catalog
 from tasks.settings import settings
 
@@ -140,16 +140,22 @@ def model_inputs(model: str, raw: dict[str, Any], queued: bool = False) -> dict[
     """The inputs of a job of ``model``, checked by its ``Input`` (an image model's by
     :func:`image_inputs`), as the JSON the message carries; a bad one raises
     :class:`InvalidJob` naming it. A pydantic error never escapes raw."""
-    found = catalog.spec(model)
+    return _checked(catalog.spec(model), raw, queued)[0]
+
+
+def _checked(found: catalog.ModelSpec, raw: dict[str, Any],
+             queued: bool) -> tuple[dict[str, Any], Any]:
+    """The inputs as JSON, and as the model's ``Input`` (None for an image model)."""
     if found.cls is None:
-        return _within_size(image_inputs(raw, queued))
+        return _within_size(image_inputs(raw, queued)), None
     _no_unknown(raw, found.Input.model_fields)
     try:
-        return _within_size(found.Input.model_validate(raw).model_dump(mode="json"))
+        typed = found.Input.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(map(str, first["loc"])) or "inputs"
         raise InvalidJob(field, first["msg"]) from None
+    return _within_size(typed.model_dump(mode="json")), typed
 
 
 def _no_unknown(raw: dict[str, Any], known: Any) -> None:
@@ -173,20 +179,39 @@ def validate_job(*, tier: Any, account: Any, model: Any, downgradable: Any = Non
     tier = _choice("tier", tier, TIERS)
     account = check_account(account)
     model = _choice("model", model, model_names())
-    checked = model_inputs(model, inputs, queued)
+    found = catalog.spec(model)
+    checked, typed = _checked(found, inputs, queued)
     return Job(tier=tier, account=account, model=model,
                downgradable=_downgradable(downgradable, tier),
-               inputs=MappingProxyType(checked), route_key=route_key_of(model, checked))
+               inputs=MappingProxyType(checked), route_key=_route_key(found, typed),
+               cost=_cost(found, checked, typed))
 
 
-def route_key_of(model: str, inputs: dict[str, Any]) -> str | None:
-    """What the model's ``route_key(inputs)`` says (a LoRA's name...), if it has one."""
-    found = catalog.spec(model)
+def _route_key(found: catalog.ModelSpec, typed: Any) -> str | None:
     route_key = getattr(found.cls, "route_key", None)
     if route_key is None:
         return None
-    key = route_key(found.Input.model_validate(inputs))
+    key = route_key(typed)
     return None if key is None else str(key)
+
+
+#: The image job that costs 1.0: the defaults' steps and pixels.
+_IMAGE_UNIT = IMAGE_DEFAULTS["steps"] * IMAGE_DEFAULTS["width"] * IMAGE_DEFAULTS["height"]
+
+
+def _cost(found: catalog.ModelSpec, checked: dict[str, Any], typed: Any) -> float:
+    """The job's work relative to a typical one: an image model's steps times pixels
+    over the defaults'; a class model's ``cost(inputs)`` (1.0 when it declares none)."""
+    if found.cls is None:
+        return round(checked["steps"] * checked["width"] * checked["height"] / _IMAGE_UNIT, 6)
+    declared = getattr(found.cls, "cost", None)
+    if declared is None:
+        return 1.0
+    cost = declared(typed)
+    if not is_cost(cost):
+        raise ModelError(f"model {found.name!r} ({found.target}): cost(inputs) returned "
+                         f"{shown(cost)}; it must be a positive number")
+    return round(float(cost), 6)
 
 
 def validate(prompt: Any = None, *, tier: Any = "standard", account: Any = "anonymous",

@@ -78,7 +78,8 @@ class Diffusion(Saved):
         self.predict(DiffusionInput(prompt="warmup", steps=1, width=64, height=64, seed=0),
                      lambda done, total: None)
 
-    def cost(self, inputs: DiffusionInput) -> float:
+    @staticmethod
+    def cost(inputs: DiffusionInput) -> float:
         """Relative cost for wait estimates: denoising steps over 512x512 pixels."""
         return inputs.steps * inputs.num_images * inputs.width * inputs.height / 512**2
 

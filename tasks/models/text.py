@@ -82,9 +82,11 @@ class TextEmbedding(_Pretrained):
         """One short text through the model, so kernels are hot before the first job."""
         self.predict(EmbeddingInput(texts=["warmup"]), lambda done, total: None)
 
-    def cost(self, inputs: EmbeddingInput) -> float:
-        """Relative cost for wait estimates: forward passes plus thousands of characters."""
-        chunks = -(-len(inputs.texts) // self.batch_size)
+    @classmethod
+    def cost(cls, inputs: EmbeddingInput) -> float:
+        """Relative cost for wait estimates: forward passes plus thousands of characters
+        (called on the class, in the submitting process: no weights there)."""
+        chunks = -(-len(inputs.texts) // cls.batch_size)
         return chunks + sum(map(len, inputs.texts)) / 1000
 
     def predict(self, inputs: EmbeddingInput, progress: Progress) -> dict[str, Any]:
@@ -132,7 +134,8 @@ class TextGeneration(_Pretrained):
         """Two tokens from a short prompt, so kernels are hot before the first job."""
         self.predict(GenerationInput(prompt="warmup", max_new_tokens=2), lambda done, total: None)
 
-    def cost(self, inputs: GenerationInput) -> float:
+    @staticmethod
+    def cost(inputs: GenerationInput) -> float:
         """Relative cost for wait estimates: tokens to generate (the prompt is one pass)."""
         return inputs.max_new_tokens + len(inputs.prompt) / 1000
 
