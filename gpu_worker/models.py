@@ -29,7 +29,9 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from gpu_worker.store import checkpoint_folder
 from tasks.errors import ModelError
+from tasks.settings import settings
 
 #: Called with the index of each finished step; may raise to stop the run.
 StepCallback = Callable[[int], None]
@@ -61,8 +63,19 @@ def load_model(name: str, specs: dict[str, str], device: str, model_dir: Path) -
     except (ImportError, AttributeError) as exc:
         raise ModelError(f"model {name!r}: cannot import {spec!r}: {exc}") from exc
     if is_predictor(target):
-        return target(device=device, model_dir=Path(model_dir))
+        return target(device=device, model_dir=_class_model_dir(name, target, Path(model_dir)))
     return target(name=name, device=device, model_dir=Path(model_dir))
+
+
+def _class_model_dir(name: str, cls: type, model_dir: Path) -> Path:
+    """The model dir a class loads from. With ``GPULANES_MODEL_STORE`` set, its saved
+    folder (its ``folder``, else the model's name) is fetched from the store into the
+    model dir first: verified, once per host, the manifest pinned for the cluster."""
+    folder = str(getattr(cls, "folder", "") or "")
+    if not settings.model_store or Path(folder).is_absolute():
+        return model_dir
+    fetched = checkpoint_folder(folder or name, model_dir, settings.model_store)
+    return model_dir if folder else fetched
 
 
 def is_predictor(target: Any) -> bool:

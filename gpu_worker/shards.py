@@ -136,16 +136,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return parse_manifest(raw, str(manifest_path), fix)
 
 
-#: A shard's file name: a plain name in the checkpoint's folder, never a path.
-_SHARD_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+#: A file of a checkpoint: plain names (each starting with a letter or digit, so never
+#: ``..``) joined by ``/``, relative to the checkpoint's folder: a saved pipeline keeps
+#: its parts in sub-folders (``unet/config.json``).
+_SHARD_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._-]{0,200}){0,7}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def parse_manifest(raw: str | bytes, where: str, fix: str) -> dict[str, Any]:
     """A manifest's JSON, checked entry by entry; ``ShardError`` (ending in ``fix``) if not.
 
-    Shard file names must be plain names, so a manifest can never make a
-    loader read or write outside the checkpoint's folder.
+    Shard files must be plain names, or plain names under sub-folders, so a manifest
+    can never make a loader read or write outside the checkpoint's folder.
     """
     try:
         manifest = json.loads(raw)
@@ -161,7 +163,8 @@ def parse_manifest(raw: str | bytes, where: str, fix: str) -> dict[str, Any]:
 
 def _check_shard(shard: Any) -> None:
     if not _SHARD_FILE.fullmatch(str(shard["file"])):
-        raise ValueError(f"shard file {shard['file']!r} is not a plain file name")
+        raise ValueError(f"shard file {shard['file']!r} is not a plain file name "
+                         "(or one under plain sub-folder names)")
     if not _SHA256.fullmatch(str(shard["sha256"])):
         raise ValueError(f"shard {shard['file']!r}: sha256 {shard['sha256']!r} is not a digest")
     if not all(isinstance(name, str) for name in shard.get("tensors", [])):

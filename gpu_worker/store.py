@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from gpu_worker.shards import HASH_CHUNK_BYTES, MANIFEST_NAME, parse_manifest
+from gpu_worker.shards import FORMAT_VERSION, HASH_CHUNK_BYTES, MANIFEST_NAME, parse_manifest
 from tasks.broker.keys import MANIFESTS_KEY
 from tasks.errors import ShardError
 
@@ -143,6 +143,7 @@ class RemoteStore:
         target, source = local / shard["file"], f"{remote}/{shard['file']}"
         if _sha256_of(target) == shard["sha256"]:
             return 0
+        target.parent.mkdir(parents=True, exist_ok=True)  # a saved pipeline's sub-folders
         partial = target.with_name(f".{target.name}.{uuid.uuid4().hex}.partial")
         try:
             self._download(source, partial, shard["sha256"])
@@ -168,7 +169,7 @@ class RemoteStore:
 
 def _drop_stale_partials(folder: Path) -> None:
     """Remove downloads a killed process left (a live one renames or removes its own)."""
-    for partial in folder.glob(".*.partial"):
+    for partial in folder.rglob(".*.partial"):
         with contextlib.suppress(OSError):
             if time.time() - partial.stat().st_mtime > STALE_PARTIAL_S:
                 partial.unlink()
@@ -179,6 +180,28 @@ def _replace_bytes(path: Path, data: bytes) -> None:
     partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.partial")
     partial.write_bytes(data)
     os.replace(partial, path)
+
+
+def publish_folder(folder: Path, store_url: str, name: str) -> dict[str, Any]:
+    """Publish a saved model folder (what ``save_pretrained`` writes, sub-folders and
+    all) to the store as checkpoint ``name``; its manifest. The files go first and the
+    manifest last, so a load never starts from a manifest whose files are not there."""
+    import fsspec
+
+    folder = Path(folder)
+    fs, root = fsspec.core.url_to_fs(store_url.rstrip("/"))
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
+                   and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+    manifest = {"format_version": FORMAT_VERSION, "metadata": {"published_from": folder.name},
+                "shards": [{"file": p.relative_to(folder).as_posix(), "sha256": _sha256_of(p),
+                            "size_bytes": p.stat().st_size} for p in files]}
+    parse_manifest(json.dumps(manifest), str(folder), "rename it to letters, digits and ._-")
+    for path, shard in zip(files, manifest["shards"]):
+        target = f"{root}/{name}/{shard['file']}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(path), target)
+    fs.pipe_file(f"{root}/{name}/{MANIFEST_NAME}", json.dumps(manifest, indent=2).encode())
+    return manifest
 
 
 def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path:

@@ -86,3 +86,9 @@ class TinyBert(TextEmbedding):
     """A tiny random-weight BERT the test saves under the workers' model folder."""
 
     folder, version = "tiny-bert", "tiny-1"
+
+
+class StoredSd(Diffusion):
+    """The tiny pipeline, fetched by the worker from ``GPULANES_MODEL_STORE``."""
+
+    folder, version = "stored-sd", "tiny-1"

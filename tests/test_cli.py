@@ -207,3 +207,17 @@ def test_unpin_lets_the_next_load_read_the_store(clean_redis):
     assert "unpinned" in ok("unpin", "demo-3")
     assert ManifestPins(clean_redis).get("demo-3") is None
     assert "was not pinned" in ok("unpin", "demo-3")
+
+
+def test_publish_puts_a_saved_folder_in_the_store(tmp_path):
+    saved = tmp_path / "saved"
+    (saved / "unet").mkdir(parents=True)
+    (saved / "model_index.json").write_text("{}")
+    (saved / "unet" / "config.json").write_text('{"layers": 2}')
+    store = tmp_path / "store"
+    out = ok("publish", str(saved), "my-pipe", "--store", f"file://{store}")
+    assert "my-pipe: 2 files" in out
+    manifest = json.loads((store / "my-pipe" / "manifest.json").read_text())
+    assert [s["file"] for s in manifest["shards"]] == ["model_index.json", "unet/config.json"]
+    assert (store / "my-pipe" / "unet" / "config.json").read_text() == '{"layers": 2}'
+    assert "no store" in failed("publish", str(saved), "my-pipe")

@@ -142,7 +142,8 @@ def test_a_bad_manifest_is_never_pinned_and_redis_down_still_loads(served, tmp_p
 
 
 @pytest.mark.parametrize("file", ["../../escaped.safetensors", "/tmp/abs.safetensors",
-                                  ".hidden", "a/b.safetensors"])
+                                  ".hidden", "a/../../escaped.bin", "a//b.bin", "a/.hidden",
+                                  "a/b/"])
 def test_a_manifest_never_names_a_path_outside_its_folder(served, tmp_path, clean_redis, file):
     root, url = served
     manifest = json.loads((root / "demo-0" / "manifest.json").read_text())
@@ -169,3 +170,30 @@ def test_a_file_url_store_and_no_partials_left_by_a_corrupt_shard(tmp_path, clea
         RemoteStore(f"file://{root}", tmp_path / "other").fetch("demo-0")
     assert _no_partials(tmp_path / "other") and not (tmp_path / "other" / "demo-0" /
                                                      shard.name).exists()
+
+
+def test_a_saved_folder_with_sub_folders_round_trips_through_the_store(tmp_path, clean_redis):
+    """What save_pretrained writes (configs and weights in sub-folders) published, fetched
+    and verified file by file; a changed file in the store is refused, not kept."""
+    from gpu_worker.store import publish_folder
+
+    saved = tmp_path / "saved"
+    for rel, data in {"model_index.json": b"{}", "unet/config.json": b'{"a": 1}',
+                      "unet/diffusion_pytorch_model.safetensors": b"\x00" * 1000,
+                      "tokenizer/vocab.json": b"[]", ".cache/junk": b"not published"}.items():
+        (saved / rel).parent.mkdir(parents=True, exist_ok=True)
+        (saved / rel).write_bytes(data)
+    url = f"file://{tmp_path / 'store'}"
+    manifest = publish_folder(saved, url, "pipe")
+    assert [s["file"] for s in manifest["shards"]] == [
+        "model_index.json", "tokenizer/vocab.json", "unet/config.json",
+        "unet/diffusion_pytorch_model.safetensors"]
+    local = RemoteStore(url, tmp_path / "cache", pins=_pins(clean_redis)).fetch("pipe")
+    for shard in manifest["shards"]:
+        assert (local / shard["file"]).read_bytes() == (saved / shard["file"]).read_bytes()
+    assert not (local / ".cache").exists()
+    (tmp_path / "store" / "pipe" / "unet" / "config.json").write_bytes(b'{"a": 2}')
+    with pytest.raises(ShardError, match="unet/config.json: sha256"):
+        RemoteStore(url, tmp_path / "other").fetch("pipe")
+    assert not (tmp_path / "other" / "pipe" / "unet" / "config.json").exists()
+    assert _no_partials(tmp_path / "other")

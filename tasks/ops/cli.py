@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -335,6 +336,25 @@ def unpin(ctx: click.Context, model: str) -> None:
                    "(restart the workers that hold it to roll the new version out)")
     else:
         click.echo(f"{model}: was not pinned")
+
+
+@lanes.command("publish")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("name")
+@click.option("--store", default=None, help="fsspec URL (default: GPULANES_MODEL_STORE)")
+def publish(folder: Path, name: str, store: str | None) -> None:
+    """Publish a saved model FOLDER (save_pretrained's output, or a checkpoint) to the
+    model store as NAME; workers fetch it from there, verified, once per host."""
+    from gpu_worker.store import publish_folder
+    from tasks.settings import settings
+
+    url = store or settings.model_store
+    if not url:
+        raise click.UsageError("no store: pass --store URL or set GPULANES_MODEL_STORE")
+    manifest = publish_folder(folder, url, name)
+    size_mb = sum(shard["size_bytes"] for shard in manifest["shards"]) / 1e6
+    click.echo(f"{name}: {len(manifest['shards'])} files ({size_mb:.1f} MB) published to "
+               f"{url}; `celery -A tasks lanes unpin {name}` if workers loaded an older one")
 
 
 from tasks.ops import cli_run  # noqa: E402,F401  registers submit, up and exporter
