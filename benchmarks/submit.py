@@ -65,7 +65,7 @@ from benchmarks.common import (  # noqa: E402
     write_json,
 )
 
-MODES = ("submit", "apply_async")
+MODES = ("submit", "submit_echo", "apply_async")
 ACCOUNT = "bench"
 SIZE = JobSize(steps=20, size=256)
 GOAL_RATIO = 0.9
@@ -132,7 +132,15 @@ def send_plain(i: int) -> Any:
     return generate.apply_async(kwargs=plain_kwargs(PROMPT, tier, ACCOUNT, i, SIZE), queue=tier)
 
 
-SENDERS: dict[str, Callable[[int], Any]] = {"submit": send_submit, "apply_async": send_plain}
+def send_echo(i: int) -> Any:
+    """Publish job ``i`` of ``echo``, a class model: its inputs checked by pydantic."""
+    from tasks.api import submit
+
+    return submit(model="echo", text=f"{PROMPT} {i}", tier=TIERS[i % 3], account=ACCOUNT)
+
+
+SENDERS: dict[str, Callable[[int], Any]] = {"submit": send_submit, "submit_echo": send_echo,
+                                            "apply_async": send_plain}
 
 
 def assert_live_view() -> None:
@@ -206,9 +214,13 @@ def pure_parts() -> dict[str, Callable[[int], Any]]:
         job = check(i)
         return job.encode(), decide(job.tier, job.account, job.downgradable, cache.view())
 
+    def check_echo(i: int) -> Any:
+        return validate(model="echo", text=PROMPT, tier=TIERS[i % 3], account=ACCOUNT)
+
     job = check(1)
     seen = sightings()
-    return {"validate": check, "job.encode() (message body)": lambda i: job.encode(),
+    return {"validate": check, "validate, echo (pydantic Input)": check_echo,
+            "job.encode() (message body)": lambda i: job.encode(),
             "cache digest + Bloom sighting": lambda i: seen.seen_before(digest(job.encode())),
             "view": lambda i: cache.view(),
             "decide": lambda i: decide(TIERS[i % 3], job.account, True, view),
@@ -234,22 +246,26 @@ def summary(seconds: dict[str, list[tuple[float, float]]],
     return out
 
 
-def paired_ratio(seconds: dict[str, list[tuple[float, float]]]) -> float:
-    """Median over rounds of submit's rate / apply_async's rate in the same round."""
-    return statistics.median(a[0] / s[0] for s, a in zip(seconds["submit"],
-                                                          seconds["apply_async"]))
+def paired_ratio(seconds: dict[str, list[tuple[float, float]]], mode: str = "submit",
+                 against: str = "apply_async") -> float:
+    """Median over rounds of ``mode``'s rate / ``against``'s rate in the same round."""
+    return statistics.median(a[0] / s[0] for s, a in zip(seconds[mode], seconds[against]))
 
 
-def table(modes: dict[str, dict[str, float]], pure: dict[str, float], paired: float) -> str:
+def table(modes: dict[str, dict[str, float]], pure: dict[str, float], paired: float,
+          echo_paired: float) -> str:
     """The markdown table printed at the end."""
-    s, a = modes["submit"], modes["apply_async"]
+    s, e, a = modes["submit"], modes["submit_echo"], modes["apply_async"]
     rows = [[label, f"{m['jobs_s']:.0f}", f"{m['median_round_jobs_s']:.0f}",
              f"{m['us_per_call']:.0f}", f"{m['cpu_us_per_call']:.0f}"]
             for m, label in ((s, "`submit()` (validate + route + publish)"),
+                             (e, "`submit(model=\"echo\")` (a class model: pydantic)"),
                              (a, "plain `generate.apply_async(queue=tier)`"))]
-    rows.append(["ratio submit / apply_async", f"{s['jobs_s'] / a['jobs_s']:.3f}x",
-                 f"{paired:.3f}x (paired)", f"gap {s['us_per_call'] - a['us_per_call']:+.0f}",
-                 f"gap {s['cpu_us_per_call'] - a['cpu_us_per_call']:+.0f}"])
+    for label, m, o, ratio in (("submit / apply_async", s, a, paired),
+                               ("submit echo / submit", e, s, echo_paired)):
+        rows.append([f"ratio {label}", f"{m['jobs_s'] / o['jobs_s']:.3f}x",
+                     f"{ratio:.3f}x (paired)", f"gap {m['us_per_call'] - o['us_per_call']:+.0f}",
+                     f"gap {m['cpu_us_per_call'] - o['cpu_us_per_call']:+.0f}"])
     rows += [[f"pure part: {part}", "", "", f"{us:.1f}", ""] for part, us in pure.items()]
     return markdown_table(["what", "jobs/s (all rounds)", "jobs/s (median round)",
                            "µs per call", "client CPU µs per call"], rows)
@@ -284,7 +300,9 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     if interrupted:
         raise KeyboardInterrupt
     return {"modes": summary(seconds, max(1, args.jobs // args.rounds)), "pure_us": pure,
-            "paired_ratio": paired_ratio(seconds), "seconds": seconds}
+            "paired_ratio": paired_ratio(seconds),
+            "echo_paired_ratio": paired_ratio(seconds, "submit_echo", "submit"),
+            "seconds": seconds}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -313,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
                          HEARTBEAT_S=HEARTBEAT_S, CACHE=args.cache)
     if report is None:
         return 130
-    print(table(report["modes"], report["pure_us"], report["paired_ratio"]))
+    print(table(report["modes"], report["pure_us"], report["paired_ratio"],
+                report["echo_paired_ratio"]))
     print(verdict(report["modes"], report["paired_ratio"]))
     print(f"{args.jobs // args.rounds * args.rounds} jobs per mode in {args.rounds} rounds, "
           f"one process, embedded Redis; total wall time {report['wall_s']:.1f}s")
