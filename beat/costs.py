@@ -17,6 +17,7 @@ import redis
 from beat.snapshot import Queued
 from tasks.broker import envelope
 from tasks.broker.message import Job
+from tasks.broker.moves import next_to_run
 
 #: Messages read per lane and round to price its queued jobs.
 SAMPLE_PER_LANE = 48
@@ -37,14 +38,13 @@ def sample_plan(lengths: Mapping[str, int], budget: int = SAMPLE_PER_LANE) -> di
 
 def queued_sample(client: redis.Redis,
                   lengths: Mapping[str, Mapping[str, int]]) -> dict[str, list[Queued]]:
-    """(model, cost) of a sample of each lane's queued jobs; ``lengths``: per lane,
-    each of its lists' length. kombu pushes on the left and takes from the right, so
-    a list's right end is what runs next."""
+    """(model, cost) of a sample of each lane's queued jobs, the next to run of each
+    list; ``lengths``: per lane, each of its lists' length."""
     plans = {lane: sample_plan(per_list) for lane, per_list in lengths.items()}
     with client.pipeline(transaction=False) as pipe:
         for plan in plans.values():
             for key, n in plan.items():
-                pipe.lrange(key, -n, -1)
+                next_to_run(pipe, key, n)
         read = iter(pipe.execute())
     return {lane: [_priced(raw) for key in plan for raw in next(read)]
             for lane, plan in plans.items()}

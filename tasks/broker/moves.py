@@ -14,7 +14,7 @@ from __future__ import annotations
 import binascii
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 
@@ -72,6 +72,12 @@ class Queued:
 Due = Callable[[Queued], "dict | None"]
 
 
+def next_to_run(client: redis.Redis | redis.client.Pipeline, key: str, n: int) -> Any:
+    """The ``n`` messages of list ``key`` that run next, the very next one last (kombu
+    pushes on the left and takes from the right); on a pipeline, queued for it."""
+    return client.lrange(key, -n, -1)
+
+
 def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
                 leaves_fast: bool = False) -> int:
     """Move each of the oldest messages of ``source`` that ``due`` rewrites.
@@ -82,7 +88,7 @@ def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
     job gives back its account's fast place.
     """
     batch, lane = [], lane_of_key(target)
-    for raw in reversed(client.lrange(source, -MOVES_PER_ROUND, -1)):  # oldest first
+    for raw in reversed(next_to_run(client, source, MOVES_PER_ROUND)):  # oldest first
         try:
             queued = Queued(raw, envelope.decode(raw))
             rewritten = due(queued)
