@@ -14,7 +14,7 @@ from typing import Mapping
 
 import redis
 
-from beat.snapshot import Queued
+from beat.snapshot import QueuedJob
 from tasks.broker import envelope
 from tasks.broker.message import Job
 from tasks.broker.moves import next_to_run
@@ -24,34 +24,35 @@ SAMPLE_PER_LANE = 48
 
 
 def sample_plan(lengths: Mapping[str, int], budget: int = SAMPLE_PER_LANE) -> dict[str, int]:
-    """How many messages to read from each list of one lane: the budget spread over
-    the non-empty lists, longest first (pure)."""
+    """How many messages to read from each list of one lane: the budget shared fairly
+    among the non-empty lists, the shortest served first so that what they leave goes
+    to the longer ones; with more lists than the budget, the longest (pure)."""
+    filled = sorted((key for key, n in lengths.items() if n), key=lambda k: lengths[k])
+    filled = filled[-budget:]
     plan: dict[str, int] = {}
-    filled = sorted((key for key, n in lengths.items() if n), key=lambda k: -lengths[k])
     for left, key in zip(range(len(filled), 0, -1), filled):
-        take = min(lengths[key], -(-budget // left))
-        if take <= 0:
-            break
-        plan[key], budget = take, budget - take
+        plan[key] = min(lengths[key], budget // left)
+        budget -= plan[key]
     return plan
 
 
 def queued_sample(client: redis.Redis,
-                  lengths: Mapping[str, Mapping[str, int]]) -> dict[str, list[Queued]]:
-    """(model, cost) of a sample of each lane's queued jobs, the next to run of each
-    list; ``lengths``: per lane, each of its lists' length."""
+                  lengths: Mapping[str, Mapping[str, int]]) -> dict[str, list[QueuedJob]]:
+    """(model, cost, weight) of a sample of each lane's queued jobs, the next to run of
+    each list; ``lengths``: per lane, each of its lists' length. A sampled job weighs
+    as many jobs of its list as it stands for, so a long list counts as long."""
     plans = {lane: sample_plan(per_list) for lane, per_list in lengths.items()}
     with client.pipeline(transaction=False) as pipe:
         for plan in plans.values():
             for key, n in plan.items():
                 next_to_run(pipe, key, n)
         read = iter(pipe.execute())
-    return {lane: [_priced(raw) for key in plan for raw in next(read)]
-            for lane, plan in plans.items()}
+    return {lane: [(*_priced(raw), lengths[lane][key] / n) for key, n in plan.items()
+                   for raw in next(read)] for lane, plan in plans.items()}
 
 
-def _priced(raw: bytes | str) -> Queued:
+def _priced(raw: bytes | str) -> tuple[str, float]:
     try:
         return Job.model_and_cost(envelope.call(envelope.decode(raw))[1])
-    except (ValueError, KeyError, TypeError, IndexError):  # not a job message: average
+    except Exception:  # noqa: BLE001  anything that is not a job message: an unknown job
         return "", 1.0

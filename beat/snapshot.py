@@ -8,8 +8,8 @@ from routing.names import LANES
 from routing.placement import serving
 from routing.policy import Hysteresis, expected_waits, next_state
 
-#: (model, cost) of one queued job (``beat.costs``).
-Queued = tuple[str, float]
+#: (model, cost, how many queued jobs it stands for) of one sampled job (``beat.costs``).
+QueuedJob = tuple[str, float, float]
 
 
 def _service_s(healthy: list[dict], lane: str) -> float | None:
@@ -22,26 +22,31 @@ def _prices_s(healthy: list[dict]) -> dict[str, tuple[float, float]]:
     measured it (``gpu_worker.costfit``)."""
     samples: dict[str, list[tuple[float, float]]] = {}
     for worker in healthy:
-        for model, (base_ms, unit_ms) in worker.get("cost_ms", {}).items():
+        for model, line in (worker.get("cost_ms") or {}).items():
+            try:
+                base_ms, unit_ms = map(float, line)
+            except (TypeError, ValueError):  # a malformed reply prices nothing
+                continue
             samples.setdefault(model, []).append((base_ms / 1000, unit_ms / 1000))
     return {model: (mean(b for b, _ in found), mean(u for _, u in found))
             for model, found in samples.items()}
 
 
-def _queued_job_s(sample: list[Queued], prices_s: Mapping[str, tuple[float, float]],
+def _queued_job_s(sample: list[QueuedJob], prices_s: Mapping[str, tuple[float, float]],
                   service_s: float) -> float:
     """Mean seconds of a lane's queued job: each sampled job priced by its model's line
-    in its cost; a job of a model no worker measured yet, or no sample: the lane's
-    service time."""
-    if not sample:
+    in its cost, weighed by the jobs it stands for; a job of a model no worker measured
+    yet, or no sample: the lane's service time."""
+    weight = sum(w for _, _, w in sample)
+    if not weight:
         return service_s
-    return mean(prices_s[model][0] + cost * prices_s[model][1] if model in prices_s
-                else service_s for model, cost in sample)
+    return sum(w * (prices_s[model][0] + cost * prices_s[model][1] if model in prices_s
+                    else service_s) for model, cost, w in sample) / weight
 
 
 def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
                default_service_s: float,
-               queued: Mapping[str, list[Queued]] | None = None) -> dict[str, dict[str, Any]]:
+               queued: Mapping[str, list[QueuedJob]] | None = None) -> dict[str, dict[str, Any]]:
     """Per lane: depth, in-flight jobs, serving workers, service time, expected wait.
 
     ``queued``: a sample of each lane's queued jobs (``beat.costs``), so that the

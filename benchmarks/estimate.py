@@ -79,7 +79,9 @@ def counted_s(snapshot: dict) -> float:
     lanes = snapshot["lanes"]
     depths = {lane: load["depth"] for lane, load in lanes.items()}
     service = {lane: load["service_s"] for lane, load in lanes.items()}
-    workers = [w for w in snapshot["workers"].values() if w.get("alive")]
+    from routing.placement import serving
+
+    workers = [w for w in snapshot["workers"].values() if serving(w)]
     slots = sum(w.get("concurrency", 1) for w in workers)
     in_flight = sum(load["in_flight"] for load in lanes.values())
     return expected_waits(depths, service, in_flight, slots)[LANE]

@@ -36,6 +36,8 @@ class CostFit:
 
     def line(self) -> tuple[float, float]:
         """(base_ms, unit_ms): a job of cost ``c`` takes ``base_ms + unit_ms * c``."""
+        if self.n <= 0 or self.c <= 0:  # nothing seen (costs are positive)
+            return 0.0, 0.0
         mean_c, mean_y = self.c / self.n, self.y / self.n
         variance = self.cc / self.n - mean_c ** 2
         if variance > (MIN_SPREAD * mean_c) ** 2:

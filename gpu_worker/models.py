@@ -68,14 +68,14 @@ def load_model(name: str, specs: dict[str, str], device: str, model_dir: Path) -
 
 
 def _class_model_dir(name: str, cls: type, model_dir: Path) -> Path:
-    """The model dir a class loads from. With ``GPULANES_MODEL_STORE`` set, its saved
-    folder (its ``folder``, else the model's name) is fetched from the store into the
-    model dir first: verified, once per host, the manifest pinned for the cluster."""
+    """The model dir a class loads from, unchanged. With ``GPULANES_MODEL_STORE`` set, a
+    class that names its saved folder (``folder``, relative) has it fetched from the
+    store into the model dir first: verified, once per host, its manifest pinned for
+    the cluster under the folder's name. A class without one loads as it always does."""
     folder = str(getattr(cls, "folder", "") or "")
-    if not settings.model_store or Path(folder).is_absolute():
-        return model_dir
-    fetched = checkpoint_folder(folder or name, model_dir, settings.model_store)
-    return model_dir if folder else fetched
+    if settings.model_store and folder and not Path(folder).is_absolute():
+        checkpoint_folder(folder, model_dir, settings.model_store)
+    return model_dir
 
 
 def is_predictor(target: Any) -> bool:

@@ -139,7 +139,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
 #: A file of a checkpoint: plain names (each starting with a letter or digit, so never
 #: ``..``) joined by ``/``, relative to the checkpoint's folder: a saved pipeline keeps
 #: its parts in sub-folders (``unet/config.json``).
-_SHARD_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}(/[A-Za-z0-9][A-Za-z0-9._-]{0,200}){0,7}")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}"
+SHARD_PATH = re.compile(rf"{_NAME}(/{_NAME}){{0,7}}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -156,19 +157,30 @@ def parse_manifest(raw: str | bytes, where: str, fix: str) -> dict[str, Any]:
             raise ValueError(f"unsupported format version {version!r}")
         for shard in shards:
             _check_shard(shard)
+        _check_layout([str(shard["file"]) for shard in shards])
     except (ValueError, KeyError, TypeError) as exc:
         raise ShardError(f"{where}: not a usable checkpoint manifest ({exc}); {fix}") from exc
     return manifest
 
 
 def _check_shard(shard: Any) -> None:
-    if not _SHARD_FILE.fullmatch(str(shard["file"])):
+    if not SHARD_PATH.fullmatch(str(shard["file"])):
         raise ValueError(f"shard file {shard['file']!r} is not a plain file name "
                          "(or one under plain sub-folder names)")
     if not _SHA256.fullmatch(str(shard["sha256"])):
         raise ValueError(f"shard {shard['file']!r}: sha256 {shard['sha256']!r} is not a digest")
     if not all(isinstance(name, str) for name in shard.get("tensors", [])):
         raise ValueError(f"shard {shard['file']!r}: tensor names must be strings")
+
+
+def _check_layout(files: list[str]) -> None:
+    """No file named twice, and none that is also another's folder (``unet``, ``unet/a``)."""
+    if twice := sorted(f for f in set(files) if files.count(f) > 1):
+        raise ValueError(f"shard file {twice[0]!r} is named twice")
+    folders = {"/".join(parts[:i]) for parts in (f.split("/") for f in files)
+               for i in range(1, len(parts))}
+    if clash := sorted(folders & set(files)):
+        raise ValueError(f"{clash[0]!r} is both a shard file and a folder of others")
 
 
 def load_checkpoint(path: Path, device: str, max_workers: int = 8,

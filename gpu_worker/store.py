@@ -33,7 +33,14 @@ from typing import Any
 
 import redis
 
-from gpu_worker.shards import FORMAT_VERSION, HASH_CHUNK_BYTES, MANIFEST_NAME, parse_manifest
+from gpu_worker.shards import (
+    FORMAT_VERSION,
+    HASH_CHUNK_BYTES,
+    MANIFEST_NAME,
+    SHARD_PATH,
+    parse_manifest,
+    read_manifest,
+)
 from tasks.broker.keys import MANIFESTS_KEY
 from tasks.errors import ShardError
 
@@ -148,6 +155,8 @@ class RemoteStore:
         try:
             self._download(source, partial, shard["sha256"])
             os.replace(partial, target)
+        except OSError as exc:  # a folder in the way, a full disk: the load's own error
+            raise ShardError(f"{target}: cannot keep {source} ({exc})") from exc
         finally:
             partial.unlink(missing_ok=True)
         return 1
@@ -184,24 +193,42 @@ def _replace_bytes(path: Path, data: bytes) -> None:
 
 def publish_folder(folder: Path, store_url: str, name: str) -> dict[str, Any]:
     """Publish a saved model folder (what ``save_pretrained`` writes, sub-folders and
-    all) to the store as checkpoint ``name``; its manifest. The files go first and the
-    manifest last, so a load never starts from a manifest whose files are not there."""
+    all; or a gpulanes checkpoint, with its own manifest) to the store as checkpoint
+    ``name``; the manifest published. The files go first and the manifest last, so a
+    load never starts from a manifest whose files are not there."""
     import fsspec
 
     folder = Path(folder)
+    if not SHARD_PATH.fullmatch(name):
+        raise ShardError(f"checkpoint name {name!r}: use plain names (letters, digits, "
+                         "._-) joined by /")
+    manifest = _manifest_of(folder)
     fs, root = fsspec.core.url_to_fs(store_url.rstrip("/"))
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_NAME
+    for shard in manifest["shards"]:
+        target = f"{root}/{name}/{shard['file']}"
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        fs.put_file(str(folder / shard["file"]), target)
+    fs.pipe_file(f"{root}/{name}/{MANIFEST_NAME}", json.dumps(manifest, indent=2).encode())
+    return manifest
+
+
+def _manifest_of(folder: Path) -> dict[str, Any]:
+    """A checkpoint's own manifest, its files checked against it; else one made for
+    every file of the folder (hidden ones left out)."""
+    if (folder / MANIFEST_NAME).exists():
+        manifest = read_manifest(folder)
+        for shard in manifest["shards"]:
+            if _sha256_of(folder / shard["file"]) != shard["sha256"]:
+                raise ShardError(f"{folder / shard['file']}: missing, or not what "
+                                 f"{folder / MANIFEST_NAME} says; rebuild the checkpoint")
+        return manifest
+    files = sorted(p for p in folder.rglob("*") if p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     manifest = {"format_version": FORMAT_VERSION, "metadata": {"published_from": folder.name},
                 "shards": [{"file": p.relative_to(folder).as_posix(), "sha256": _sha256_of(p),
                             "size_bytes": p.stat().st_size} for p in files]}
-    parse_manifest(json.dumps(manifest), str(folder), "rename it to letters, digits and ._-")
-    for path, shard in zip(files, manifest["shards"]):
-        target = f"{root}/{name}/{shard['file']}"
-        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-        fs.put_file(str(path), target)
-    fs.pipe_file(f"{root}/{name}/{MANIFEST_NAME}", json.dumps(manifest, indent=2).encode())
-    return manifest
+    return parse_manifest(json.dumps(manifest), str(folder),
+                          "rename it to letters, digits and ._- (a folder's too)")
 
 
 def checkpoint_folder(name: str, model_dir: Path, store_url: str | None) -> Path:

@@ -111,8 +111,7 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     snapshot = wait_until(settled_snapshot, timeout_s=20, what=f"a settled heartbeat of {host}")
     info = snapshot["workers"][host]
     assert info["device"] == "cpu" and info["service_ms"]["standard"] > 0
-    base_ms, unit_ms = info["cost_ms"]["demo"]  # a demo job's ms as a line in its cost
-    assert base_ms >= 0 and unit_ms > 0
+    assert info["cost_ms"]["demo"][1] > 0  # ms per unit of a demo job's cost
     assert "demo" in info["warm_models"]
     assert info["lanes"] == ["fast", "standard", "relaxed"]
     stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}

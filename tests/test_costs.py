@@ -71,12 +71,16 @@ def test_the_adapters_costs_are_called_on_the_class():
     assert TextEmbedding.cost(EmbeddingInput(texts=["x"] * 17)) == pytest.approx(2.017)
 
 
-def test_the_sample_is_spread_over_the_longest_lists_within_the_budget():
+def test_the_sample_uses_its_whole_budget_shared_among_the_lists():
     assert sample_plan({"a": 0, "b": 0}) == {}
-    assert sample_plan({"a": 5, "b": 100, "c": 0}) == {"b": 24, "a": 5}
-    plan = sample_plan({f"q{i}": 3 for i in range(100)})
+    assert sample_plan({"a": 5, "b": 100, "c": 0}) == {"a": 5, "b": SAMPLE_PER_LANE - 5}
+    assert sample_plan({"a": 100, "b": 1}) == {"b": 1, "a": SAMPLE_PER_LANE - 1}
+    assert sample_plan({"a": 30, "b": 40}) == {"a": 24, "b": 24}
+    plan = sample_plan({f"q{i}": 3 + i for i in range(100)})  # more lists than the budget
     assert sum(plan.values()) == SAMPLE_PER_LANE and set(plan.values()) == {1}
+    assert min(int(key[1:]) for key in plan) == 100 - SAMPLE_PER_LANE  # the longest
     assert sample_plan({"a": 1000}) == {"a": SAMPLE_PER_LANE}
+    assert sample_plan({"a": 3}) == {"a": 3}
 
 
 WORKER = {"alive": True, "concurrency": 1, "service_ms": {"standard": 1000.0},
@@ -85,18 +89,26 @@ WORKER = {"alive": True, "concurrency": 1, "service_ms": {"standard": 1000.0},
 
 def test_queued_jobs_are_priced_by_their_cost_and_their_models_unit():
     depths = {"fast": 0, "standard": 10, "relaxed": 0}
-    light = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo", 1.0)] * 10})
-    heavy = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo", 4.0)] * 10})
+    light = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo", 1.0, 1.0)] * 10})
+    heavy = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo", 4.0, 1.0)] * 10})
     assert light["standard"]["expected_wait_s"] == pytest.approx(10.0)
     assert heavy["standard"]["expected_wait_s"] == pytest.approx(40.0)
     assert heavy["standard"]["queued_job_s"] == 4.0 and heavy["standard"]["service_s"] == 1.0
     based = {"w": {**WORKER, "cost_ms": {"demo": [500.0, 1000.0]}}}  # 0.5 s a job besides
-    assert lane_loads(based, depths, 1.0, {"standard": [("demo", 4.0)] * 10})[
+    assert lane_loads(based, depths, 1.0, {"standard": [("demo", 4.0, 1.0)] * 10})[
         "standard"]["expected_wait_s"] == pytest.approx(45.0)
     # a model no worker measured yet is priced at the lane's service time
-    other = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo-3", 9.0)] * 10})
+    other = lane_loads({"w": WORKER}, depths, 1.0, {"standard": [("demo-3", 9.0, 1.0)] * 10})
     assert other["standard"]["expected_wait_s"] == pytest.approx(10.0)
     assert lane_loads({"w": WORKER}, depths, 1.0)["standard"]["expected_wait_s"] == 10.0
+    # a long list of big jobs beside short lists of small ones: each sampled job weighs
+    # as many jobs as it stands for (here 1 big for 99, 1 small for 1)
+    mixed = [("demo", 4.0, 99.0), ("demo", 0.5, 1.0)]
+    assert lane_loads({"w": WORKER}, {"standard": 100}, 1.0, {"standard": mixed})[
+        "standard"]["queued_job_s"] == pytest.approx((99 * 4.0 + 0.5) / 100, abs=1e-4)
+    broken = {"w": {**WORKER, "cost_ms": {"demo": "nonsense", "demo-1": [1.0]}}}
+    assert lane_loads(broken, depths, 1.0, {"standard": [("demo", 4.0, 1.0)] * 10})[
+        "standard"]["expected_wait_s"] == pytest.approx(10.0)  # priced at the service
 
 
 def test_beat_reads_the_costs_of_queued_jobs_from_redis(app, clean_redis):
@@ -111,7 +123,7 @@ def test_beat_reads_the_costs_of_queued_jobs_from_redis(app, clean_redis):
     assert lane_depths(clean_redis, lengths=lengths)["standard"] == 8
     sample = queued_sample(clean_redis, lengths)
     small = 4 * 64 * 64 / (20 * 256 * 256)
-    assert sorted(sample["standard"]) == [("demo", small)] * 5 + [("demo", 4.0)] * 3
+    assert sorted(sample["standard"]) == [("demo", small, 1.0)] * 5 + [("demo", 4.0, 1.0)] * 3
     assert sample["fast"] == sample["relaxed"] == []
     loads = lane_loads({"w": WORKER}, {"standard": 8}, 1.0, sample)
     assert loads["standard"]["expected_wait_s"] == pytest.approx(5 * small + 3 * 4.0, abs=1e-3)
@@ -146,3 +158,44 @@ def test_a_worker_reports_each_models_line_beside_each_lanes_service_time():
     stats = runtime.stats()
     assert stats["cost_ms"] == {"demo": [0.0, 100.0], "echo": [0.0, 50.0]}
     assert stats["service_ms"] == {"standard": 400.0, "fast": 50.0} and stats["failed"] == 1
+
+
+def test_malformed_lane_items_are_priced_as_unknown_jobs(clean_redis):
+    """Anything in a lane list that is no job message (a huge integer cost, JSON too
+    deep to parse, garbage) is an unknown job in the sample, never a failed round."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for item in ('{"body": "x"}', "not json", deep, _message({"model": "demo",
+                                                              "cost": 10**400})):
+        clean_redis.lpush("standard", item)
+    sample = queued_sample(clean_redis, list_lengths(clean_redis))
+    assert sorted(sample["standard"]) == [("", 1.0, 1.0)] * 3 + [("demo", 1.0, 1.0)]
+
+
+def _message(job: dict) -> str:
+    import base64
+    import json
+
+    body = base64.b64encode(json.dumps([[], {"job": job}, {}]).encode()).decode()
+    return json.dumps({"body": body, "headers": {}, "properties": {"delivery_tag": "t"}})
+
+
+def test_a_cost_hook_must_be_callable_on_the_class(sized, monkeypatch):
+    from tasks.jobs import catalog, schema
+
+    class Bound(Sized):
+        def cost(self, inputs):  # needs an instance: the submitting process has none
+            return 1.0
+
+    class Raising(Sized):
+        @staticmethod
+        def cost(inputs):
+            raise ZeroDivisionError("oops")
+
+    monkeypatch.setattr(catalog, "_resolve", lambda name, target: catalog.ModelSpec(
+        name, target, {"bound": Bound, "raising": Raising}.get(name, Sized)))
+    with pytest.raises(ModelError, match="staticmethod or @classmethod"):
+        catalog._check_class("bound", "x:Bound", Bound)
+    vary(monkeypatch, models={**settings.models, "raising": "x:Raising"})
+    with pytest.raises(ModelError, match="cost\\(inputs\\) raised ZeroDivisionError"):
+        schema.validate(model="raising")
+    assert schema.validate(model="sized", size="0.0000001").cost == 1e-07  # never 0

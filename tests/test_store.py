@@ -197,3 +197,35 @@ def test_a_saved_folder_with_sub_folders_round_trips_through_the_store(tmp_path,
         RemoteStore(url, tmp_path / "other").fetch("pipe")
     assert not (tmp_path / "other" / "pipe" / "unet" / "config.json").exists()
     assert _no_partials(tmp_path / "other")
+
+
+@pytest.mark.parametrize("files", [["unet", "unet/config.json"], ["a.bin", "a.bin"]])
+def test_a_manifest_naming_a_file_twice_or_as_a_folder_is_refused(files):
+    from gpu_worker.shards import parse_manifest
+
+    manifest = {"format_version": 1, "shards": [{"file": f, "sha256": "0" * 64} for f in files]}
+    with pytest.raises(ShardError, match="named twice|both a shard file and a folder"):
+        parse_manifest(json.dumps(manifest), "here", "fix it")
+
+
+def test_a_published_checkpoint_keeps_its_own_manifest_and_loads(tmp_path):
+    from gpu_worker.store import publish_folder
+
+    demo_model.build_checkpoint("demo-0", tmp_path / "demo-0")
+    manifest = publish_folder(tmp_path / "demo-0", f"file://{tmp_path / 'store'}", "demo-0")
+    assert manifest == read_manifest(tmp_path / "demo-0")  # tensors named, as loads check
+    local = RemoteStore(f"file://{tmp_path / 'store'}", tmp_path / "cache").fetch("demo-0")
+    assert torch.equal(load_checkpoint(local, "cpu")["embed"],
+                       demo_model.make_weights("demo-0")["embed"])
+    with pytest.raises(ShardError, match="checkpoint name"):
+        publish_folder(tmp_path / "demo-0", f"file://{tmp_path / 'store'}", "../escaped")
+
+
+def test_a_class_model_without_a_folder_loads_as_before_with_a_store_set(tmp_path,
+                                                                         monkeypatch):
+    """echo has no saved folder: a store set for the other models changes nothing."""
+    from gpu_worker.models import load_model
+
+    vary(monkeypatch, model_store=f"file://{tmp_path / 'empty-store'}")
+    echo = load_model("echo", {"echo": "tasks.models.echo:Echo"}, "cpu", tmp_path)
+    assert echo.predict(echo.Input(text="hi"), lambda *_: None) == {"text": "hi"}

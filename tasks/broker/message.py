@@ -9,6 +9,7 @@ is a new object, never an edit of a message in place.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -24,9 +25,13 @@ BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key", "cost")
 
 
 def is_cost(value: Any) -> bool:
-    """Whether ``value`` can be a job's cost: a positive, finite number."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and 0 < value < float("inf")
+    """Whether ``value`` can be a job's cost: a positive number a float holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return 0 < float(value) < math.inf
+    except OverflowError:  # an integer of hundreds of digits
+        return False
 
 
 @dataclass(frozen=True)

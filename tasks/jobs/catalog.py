@@ -11,6 +11,7 @@ worker's code stays out of a submitting process.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -19,6 +20,8 @@ from tasks.broker.message import BOOKKEEPING, ROUTING
 from tasks.errors import ModelError
 from tasks.settings import settings
 
+#: A model class's optional hooks of its inputs alone, called on the class itself.
+CLASS_HOOKS: tuple[str, ...] = ("cost", "route_key", "batch_key")
 #: Modules of worker-side factories: known to make image models, never imported here.
 WORKER_PACKAGE = "gpu_worker."
 
@@ -72,5 +75,11 @@ def _check_class(name: str, target: str, cls: type) -> None:
     if fields is None:
         raise ModelError(f"model {name!r} ({target}): its class has no pydantic Input")
     if clash := sorted(set(fields) & {*ROUTING, *BOOKKEEPING}):
-        raise ModelError(f"model {name!r} ({target}): input {clash[0]!r} is a routing "
-                         "keyword of submit(); rename it")
+        raise ModelError(f"model {name!r} ({target}): input {clash[0]!r} is a name "
+                         f"submit() reserves ({', '.join((*ROUTING, *BOOKKEEPING))}); rename it")
+    for hook in CLASS_HOOKS:  # called on the class, in processes that hold no weights
+        found = inspect.getattr_static(cls, hook, None)
+        if found is not None and not isinstance(found, (staticmethod, classmethod)):
+            raise ModelError(f"model {name!r} ({target}): {hook}(inputs) must be a "
+                             "@staticmethod or @classmethod: it is called on the class, "
+                             "where no weights are loaded")

@@ -203,15 +203,20 @@ def _cost(found: catalog.ModelSpec, checked: dict[str, Any], typed: Any) -> floa
     """The job's work relative to a typical one: an image model's steps times pixels
     over the defaults'; a class model's ``cost(inputs)`` (1.0 when it declares none)."""
     if found.cls is None:
-        return round(checked["steps"] * checked["width"] * checked["height"] / _IMAGE_UNIT, 6)
+        return float(f"{checked['steps'] * checked['width'] * checked['height'] / _IMAGE_UNIT:.6g}")
     declared = getattr(found.cls, "cost", None)
     if declared is None:
         return 1.0
-    cost = declared(typed)
-    if not is_cost(cost):
+    try:
+        cost = declared(typed)
+        rounded = float(f"{cost:.6g}") if is_cost(cost) else None
+    except Exception as exc:  # noqa: BLE001  the model's own code: named, never raw
+        raise ModelError(f"model {found.name!r} ({found.target}): cost(inputs) raised "
+                         f"{type(exc).__name__}: {exc}") from exc
+    if not is_cost(rounded):
         raise ModelError(f"model {found.name!r} ({found.target}): cost(inputs) returned "
                          f"{shown(cost)}; it must be a positive number")
-    return round(float(cost), 6)
+    return rounded
 
 
 def validate(prompt: Any = None, *, tier: Any = "standard", account: Any = "anonymous",

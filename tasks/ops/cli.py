@@ -344,14 +344,19 @@ def unpin(ctx: click.Context, model: str) -> None:
 @click.option("--store", default=None, help="fsspec URL (default: GPULANES_MODEL_STORE)")
 def publish(folder: Path, name: str, store: str | None) -> None:
     """Publish a saved model FOLDER (save_pretrained's output, or a checkpoint) to the
-    model store as NAME; workers fetch it from there, verified, once per host."""
+    model store as NAME (a class model's folder, a checkpoint's model name); workers
+    fetch it from there, verified, once per host."""
     from gpu_worker.store import publish_folder
+    from tasks.errors import ShardError
     from tasks.settings import settings
 
     url = store or settings.model_store
     if not url:
         raise click.UsageError("no store: pass --store URL or set GPULANES_MODEL_STORE")
-    manifest = publish_folder(folder, url, name)
+    try:
+        manifest = publish_folder(folder, url, name)
+    except ShardError as exc:
+        raise click.ClickException(str(exc)) from exc
     size_mb = sum(shard["size_bytes"] for shard in manifest["shards"]) / 1e6
     click.echo(f"{name}: {len(manifest['shards'])} files ({size_mb:.1f} MB) published to "
                f"{url}; `celery -A tasks lanes unpin {name}` if workers loaded an older one")
