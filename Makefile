@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ledger.py
 	$(PY) benchmarks/models.py
 	$(PY) benchmarks/estimate.py
+	$(PY) benchmarks/preempt.py
 
 # The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
 # and frozen, with the default visibility timeout; then jobs longer than a short one),

@@ -47,13 +47,13 @@ def deadline_guard(group: list[Pending]):
     or once a job's own check fails (it drops out; the others run again without it)."""
     deadline = min(item.deadline for item in group)
 
-    def on_step(step: int) -> None:
+    def on_step(step: int, steps: int | None = None) -> None:
         if time.monotonic() > deadline:
             raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
         dropped = []
         for item in group:
             try:
-                item.check(step)
+                item.check(step, steps)
             except Exception as exc:  # noqa: BLE001  the job's own verdict, settled as its own
                 dropped.append((item, exc))
         if dropped:
@@ -68,20 +68,24 @@ def forward(model: Any, group: list[Pending]) -> list[Any]:
         return _predict_pass(model, group)
     first = group[0].job.inputs
     shape = {"steps": first["steps"], "width": first["width"], "height": first["height"]}
+    guard = deadline_guard(group)
+
+    def on_step(i: int) -> None:  # an image model counts its steps from 0
+        guard(i + 1, shape["steps"])
+
     if len(group) == 1:
-        return [model.generate(first["prompt"], seed=first["seed"], **shape,
-                               on_step=deadline_guard(group))]
+        return [model.generate(first["prompt"], seed=first["seed"], **shape, on_step=on_step)]
     return list(model.generate_batch([p.job.inputs["prompt"] for p in group],
                                      [p.job.inputs["seed"] for p in group], **shape,
-                                     on_step=deadline_guard(group)))
+                                     on_step=on_step))
 
 
 def _predict_pass(model: Any, group: list[Pending]) -> list[Any]:
     inputs = [model.Input.model_validate(dict(item.job.inputs)) for item in group]
     guard = deadline_guard(group)
 
-    def progress(done: int, total: int | None = None) -> None:
-        guard(done)
+    def progress(done: int, total: int | None = None, state: Any = None) -> None:
+        guard(done, total)
 
     if len(group) == 1:
         return [model.predict(inputs[0], progress)]

@@ -96,8 +96,9 @@ class Pending:
     lane: str
     seq: int
     deadline: float  # monotonic; GPULANES_MAX_JOB_S from arrival
-    #: The job's own check between steps (revoked? taken over?): raises to drop out.
-    check: Callable[[int], None] = lambda step: None
+    #: The job's own check between steps (revoked? taken over?): raises to drop out;
+    #: else reports the step (of how many) as the job's progress.
+    check: Callable[[int, int | None], None] = lambda step, steps=None: None
     arrived: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     ran: Ran | None = None
@@ -145,12 +146,13 @@ class Batcher:
         self._runner: threading.Thread | None = None
         self.passes = self.jobs = 0
 
-    def run(self, job: Job, lane: str, check: Callable[[int], None] | None = None) -> Ran:
+    def run(self, job: Job, lane: str,
+            check: Callable[[int, int | None], None] | None = None) -> Ran:
         """Run ``job`` in some pass and return its own outcome (or raise its own error);
         ``check`` runs between steps and drops the job out of its pass when it raises."""
         with self._cond:
             item = Pending(job, lane, next(self._seq), time.monotonic() + settings.max_job_s,
-                           check or (lambda step: None), key=job_key(job))
+                           check or (lambda step, steps=None: None), key=job_key(job))
             self._pending.append(item)
             self._start_runner()
             self._cond.notify()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpu_worker.models import StepCallback
+from gpu_worker.models import Keep, StepCallback
 from gpu_worker.shards import load_checkpoint_timed, write_checkpoint
 from gpu_worker.store import checkpoint_folder
 from tasks.errors import ModelError
@@ -66,6 +66,10 @@ def make_weights(name: str) -> dict[str, torch.Tensor]:
 class DemoModel:
     """A device-resident ``demo`` model; see the module docstring."""
 
+    #: It may stop at any step boundary for a fast job, and resume from its latents
+    #: there: the same image, bit for bit (``gpu_worker.preempt``).
+    preemptible = resumable = True
+
     def __init__(self, name: str, device: str, weights: dict[str, torch.Tensor],
                  load_ms: float = 0.0, batch_invariant: bool = False) -> None:
         self.name = name
@@ -82,20 +86,26 @@ class DemoModel:
         self.generate("warmup", seed=0, steps=2, width=64, height=64)
 
     def generate(self, prompt: str, *, seed: int, steps: int, width: int,
-                 height: int, on_step: StepCallback | None = None) -> np.ndarray:
+                 height: int, on_step: StepCallback | None = None,
+                 keep: Keep | None = None,
+                 resume: tuple[int, torch.Tensor] | None = None) -> np.ndarray:
         """Return an ``(height, width, 3)`` ``uint8`` image; same inputs, same image.
 
-        A batch of one. With ``batch_invariant`` (a model that batches) the
+        ``keep(step, latents)`` gets the latents after each step; ``resume=(step,
+        latents)`` starts from them, as if those ``step`` steps had just run: the image
+        is bit for bit the one an uninterrupted run gives. A batch of one. With ``batch_invariant`` (a model that batches) the
         single and batched paths are one computation, so a job's image never
         depends on the batch it ran in; with the library kernels it may, in
         the last bits, which is why a model that batches never uses them.
         """
         return self.generate_batch([prompt], [seed], steps=steps, width=width,
-                                   height=height, on_step=on_step)[0]
+                                   height=height, on_step=on_step, keep=keep,
+                                   resume=resume)[0]
 
     def generate_batch(self, prompts: Sequence[str], seeds: Sequence[int], *, steps: int,
-                       width: int, height: int,
-                       on_step: StepCallback | None = None) -> list[np.ndarray]:
+                       width: int, height: int, on_step: StepCallback | None = None,
+                       keep: Keep | None = None,
+                       resume: tuple[int, torch.Tensor] | None = None) -> list[np.ndarray]:
         """One forward pass over the whole batch: latents and conditioning stacked
         along dim 0. With ``batch_invariant``, image ``i`` is bit-for-bit
         ``generate(prompts[i], seed=seeds[i])``; with the library kernels only
@@ -106,12 +116,15 @@ class DemoModel:
                              f"{len(prompts)} prompts, {len(seeds)} seeds")
         with torch.inference_mode():
             cond = torch.stack([self._condition(p) for p in prompts])
-            x = torch.cat([self._noise(s, width, height) for s in seeds])
+            start, x = resume if resume and 0 < resume[0] < steps else (
+                0, torch.cat([self._noise(s, width, height) for s in seeds]))
             dt = 1.0 / steps
-            for i in range(steps):
+            for i in range(start, steps):
                 # A convex step towards a tanh-bounded target keeps x bounded.
                 target = 2.0 * torch.tanh(_blur(self._denoise(x, cond, i / steps), 3))
-                x = x - dt * (x - target)
+                x = x - dt * (x - target)  # a new tensor: a kept one stays as it was
+                if keep is not None:
+                    keep(i + 1, x)
                 if on_step is not None:
                     on_step(i)
             rgb = self._decode(x)

@@ -20,6 +20,7 @@ from gpu_worker.devices import worker_device
 from gpu_worker.health import HEALTH_HOOK
 from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
+from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
 from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
@@ -272,16 +273,19 @@ def give_up_hung(tag: str, lease: Lease) -> None:
 
 class WorkerSetup(Hook):
     """What a worker process sets up once its identity is known (after the models load):
-    its takes record it as holder; its outcome writes wait out a Redis outage instead of
-    failing the job; the revokes made while it was away are loaded."""
+    its takes record it as holder; it listens for fast jobs to step aside for; its
+    outcome writes wait out a Redis outage instead of failing the job; the revokes made
+    while it was away are loaded."""
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_init: self.on_worker_init}
 
     def on_worker_init(self, sender: Any = None, **_: Any) -> None:
         from tasks.broker.control import load_revokes
+        from tasks.broker.store import broker_client
 
         set_holder(RUNTIME.incarnation)
+        PREEMPTION.start(broker_client(), RUNTIME.hostname, RUNTIME.incarnation)
         # Celery makes a result backend per thread, when the thread first needs one:
         # the setting reaches every pool thread's; this process' own gets it directly.
         conf, backend = sender.app.conf, sender.app.backend

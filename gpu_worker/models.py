@@ -35,6 +35,9 @@ from tasks.settings import settings
 
 #: Called with the index of each finished step; may raise to stop the run.
 StepCallback = Callable[[int], None]
+#: Called with the number of finished steps and the model's state after them (what a
+#: resumable model starts again from: ``resume=(step, state)``).
+Keep = Callable[[int, Any], None]
 
 
 class ImageModel(Protocol):

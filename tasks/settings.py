@@ -93,6 +93,14 @@ class Settings(BaseSettings):
     retry_base_s: Positive = 0.5
     retry_cap_s: Positive = 30.0
 
+    # --- a running job's lifecycle (tasks.worker.progress, gpu_worker.preempt) ----
+    #: Least time between two progress reports of one job (state PROGRESS, an event).
+    progress_s: Positive = 0.25
+    #: Stop a running relaxed or standard job at a step boundary for a waiting fast one.
+    preempt: bool = True
+    #: Times one job may be preempted; then it runs to its end (relaxed work never starves).
+    max_preemptions: Annotated[int, Field(ge=0)] = 2
+
     # --- lane policy (routing.policy) ------------------------------------------
     max_wait_fast_s: Positive = 10.0
     max_wait_standard_s: Positive = 60.0

@@ -249,6 +249,24 @@ def test_a_revoked_queued_leader_hands_its_run_to_a_follower(cluster, clean_redi
     blocker.get(timeout=30)
 
 
+def test_a_running_leader_revoked_runs_on_for_its_followers(cluster, clean_redis, app):
+    """Its own caller revoked it mid-run, another still waits: the run is not stopped and
+    started again by an heir; the follower gets its image from it, the leader REVOKED."""
+    gate = new_gate()
+    prompt = f"gate:{gate} keep going"
+    leader = submit(prompt, model="flaky", seed=9, **SMALL)
+    wait_at_gate(leader, gate)  # running, inside the model
+    follower = submit(prompt, model="flaky", seed=9, **SMALL)
+    leader.revoke()
+    wait_until(lambda: revoked_on_worker(app, leader.id), what="the revoke to arrive")
+    open_gate(gate)
+    out = follower.get(timeout=60)
+    assert out["coalesced"] and out["source_job_id"] == leader.id
+    with pytest.raises(TaskRevokedError):
+        leader.get(timeout=30)
+    assert gpu_runs(clean_redis) == 1  # one run served the follower: nothing ran again
+
+
 def test_a_faster_caller_never_waits_in_a_slower_run(cluster, clean_redis):
     gate = new_gate()
     blocker = submit(f"gate:{gate} hold the worker", model="flaky", **SMALL)

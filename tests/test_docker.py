@@ -33,7 +33,7 @@ METRICS = {
     "gpulanes_jobs_total", "gpulanes_worker_up", "gpulanes_worker_in_flight",
     "gpulanes_worker_warm_models", "gpulanes_model_cold_start_seconds",
     "gpulanes_failures_total", "gpulanes_cache_hits_total", "gpulanes_cache_joins_total",
-    "gpulanes_cache_misses_total",
+    "gpulanes_cache_misses_total", "gpulanes_preemptions_total",
     "gpulanes_fast_seconds_balance",
     "flower_events_total", "flower_worker_online",
     "flower_worker_number_of_currently_executing_tasks",

@@ -194,3 +194,25 @@ def test_broker_page_shows_the_three_lanes(browser, flower, tmp_path):
         name, messages, *_ = rows[lane]
         assert name == lane and messages.isdigit(), rows[lane]  # its Redis list's length
     assert _screenshot(browser, tmp_path, "broker").stat().st_size > 0
+
+
+def test_a_running_jobs_task_page_shows_its_progress(browser, flower, tmp_path):
+    """The task-progress events of a running job: Flower's task page says PROGRESS and,
+    in its result field, the step the job is at."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tasks import submit
+
+    url, _ = flower
+    job = submit("a long one for Flower", tier="relaxed", seed=5, steps=150, width=1024,
+                 height=1024)
+    wait_until(lambda: job.state == "PROGRESS", timeout_s=60, what="the job to report a step")
+    _authorize(browser, CREDENTIALS)
+    WebDriverWait(browser, PAGE_WAIT_S, poll_frequency=0.5).until(
+        lambda driver: _open(driver, f"{url}/task/{job.id}") == 200
+        and "PROGRESS" in driver.page_source and "step " in driver.page_source,
+        "PROGRESS and the job's step on its Flower task page")
+    assert f"/{150}" in browser.page_source  # "step 12/150, eta ..."
+    assert _screenshot(browser, tmp_path, "task-progress").stat().st_size > 0
+    job.revoke()
+    wait_until(lambda: job.state == "REVOKED", timeout_s=60, what="the job to stop")

@@ -9,9 +9,13 @@ def lane_of_key(key: str) -> str:
     return lane_of(key.split("\x06\x16", 1)[0])
 
 
+#: kombu's separator between a queue's name and a priority level in a list's name.
+PRIORITY_SEP = "\x06\x16"
+
+
 def lane_keys(lane: str) -> list[str]:
     """The Redis lists that hold ``lane``, first-served first (kombu's naming)."""
-    return [lane if pri == 0 else f"{lane}\x06\x16{pri}" for pri in RELAX_PRIORITIES]
+    return [lane if pri == 0 else f"{lane}{PRIORITY_SEP}{pri}" for pri in RELAX_PRIORITIES]
 
 
 PREFIX = "gpulanes"
@@ -110,6 +114,14 @@ def run_key(job_id: str) -> str:
 #: Hash of cumulative job counters the workers and submitters add to and the
 #: Prometheus exporter reads: fields from ``metric_field``.
 METRICS_KEY = f"{PREFIX}:metrics"
+
+
 def metric_field(name: str, *labels: str) -> str:
     """A field of ``METRICS_KEY``: ``queue_wait_bucket|fast|3``, ``downgrades|lane_full``."""
     return "|".join((name, *labels))
+
+
+#: Pub/sub channel: the list of every fast job pushed (workers preempt for it).
+FAST_WAITING_CHANNEL = f"{PREFIX}:fast-waiting"
+#: Sorted set: preemptions under way (worker incarnation -> until when it counts).
+PREEMPT_CLAIMS_KEY = f"{PREFIX}:preempt:claims"

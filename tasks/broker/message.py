@@ -107,6 +107,8 @@ class JobRoute:
     lane_since: float | None = None
     worker_faults: int = 0
     deferred: bool = False
+    #: Times a running copy stepped aside for a fast job (``gpu_worker.preempt``).
+    preempted: int = 0
 
     @classmethod
     def of(cls, decision: Route) -> "JobRoute":
@@ -117,7 +119,7 @@ class JobRoute:
     def encode(self) -> dict[str, Any]:
         """Only what is set: a route as the message and the result carry it."""
         return {k: v for k, v in self.__dict__.items() if v is not None and v is not False
-                and not (k == "worker_faults" and v == 0)}
+                and not (k in ("worker_faults", "preempted") and v == 0)}
 
     @classmethod
     def decode(cls, route: dict[str, Any]) -> "JobRoute":
@@ -138,6 +140,11 @@ class JobRoute:
         """Back to the shared lane after a worker's own fault (not a try of the job)."""
         return replace(self, lane=lane_of(self.lane), worker_faults=self.worker_faults + 1,
                        lane_since=since)
+
+    def preempted_copy(self) -> "JobRoute":
+        """A preempted run's next copy (to the front of its lane, or of the worker's own
+        queue of it), its wait in the lane counted as it was."""
+        return replace(self, preempted=self.preempted + 1)
 
     def deferred_copy(self) -> "JobRoute":
         return replace(self, deferred=True)
@@ -202,6 +209,8 @@ class Result:
     downgrade_reason: str | None = None
     worker_faults: int = 0
     deferred: bool = False
+    #: Times the job stepped aside for a fast one while it ran.
+    preempted: int = 0
     #: A copy (a cache hit, a coalesced run's follower): the job whose run made it.
     source_job_id: str | None = None
     coalesced: bool = False
@@ -219,7 +228,7 @@ class Result:
         (``cached``, ``attempts`` 0), the job that made it named, its route's moves not."""
         return replace(self, job_id=job_id, requested_tier=tier, cached=True, attempts=0,
                        source_job_id=self.source_job_id or self.job_id, downgraded_from=None,
-                       downgrade_reason=None, **changes)
+                       downgrade_reason=None, preempted=0, **changes)
 
 
 _RESULT_FIELDS = tuple(f.name for f in fields(Result))

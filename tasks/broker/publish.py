@@ -42,7 +42,7 @@ import redis
 
 from routing.names import LANES
 from tasks.broker import scripts
-from tasks.broker.keys import LEDGER_KEY, lists_key, run_key
+from tasks.broker.keys import FAST_WAITING_CHANNEL, LEDGER_KEY, lists_key, run_key
 
 #: A lease a run handed over (its retry published, or its message put back) reads
 #: ``RELEASED`` + the run number: the old run can never take it again, and the next
@@ -62,6 +62,8 @@ class Conditions:
     fast_time: tuple[str, str, float] | None = None
     #: (lease, counter, token, run number, seconds a released lease is kept)
     fence: tuple[str, str, str, int, int] | None = None
+    #: at the front of its list, taken next (a preempted job's copy)
+    front: bool = False
 
 
 @dataclass
@@ -144,7 +146,8 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
     balances, account, start_s = when.fast_time or ("", "", 0.0)
     return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances],
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
-             token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s)])
+             token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
+             "1" if when.front else "0", FAST_WAITING_CHANNEL])
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,

@@ -97,6 +97,12 @@ def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: s
                                            repr(failed_at(entry))]))
 
 
-def release(job_id: str, token: str, attempt: int) -> None:
-    """Drop the run's lease if it still holds it."""
-    _run("run_release", [lease_key(job_id), attempts_key(job_id)], [token, attempt])
+def release(job_id: str, token: str, attempt: int, fast_charge: tuple[str, float] | None = None
+            ) -> None:
+    """Drop the run's lease if it still holds it; ``fast_charge``: (account, seconds) of
+    fast time the run used, charged in the same step (a fast job revoked mid-run)."""
+    keys, args = [lease_key(job_id), attempts_key(job_id)], [token, attempt]
+    if fast_charge:
+        keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
+        args += [fast_charge[0], repr(fast_charge[1]), repr(settings.fast_seconds_default)]
+    _run("run_release", keys, args)

@@ -59,6 +59,9 @@ class Diffusion(Saved):
     """A diffusers pipeline behind the model contract; see the module docstring."""
 
     Input: ClassVar[type[DiffusionInput]] = DiffusionInput
+    #: A fast job may stop it at a step boundary (it starts again later: a pipeline
+    #: cannot start from a step's latents in general).
+    preemptible: ClassVar[bool] = True
 
     def __init__(self, *, device: str, model_dir: str | Path) -> None:
         path = saved_folder(model_dir, self.folder, what="diffusers pipeline")

@@ -362,4 +362,4 @@ def publish(folder: Path, name: str, store: str | None) -> None:
                f"{url}; `celery -A tasks lanes unpin {name}` if workers loaded an older one")
 
 
-from tasks.ops import cli_run  # noqa: E402,F401  registers submit, up and exporter
+from tasks.ops import cli_jobs, cli_run  # noqa: E402,F401  register job, cancel, submit, up, exporter

@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from routing.names import TIERS
+from tasks.ops.cli_jobs import follow
 from tasks.ops.group import _client, duration, lanes
 
 
@@ -35,29 +36,6 @@ def _wait_for_ctrl_c() -> None:
 
 
 # --- submit -------------------------------------------------------------------
-
-STATES = {"PENDING": "queued", "RECEIVED": "queued", "STARTED": "running",
-          "RETRY": "retrying"}
-
-
-def _follow(result: Any, timeout_s: float, tty: bool) -> dict:
-    """Wait for ``result``, showing its state and elapsed time; its result dict."""
-    began, shown = time.monotonic(), None
-    while True:
-        done = result.ready()
-        state = "done" if done else STATES.get(result.state, result.state.lower())
-        if tty:
-            click.echo(f"\r{state:<9} {time.monotonic() - began:6.1f}s", nl=done)
-        elif state != shown:  # every state it passes through, the first one included
-            click.echo(f"{state} ..." if not done else "done")
-        shown = state
-        if done:
-            return result.get(timeout=1)
-        if time.monotonic() - began > timeout_s:
-            raise click.ClickException(f"job {result.id} not done after {timeout_s:g}s; "
-                                       "it stays queued: check `celery -A tasks lanes status`")
-        time.sleep(0.1)
-
 
 @lanes.command("submit")
 @click.argument("prompt")
@@ -82,7 +60,7 @@ def submit_command(prompt: str, tier: str, account: str, model: str, seed: int |
     click.echo(f"job {result.id} submitted ({tier})")
     if no_wait:
         return
-    out = _follow(result, timeout_s, sys.stdout.isatty())
+    out = follow(result, timeout_s, sys.stdout.isatty())
     moved = f", moved down from {out['downgraded_from']} ({out['downgrade_reason']})" \
         if out.get("downgraded_from") else ""
     click.echo(f"image: {out['image']}\nran in the {out['lane']} lane{moved} on "

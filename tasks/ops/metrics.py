@@ -114,6 +114,8 @@ def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
                    "lane", counts, "retries")
     yield by_label("gpulanes_failures", "Jobs that failed for good, by lane", "lane",
                    counts, "failures")
+    yield by_label("gpulanes_preemptions", "Running jobs that stepped aside for a fast job, "
+                   "by the lane they ran in", "lane", counts, "preemptions")
     for kind, doc in (("hits", "Seeded jobs answered from the result cache"),
                       ("joins", "Seeded jobs that joined an identical run in flight"),
                       ("misses", "Seeded jobs that found neither and ran")):

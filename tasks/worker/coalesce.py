@@ -17,6 +17,9 @@ worker and called by ``tasks.worker.generate``, this module closes a run:
   ``task_failure`` signal that follows it both settle the run, and only the first
   settle of a run returns its followers (a settle retried after a lost reply is the
   same settle: same token, same followers);
+- **the leader's own caller revoked it while it ran**: the run goes on while a
+  follower still wants it (its step guard asks once, ``wanted_by_followers``); the
+  followers get the result and the leader's caller REVOKED;
 - **the leader's own caller revoked it before it ran**: the follower of the
   fastest tier inherits the run (the pointer and the other followers move over) and
   its job is published under its own id and tier; that publish confirms the run and
@@ -85,6 +88,13 @@ def deliver(followers: list[tuple[str, dict]], result: dict[str, Any]) -> None:
         app.backend.store_result(job_id, copy_for(result, entry["job"], job_id, coalesced=True,
                                                   queued_ms=round(queued_s * 1000, 1)),
                                  states.SUCCESS)
+
+
+def wanted_by_followers(leader_id: str) -> bool:
+    """Whether a caller other than the leader's own still waits for its run (a follower
+    its own caller has not revoked): then a running leader revoked runs on for them."""
+    followers = [f[2:] for f in redis_client().hkeys(run_key(leader_id)) if f.startswith("f:")]
+    return any(job_id not in revoked_ids for job_id in followers)
 
 
 def close_run(leader_id: str, result: dict[str, Any]) -> None:

@@ -3,8 +3,12 @@
 An image model (the built-in demo family: ``generate``) makes pixels, stored as
 the job's PNG; a model of the general contract (``predict``) gets its validated
 ``Input`` and returns a dict, stored as the job's ``output``
-(``tasks.worker.outputs``). Both report each finished step to ``on_step``, which
-raises to stop the run (revoked, taken over, past ``GPULANES_MAX_JOB_S``).
+(``tasks.worker.outputs``). Both report each finished step to the run's
+``StepGuard``, which raises to stop the run (revoked, taken over, past
+``GPULANES_MAX_JOB_S``, preempted) and else reports its progress. A model that
+declares ``preemptible`` may be stopped for a fast job; one that is also
+``resumable`` hands its state with each step (``keep(step, state)``, or
+``progress(done, total, state)``) and takes it back as ``resume=(step, state)``.
 """
 from __future__ import annotations
 
@@ -19,33 +23,42 @@ from tasks.jobs import catalog
 from tasks.settings import settings
 from tasks.worker.outputs import stored_output
 from tasks.worker.png import store_png
+from tasks.worker.steps import StepGuard
 
 
-def run_job(job: Job, lane: str, on_step: Callable[[int], None]) -> Ran:
+def run_job(job: Job, lane: str, guard: StepGuard,
+            resume: tuple[int, Any] | None = None) -> Ran:
     """Run ``job`` on the warm model: alone, or through the batcher when the model batches
     or the worker has several pool threads (its runner makes one pass at a time, so
-    jobs of a model that does not batch never share the device)."""
+    jobs of a model that does not batch never share the device; a pass is never
+    preempted). ``resume``: (step, state) a preempted run of the job left here."""
     if settings.for_model(settings.max_batch, job.model) > 1 or (BATCHER.capacity or 1) > 1:
-        return BATCHER.run(job, lane, on_step)  # the batcher's runner loads the model
-    if catalog.spec(job.model).cls is not None:
-        return _predict(job, on_step)
+        return BATCHER.run(job, lane, guard)  # the batcher's runner loads the model
     model, load_ms = RUNTIME.model(job.model)
-    began, inputs = time.perf_counter(), job.inputs
-    pixels = model.generate(inputs["prompt"], seed=inputs["seed"], steps=inputs["steps"],
-                            width=inputs["width"], height=inputs["height"], on_step=on_step)
+    guard.preemptible = bool(getattr(model, "preemptible", False))
+    resumable = bool(getattr(model, "resumable", False))
+    began = time.perf_counter()
+    if catalog.spec(job.model).cls is not None:
+        output = _predict(model, job, guard, resume if resumable else None, resumable)
+        return Ran(None, (time.perf_counter() - began) * 1000, load_ms, output=output)
+    inputs, steps = job.inputs, job.inputs["steps"]
+    extra = {"keep": guard.keep, "resume": resume} if resumable else {}
+    pixels = model.generate(inputs["prompt"], seed=inputs["seed"], steps=steps,
+                            width=inputs["width"], height=inputs["height"],
+                            on_step=lambda i: guard(i + 1, steps), **extra)
     return Ran(pixels, (time.perf_counter() - began) * 1000, load_ms)
 
 
-def _predict(job: Job, on_step: Callable[[int], None]) -> Ran:
-    model, load_ms = RUNTIME.model(job.model)
+def _predict(model: Any, job: Job, guard: StepGuard, resume: tuple[int, Any] | None,
+             resumable: bool) -> Any:
     inputs = model.Input.model_validate(dict(job.inputs))  # the producer's checks, again
 
-    def progress(done: int, total: int | None = None) -> None:
-        on_step(done)
+    def progress(done: int, total: int | None = None, state: Any = None) -> None:
+        if resumable and state is not None:  # what resuming after this step starts from
+            guard.keep(done, state)
+        guard(done, total)
 
-    began = time.perf_counter()
-    output = model.predict(inputs, progress)
-    return Ran(None, (time.perf_counter() - began) * 1000, load_ms, output=output)
+    return model.predict(inputs, progress, **({"resume": resume} if resume else {}))
 
 
 def kept(job_id: str, run: int, ran: Ran) -> dict[str, Any]:

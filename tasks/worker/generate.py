@@ -24,11 +24,10 @@ import json
 import logging
 import sys
 import time
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 from celery import signals
 from celery.exceptions import Ignore, Retry
-from celery.worker.state import revoked as revoked_ids
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from gpu_worker import hooks
@@ -36,8 +35,9 @@ from gpu_worker.batching import Ran
 from gpu_worker.health import HEALTH, is_worker_fault
 from gpu_worker.hooks import HELD_JOBS
 from gpu_worker.lease import Lease
+from gpu_worker.preempt import PREEMPTION, SUSPENDED, Preempted
 from gpu_worker.runtime import RUNTIME
-from routing.names import FAST, GENERATE_TASK, lane_of
+from routing.names import FAST, GENERATE_TASK, lane_of, worker_queue
 from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
@@ -45,14 +45,16 @@ from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_k
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
 from tasks.broker.publish import PublishRefused, publishing
-from tasks.errors import JobFailed, JobRevoked, JobTimeout, LeaseLost
+from tasks.errors import JobFailed, JobRevoked, LeaseLost
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import job_counts
 from tasks.settings import settings
 from tasks.worker.coalesce import close_run, fail_followers
 from tasks.worker.execute import kept, run_job
+from tasks.worker.progress import Progress
 from tasks.worker.rejects import CheckedTask
+from tasks.worker.steps import StepGuard
 
 log = logging.getLogger(__name__)
 hooks.install()  # this module loads in workers (and beat) only: wire their hooks
@@ -100,26 +102,20 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
     raise Ignore()
 
 
-def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int) -> Any:
-    """The signature of the job's next copy (``message``): in its route's shared lane,
-    after ``countdown``."""
-    lane = lane_of(message.route.lane)
+def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
+               queue: str | None = None) -> Any:
+    """The signature of the job's next copy (``message``): in ``queue`` (default: its
+    route's shared lane), after ``countdown``."""
+    queue = queue or lane_of(message.route.lane)
     return task.signature_from_request(
         task.request, None, message.kwargs(), countdown=countdown,
-        retries=retries, queue=lane, exchange=lane, routing_key=lane)
+        retries=retries, queue=queue, exchange=queue, routing_key=queue)
 
 
-def _step_guard(job_id: str, lease: Lease) -> Callable[[int], None]:
-    """Between steps: stop past ``GPULANES_MAX_JOB_S``, once revoked, or once stale."""
-    deadline = time.monotonic() + settings.max_job_s
-
-    def on_step(step: int) -> None:
-        if time.monotonic() > deadline:
-            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
-        if job_id in revoked_ids:
-            raise JobRevoked(f"job {job_id} was revoked at step {step}")
-        lease.check()
-    return on_step
+def _fence(task: Any, lease: Lease) -> tuple[str, str, str, int, int]:
+    """The condition of a publish only the run still holding the job may make."""
+    return (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
+            lease.attempt, settings.runs_kept_s)
 
 
 def _lane(task: Any, route: JobRoute) -> str:
@@ -134,11 +130,14 @@ def _stale(task: Any, lease: Lease) -> NoReturn:
     raise Ignore()
 
 
-def _revoked(task: Any, lease: Lease | None) -> NoReturn:
-    """A revoked job: not run (or stopped), never charged; REVOKED for its caller."""
+def _revoked(task: Any, lease: Lease | None,
+             fast_charge: tuple[str, float] | None = None) -> NoReturn:
+    """A revoked job: not run, or stopped at a step (a fast one charged only the seconds
+    it ran, ``fast_charge``); REVOKED for its caller."""
     job_id = task.request.id
+    SUSPENDED.take(job_id)  # a preempted job's state, if it waited here
     if lease is not None:
-        persist(lambda: runs.release(job_id, lease.token, lease.attempt),
+        persist(lambda: runs.release(job_id, lease.token, lease.attempt, fast_charge),
                 f"the release of revoked job {job_id}")
     app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
     signals.task_revoked.send(sender=task, request=task.request, terminated=False,
@@ -167,11 +166,9 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
     never take it again; the next copy begins as if it were free)."""
     signature = _next_copy(task, message.with_route(route), countdown,
                            task.request.retries + 1)
-    fence = (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
-             lease.attempt, settings.runs_kept_s)
 
     def publish() -> None:
-        with publishing(fence=fence):
+        with publishing(fence=_fence(task, lease)):
             signature.apply_async(retry=False)
 
     try:
@@ -183,16 +180,21 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
     raise Retry(exc=exc, when=countdown, sig=signature)
 
 
-def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage) -> NoReturn:
-    """Sort a failed run: stale, revoked, the worker's fault, transient, or for good."""
+def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
+                   guard: StepGuard, ran_s: float) -> NoReturn:
+    """Sort a stopped run: stale, revoked, preempted, the worker's fault, transient, or
+    failed for good (``ran_s``: how long it ran)."""
     if isinstance(exc, LeaseLost):
         _stale(task, lease)
     if isinstance(exc, JobRevoked):
-        _revoked(task, lease)
+        _revoked(task, lease, (message.job.account, ran_s) if guard.lane == FAST else None)
+    if isinstance(exc, Preempted):
+        _preempt(task, lease, message, guard.lane, exc, guard.report)
     HEALTH.failed(exc)
     route, attempt = message.route, lease.attempt
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
     faults = route.worker_faults
+    tries = attempt - faults - route.preempted  # runs lost to workers or preempted: no tries
     if is_worker_fault(exc) and faults < settings.sick_after + settings.max_retries:
         # back to its shared lane, at once: another worker takes it, surely once this
         # one steps aside (GPULANES_SICK_AFTER faults in a row)
@@ -203,18 +205,48 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage)
                  f"{what} (gave up after {faults + 1} workers failed it)")
     if not is_transient(exc):
         _give_up(task, message, lease, "error", exc, what)
-    if attempt - faults > settings.max_retries:
+    if tries > settings.max_retries:
         _give_up(task, message, lease, "retries_exhausted", exc,
                  f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
     lane = next_lane(route.lane) or route.lane
-    countdown = max(backoff_s(attempt - faults, settings.retry_base_s, settings.retry_cap_s),
+    countdown = max(backoff_s(tries, settings.retry_base_s, settings.retry_cap_s),
                     getattr(exc, "retry_after_s", 0.0))
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
     # its wait in the new lane starts once the backoff is over
     _retry(task, exc, lease, message, route.retried(lane, time.time() + countdown), countdown)
+
+
+def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Preempted,
+             progress: Progress) -> NoReturn:
+    """Step aside for a waiting fast job: the job's next copy goes to the front of its
+    lane, fenced like a retry (and, like a worker's fault, no try of the job). A model
+    that resumes leaves its state here, and its copy in this worker's own queue of the
+    lane: the worker runs the fast job, then picks this one up where it stopped."""
+    job_id = task.request.id
+    queue = lane if stop.state is None else worker_queue(lane, RUNTIME.hostname)
+    if stop.state is not None:
+        SUSPENDED.keep(job_id, *stop.state)
+    copy = _next_copy(task, message.with_route(message.route.preempted_copy()), 0,
+                      task.request.retries, queue=queue)
+
+    def publish() -> None:
+        with publishing(fence=_fence(task, lease), front=True):
+            copy.apply_async(retry=False)
+
+    try:
+        persist(publish, f"the preempted copy of job {job_id}")
+    except PublishRefused:
+        SUSPENDED.take(job_id)
+        _stale(task, lease)
+    field = metric_field("preemptions", lane)
+    persist(lambda: redis_client().hincrby(METRICS_KEY, field, 1), "a preemption's count")
+    progress.paused(stop.step, stop.steps)
+    log.info("job %s stepped aside at step %d for a waiting fast job (%s)", job_id, stop.step,
+             "resumes here" if stop.state is not None else "starts again")
+    raise Ignore()
 
 
 def _finish(task: Any, lease: Lease, result: dict, job: Job) -> dict:
@@ -251,19 +283,31 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     lease = _begin(self, message)
     if isinstance(lease, dict):  # a redelivery of a job that already finished
         return lease
-    if lease.attempt > settings.max_retries + 1 + message.route.worker_faults:
+    route = message.route
+    if lease.attempt > settings.max_retries + 1 + route.worker_faults + route.preempted:
         _give_up(self, message, lease, "worker_lost", JobFailed("worker lost"),
                  f"job {self.request.id} reached attempt {lease.attempt}: its earlier runs "
                  "were lost with their workers or failed")
-    lane = _lane(self, message.route)
+    lane = _lane(self, route)
+    PREEMPTION.run_begins()
+    guard = StepGuard(self.request.id, lease, lane, route.preempted,
+                      Progress(self, lane, route.preempted), message.job.leads_run)
+    began, resume = time.monotonic(), SUSPENDED.take(self.request.id)
+    if resume is not None:  # a preempted job resumes from the state it left here
+        log.info("job %s resumes at step %d, where it stepped aside", self.request.id,
+                 resume[0])
     try:
-        ran = run_job(message.job, lane, _step_guard(self.request.id, lease))
+        ran = run_job(message.job, lane, guard, resume)
         lease.check()  # a stale run writes no artifact
         made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
-        _fail_or_retry(self, exc, lease, message)
-    return _finish(self, lease, _result(self, message, lane, started_at, lease, ran, made),
-                   message.job)
+        _fail_or_retry(self, exc, lease, message, guard, time.monotonic() - began)
+    recorded = _finish(self, lease, _result(self, message, lane, started_at, lease, ran,
+                                            made), message.job)
+    if guard.for_followers:  # its own caller revoked it: the run went on for the others
+        app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
+        raise Ignore()
+    return recorded
 
 
 def _result(task: Any, message: JobMessage, lane: str, started_at: float, lease: Lease,

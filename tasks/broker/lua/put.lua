@@ -5,7 +5,8 @@
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
 -- s, fence token ('' : none), the fenced run's number, how long a released lease is
 -- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
--- account, an uncharged account's fast seconds.
+-- account, an uncharged account's fast seconds, '1' to push at the front (the end
+-- taken next), the channel told of every fast job pushed.
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
 -- -4 the account's fast time is spent (its balance is at or below zero).
@@ -15,6 +16,8 @@
 -- The same message published again (same delivery tag) before a worker took it finds
 -- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
 -- retry's publish tried again is stopped by its fence instead, the lease released.)
+-- A fast job pushed is told on the channel (its list's name): a worker running a
+-- preemptible job hears of it within a step (gpu_worker.preempt).
 -- include: holds
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local t = redis.call('TIME')
@@ -54,7 +57,8 @@ end
 if ARGV[9] ~= '' then
   redis.call('SET', KEYS[7], ARGV[12] .. ARGV[10], 'EX', ARGV[11])
 end
-redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call(ARGV[16] == '1' and 'RPUSH' or 'LPUSH', KEYS[1], ARGV[1])
 redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\n' .. ARGV[1])
 redis.call('SADD', KEYS[3], KEYS[1])
+if tonumber(ARGV[13]) == 0 then redis.call('PUBLISH', ARGV[17], KEYS[1]) end
 return 1

@@ -1,0 +1,182 @@
+"""Preemption: a running relaxed (then standard) job steps aside at a step boundary
+for a fast job that waits, and resumes after it.
+
+How a worker hears of a waiting fast job within a step, with no poll: the publish
+script tells every fast job pushed on a pub/sub channel (the list's name), and a
+thread of each worker listens; a run's step guard reads what it heard, in memory.
+Only once told does the run ask Redis (``lua/preempt_claim.lua``, one call) whether
+a fast job it could take still waits and is not spoken for by another preempting
+worker; if so it records its claim and stops (``tasks.worker.generate``). A relaxed
+run asks at its first boundary after the news, a standard one at its second, so a
+worker running relaxed work goes first. A fast job is never preempted, and a job at
+most ``GPULANES_MAX_PREEMPTIONS`` times.
+
+What stops, and how it comes back: a model that declares ``resumable`` hands its state
+at each step (the demo model: its latents after the step); the run keeps the last one
+here, in this worker's memory (:data:`SUSPENDED`), and its job's next copy goes to the
+front of this worker's own queue of its lane, so the worker runs the fast job and then
+picks its job up where it stopped: the same output, bit for bit. A model that is only
+``preemptible`` starts again from the front of its shared lane. Should the worker die
+meanwhile, beat puts its queue back in the shared lanes: the job runs again from the
+start elsewhere, and nothing is lost. Preemption applies to a worker that runs one job
+at a time (no batching): a batched pass runs to its end.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+import redis
+
+from routing.names import FAST, STANDARD, worker_queue
+from tasks.broker import scripts
+from tasks.broker.keys import FAST_WAITING_CHANNEL, PREEMPT_CLAIMS_KEY, lane_keys
+from tasks.settings import settings
+
+log = logging.getLogger(__name__)
+#: How long a claim counts if its worker never begins another run (it died).
+CLAIM_S = 10.0
+#: Suspended jobs' states one worker keeps at most (the oldest is dropped: that job
+#: starts again from its first step).
+MAX_SUSPENDED = 4
+
+
+class Preempted(Exception):
+    """Raised between steps: the run stops for a waiting fast job. ``state``: what a
+    resumable model handed at that boundary (None: it starts again)."""
+
+    def __init__(self, step: int, steps: int | None = None, state: Any = None) -> None:
+        super().__init__(f"preempted at step {step} for a waiting fast job")
+        self.step, self.steps, self.state = step, steps, state
+
+
+class Preemption:
+    """What this worker process heard of waiting fast jobs, and its claims."""
+
+    def __init__(self) -> None:
+        self.told_at = 0.0      #: monotonic time of the latest news
+        self.own_told_at = 0.0  #: ... of a fast job pushed to this worker's own queue
+        self.asked_for = 0.0    #: the news last asked about (a no is not asked again)
+        self.deferred_for = -1.0  #: the news a standard run let one step pass for
+        self.claimed = False
+        self.identity, self.hostname = "", ""
+        self._mine: frozenset[str] = frozenset()
+        self._shared: frozenset[str] = frozenset()
+
+    def start(self, client: redis.Redis, hostname: str, identity: str) -> None:
+        """Listen for fast jobs pushed where this worker takes them (a daemon thread)."""
+        self.hostname, self.identity = hostname, identity
+        self._shared = frozenset(lane_keys(FAST))
+        self._mine = self._shared | frozenset(lane_keys(worker_queue(FAST, hostname)))
+        threading.Thread(target=self._listen, args=(client,), daemon=True,
+                         name="fast-news").start()
+
+    def _listen(self, client: redis.Redis) -> None:
+        while True:
+            try:
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(FAST_WAITING_CHANNEL)
+                while True:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and (key := _text(message["data"])) in self._mine:
+                        self.told_at = time.monotonic()
+                        if key not in self._shared:
+                            self.own_told_at = self.told_at
+            except redis.RedisError as exc:  # Redis away: listen again once it is back
+                log.info("fast-job news interrupted (%s); listening again", exc)
+                time.sleep(1.0)
+
+    def wanted(self, lane: str, preempted: int, preemptible: bool = True) -> bool:
+        """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far:
+        whether it is to stop now for a waiting fast job. A run that may not stop hands
+        the fast jobs of this worker's own queue to the shared lane, for another worker."""
+        told = self.told_at
+        if told <= self.asked_for:
+            return False
+        if lane == FAST or not (preemptible and settings.preempt) \
+                or preempted >= settings.max_preemptions:
+            self.asked_for = told
+            if self.own_told_at == told:
+                self._hand_over()
+            return False
+        if lane == STANDARD and self.deferred_for != told:
+            self.deferred_for = told  # relaxed runs elsewhere go first: one step's grace
+            return False
+        self.asked_for = told
+        try:
+            self.claimed = bool(self._claim())
+        except redis.RedisError as exc:  # not knowing, run on: the fast job waits a job
+            log.info("preemption not claimed (%s)", exc)
+            return False
+        return self.claimed
+
+    def _hand_over(self) -> None:
+        """This worker's own fast jobs to the front of the shared fast lane, told again."""
+        from tasks.broker.app import redis_client
+        from tasks.broker.moves import readdress
+
+        try:
+            client = redis_client()
+            own = worker_queue(FAST, self.hostname)
+            if readdress(client, own, FAST, FAST):
+                client.publish(FAST_WAITING_CHANNEL, FAST)
+                log.info("fast jobs of %s handed to the shared lane: its job runs on", own)
+        except redis.RedisError as exc:  # they wait for this worker's job to end
+            log.info("fast jobs not handed over (%s)", exc)
+
+    def _claim(self) -> int:
+        from tasks.broker.app import redis_client
+
+        own = lane_keys(worker_queue(FAST, self.hostname))
+        return int(scripts.run(redis_client(), "preempt_claim",
+                               [PREEMPT_CLAIMS_KEY, *lane_keys(FAST), *own],
+                               [self.identity, CLAIM_S, len(own)]))
+
+    def run_begins(self) -> None:
+        """A run begins here: a claim this worker made is spent (its fast job, or its
+        own suspended job if the fast one went elsewhere)."""
+        if not self.claimed:
+            return
+        self.claimed = False
+        from tasks.broker.app import redis_client
+
+        try:
+            redis_client().zrem(PREEMPT_CLAIMS_KEY, self.identity)
+        except redis.RedisError:  # it lapses after CLAIM_S
+            pass
+
+
+class Suspended:
+    """States of this worker's preempted jobs, until each resumes (or is dropped)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._states: OrderedDict[str, tuple[int, Any]] = OrderedDict()
+
+    def keep(self, job_id: str, step: int, state: Any) -> None:
+        with self._lock:
+            self._states[job_id] = (step, state)
+            while len(self._states) > MAX_SUSPENDED:
+                dropped, _ = self._states.popitem(last=False)
+                log.info("job %s's preempted state dropped (over %d kept): it starts "
+                         "again from its first step", dropped, MAX_SUSPENDED)
+
+    def take(self, job_id: str) -> tuple[int, Any] | None:
+        """(step, state) a preempted job stopped at, if this worker kept it; gone after."""
+        with self._lock:
+            return self._states.pop(job_id, None)
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+
+def _text(data: Any) -> str:
+    return data.decode() if isinstance(data, bytes) else str(data)
+
+
+#: This worker process's news of fast jobs, and its suspended jobs.
+PREEMPTION = Preemption()
+SUSPENDED = Suspended()

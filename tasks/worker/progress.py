@@ -1,0 +1,91 @@
+"""A running job's progress, where its caller and Flower look for it.
+
+Every finished step reaches the run's :class:`Progress`; the first one and then
+at most one every ``GPULANES_PROGRESS_S`` go out, as Celery users know them:
+
+- the result backend's state ``PROGRESS`` with ``.info`` = ``step``, ``steps``,
+  ``lane``, ``worker``, ``eta_s`` (and ``preempted``): ``AsyncResult.state`` and
+  ``AsyncResult.info`` read it, ``celery -A tasks lanes job ID`` shows it;
+- a ``task-progress`` event: Flower shows the task as PROGRESS, its result field
+  saying how far it is.
+
+Progress is advisory: it is one plain SET (no read first, no PUBLISH: only a
+finished job wakes ``.get()``) and one event, never retried, so a Redis that does
+not answer costs a job one short wait and then no report for ``PAUSE_S``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from tasks.settings import settings
+
+log = logging.getLogger(__name__)
+#: After a report that could not be written, none for this long.
+PAUSE_S = 10.0
+STATE = "PROGRESS"
+
+
+class Progress:
+    """Reports of one run of one job (``task``: the bound ``generate`` task)."""
+
+    def __init__(self, task: Any, lane: str, preempted: int = 0) -> None:
+        self.task, self.lane, self.preempted = task, lane, preempted
+        self.began, self.next_at = time.monotonic(), 0.0
+
+    def __call__(self, step: int, steps: int | None) -> None:
+        """``step`` of ``steps`` (None: unknown) are done."""
+        now = time.monotonic()
+        if now < self.next_at or (steps is not None and step >= steps):
+            return  # too soon, or the last step: the result follows at once
+        self._report(step, steps)
+
+    def _report(self, step: int, steps: int | None, **extra: Any) -> None:
+        now = time.monotonic()
+        self.next_at = now + settings.progress_s
+        info = {**self.info(step, steps, now), **extra}
+        try:
+            self._store(info)
+            self.task.send_event("task-progress", retry=False, result=line(info))
+        except Exception as exc:  # noqa: BLE001  advisory: any broker or backend error
+            self.next_at = now + PAUSE_S
+            log.info("job %s: progress not reported (%s: %s)", self.task.request.id,
+                     type(exc).__name__, exc)
+
+    def paused(self, step: int, steps: int | None) -> None:
+        """The run stepped aside at ``step`` for a fast job (``preempted`` counts it): the
+        job waits to resume; reported at once, whatever the last report's time."""
+        self.next_at = 0.0
+        self.preempted += 1
+        self._report(step, steps, paused=True)
+
+    def info(self, step: int, steps: int | None, now: float) -> dict[str, Any]:
+        """What ``AsyncResult.info`` holds while the job runs."""
+        elapsed_s = now - self.began
+        eta_s = elapsed_s / step * (steps - step) if steps and step else None
+        hostname = self.task.request.hostname
+        return {"step": step, "steps": steps, "lane": self.lane, "worker": hostname,
+                "hostname": hostname, "pid": os.getpid(),  # as in Celery's STARTED
+                "eta_s": None if eta_s is None else round(eta_s, 2),
+                "running_s": round(elapsed_s, 2), "preempted": self.preempted}
+
+    def _store(self, info: dict[str, Any]) -> None:
+        backend, job_id = self.task.backend, self.task.request.id
+        client = getattr(backend, "client", None)
+        if client is None:  # not Redis: the backend's own way
+            backend.store_result(job_id, info, STATE)
+            return
+        meta = {"status": STATE, "result": info, "traceback": None, "children": [],
+                "date_done": None, "task_id": job_id}
+        client.set(backend.get_key_for_task(job_id), backend.encode(meta), ex=backend.expires)
+
+
+def line(info: dict[str, Any]) -> str:
+    """One line of a job's progress: ``step 7/20, eta 1.3 s, standard on gpu0@host``."""
+    of = f"/{info['steps']}" if info.get("steps") else ""
+    if info.get("paused"):
+        return f"step {info['step']}{of}, preempted: waits to resume on {info['worker']}"
+    eta = f", eta {info['eta_s']:.1f} s" if info.get("eta_s") is not None else ""
+    return f"step {info['step']}{of}{eta}, {info['lane']} on {info['worker']}"

@@ -1,0 +1,56 @@
+"""What a run does between two steps of its model.
+
+At every step boundary the run's :class:`StepGuard` stops it (raises) past
+``GPULANES_MAX_JOB_S``, once its job is revoked, once a newer run took its job over,
+or, for a preemptible run, once a fast job waits for its worker
+(``gpu_worker.preempt``); else it reports the step (``tasks.worker.progress``). A
+model that can resume hands its state with each step (``keep``): the state of the
+boundary it stopped at travels with :class:`~gpu_worker.preempt.Preempted`. A
+revoked job that leads a coalesced run others still wait for runs on for them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery.worker.state import revoked as revoked_ids
+
+from gpu_worker.lease import Lease
+from gpu_worker.preempt import PREEMPTION, Preempted
+from tasks.errors import JobRevoked, JobTimeout
+from tasks.settings import settings
+from tasks.worker.coalesce import wanted_by_followers
+from tasks.worker.progress import Progress
+
+
+class StepGuard:
+    """``guard(step, steps)`` between steps of one run; see the module docstring."""
+
+    def __init__(self, job_id: str, lease: Lease, lane: str, preempted: int,
+                 report: Progress, leads_run: bool = False) -> None:
+        self.job_id, self.lease, self.lane, self.preempted = job_id, lease, lane, preempted
+        self.report, self.leads_run = report, leads_run
+        #: Revoked by its own caller while it ran, it runs on for its run's followers.
+        self.for_followers = False
+        self.deadline = time.monotonic() + settings.max_job_s
+        #: Set by the runner once it knows the model may stop here (and run alone).
+        self.preemptible = False
+        self.state: Any = None
+
+    def keep(self, step: int, state: Any) -> None:
+        """A resumable model's state after ``step`` steps (what resuming starts from)."""
+        self.state = (step, state)
+
+    def __call__(self, step: int, steps: int | None = None) -> None:
+        if time.monotonic() > self.deadline:
+            raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
+        if self.job_id in revoked_ids and not self.for_followers:
+            if not (self.leads_run and wanted_by_followers(self.job_id)):
+                raise JobRevoked(f"job {self.job_id} was revoked at step {step}")
+            self.for_followers = True
+        self.lease.check()
+        if (steps is None or step < steps) \
+                and PREEMPTION.wanted(self.lane, self.preempted, self.preemptible):
+            kept = self.state if self.state and self.state[0] == step else None
+            raise Preempted(step, steps, kept)
+        self.report(step, steps)
