@@ -285,7 +285,8 @@ class WorkerSetup(Hook):
         from tasks.broker.store import broker_client
 
         set_holder(RUNTIME.incarnation)
-        PREEMPTION.start(broker_client(), RUNTIME.hostname, RUNTIME.incarnation)
+        PREEMPTION.start(broker_client(health_check_interval=30), RUNTIME.hostname,
+                         RUNTIME.incarnation)
         # Celery makes a result backend per thread, when the thread first needs one:
         # the setting reaches every pool thread's; this process' own gets it directly.
         conf, backend = sender.app.conf, sender.app.backend

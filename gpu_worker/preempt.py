@@ -67,8 +67,11 @@ class Preemption:
         self._shared: frozenset[str] = frozenset()
 
     def start(self, client: redis.Redis, hostname: str, identity: str) -> None:
-        """Listen for fast jobs pushed where this worker takes them (a daemon thread)."""
+        """Listen for fast jobs pushed where this worker takes them (a daemon thread);
+        nothing to listen for with ``GPULANES_PREEMPT`` off."""
         self.hostname, self.identity = hostname, identity
+        if not settings.preempt:
+            return
         self._shared = frozenset(lane_keys(FAST))
         self._mine = self._shared | frozenset(lane_keys(worker_queue(FAST, hostname)))
         threading.Thread(target=self._listen, args=(client,), daemon=True,
@@ -79,30 +82,37 @@ class Preemption:
             try:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(FAST_WAITING_CHANNEL)
+                self._told(own=True)  # what was pushed while not listening: ask once
                 while True:
+                    pubsub.check_health()  # a dead connection raises: listen anew
                     message = pubsub.get_message(timeout=1.0)
                     if message and (key := _text(message["data"])) in self._mine:
-                        self.told_at = time.monotonic()
-                        if key not in self._shared:
-                            self.own_told_at = self.told_at
-            except redis.RedisError as exc:  # Redis away: listen again once it is back
-                log.info("fast-job news interrupted (%s); listening again", exc)
+                        self._told(own=key not in self._shared)
+            except Exception as exc:  # noqa: BLE001  never a deaf worker: listen again
+                log.info("fast-job news interrupted (%s: %s); listening again",
+                         type(exc).__name__, exc)
                 time.sleep(1.0)
+
+    def _told(self, own: bool) -> None:
+        now = time.monotonic()
+        if own:  # first: a guard that sees the news sees whose it is
+            self.own_told_at = now
+        self.told_at = now
 
     def wanted(self, lane: str, preempted: int, preemptible: bool = True) -> bool:
         """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far:
         whether it is to stop now for a waiting fast job. A run that may not stop hands
         the fast jobs of this worker's own queue to the shared lane, for another worker."""
-        told = self.told_at
-        if told <= self.asked_for:
+        told, last = self.told_at, self.asked_for
+        if told <= last:
             return False
         if lane == FAST or not (preemptible and settings.preempt) \
                 or preempted >= settings.max_preemptions:
             self.asked_for = told
-            if self.own_told_at == told:
+            if self.own_told_at > last:
                 self._hand_over()
             return False
-        if lane == STANDARD and self.deferred_for != told:
+        if lane == STANDARD and self.deferred_for <= last:
             self.deferred_for = told  # relaxed runs elsewhere go first: one step's grace
             return False
         self.asked_for = told

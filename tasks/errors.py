@@ -86,7 +86,8 @@ class LeaseLost(GpulanesError):
 
 
 class JobRevoked(GpulanesError):
-    """The job was revoked before or while it ran: it stops and is never charged."""
+    """The job was revoked before or while it ran: it stops, charged only the fast
+    seconds it ran."""
 
 
 class JobTimeout(GpulanesError):

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from celery.exceptions import TaskRevokedError
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from PIL import Image
 
@@ -245,3 +246,28 @@ def test_out_of_memory_pass_is_split_in_halves(monkeypatch):
     assert sizes == [4, 2, 2]
     assert [(p.ran.pixels, p.ran.batch_size) for p in group] == [
         (f"image {i}", 2) for i in range(4)]
+
+
+def test_a_job_revoked_in_a_batched_pass_drops_out_alone(cluster, app, reference):
+    """Three jobs held for one pass, one revoked: at the pass's first step it drops out
+    (REVOKED) and the other two run on together, their images those of their singles."""
+    host = cluster.hostnames[0]
+    gate, blocker = hold_runner(app, host)
+    prompts = ["batch keeper one", "batch quitter", "batch keeper two"]
+    results = [submit(p, seed=60 + i, **SMALL) for i, p in enumerate(prompts)]
+    wait_until(lambda: batcher_stats(app, host).get("pending") == 3, 30, "3 jobs held")
+    results[1].revoke()
+    wait_until(lambda: revoked_on(app, host, results[1].id), 30, "the revoke to arrive")
+    open_gate(gate)
+    with pytest.raises(TaskRevokedError):
+        results[1].get(timeout=60)
+    for i in (0, 2):
+        out = results[i].get(timeout=60)
+        assert out["batch_size"] == 2 and out["attempts"] == 1
+        assert Path(out["image"]).read_bytes() == reference(prompts[i], 60 + i)
+    blocker.get(timeout=60)
+
+
+def revoked_on(app, host: str, job_id: str) -> bool:
+    replies = app.control.inspect(timeout=1.0, destination=[host]).revoked() or {}
+    return job_id in replies.get(host, [])

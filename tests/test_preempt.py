@@ -94,7 +94,7 @@ def test_a_running_fast_job_revoked_stops_at_a_step_charged_what_it_ran(cluster)
     job = submit("cancel me", tier="fast", account=account, seed=11, **HUGE)
     info = at_step(job, 5)
     revoked_at = time.monotonic()
-    assert "cancelled" in lanes("cancel", job.id)
+    job.revoke()
     wait_until(lambda: job.state == "REVOKED", 30, "the revoked job to stop")
     stopped_s = time.monotonic() - revoked_at
     step_s = info["running_s"] / info["step"]
@@ -102,6 +102,10 @@ def test_a_running_fast_job_revoked_stops_at_a_step_charged_what_it_ran(cluster)
     charged = before - fast_seconds_left(account)
     assert 0 < charged < 150 * step_s  # the seconds it ran: not nothing, not a whole job
     assert submit("after the cancel", tier="fast", seed=12, **QUICK).get(timeout=60)["image"]
+    other = submit("cancel me too", tier="relaxed", seed=13, **HUGE)
+    at_step(other, 2)
+    assert "cancelled" in lanes("cancel", other.id)  # the CLI way
+    wait_until(lambda: other.state == "REVOKED", 30, "the job cancelled from the CLI")
 
 
 def test_a_fast_job_preempts_a_relaxed_one_which_resumes_bit_for_bit(cluster, clean_redis):
@@ -155,6 +159,7 @@ def test_a_preempted_job_cancelled_while_it_waits_never_resumes(cluster):
     assert blocker.get(timeout=120)["preempted"] == 0  # a fast job is never preempted
     (other,) = [v for v in victims if v is not waiting]
     assert other.get(timeout=120)["lane"] == "relaxed"
+    assert f"job {waiting.id} resumes at step" not in _log(cluster)  # it never ran again
 
 
 def test_a_worker_killed_holding_a_preempted_job_loses_nothing(cluster, app):
@@ -174,3 +179,11 @@ def test_a_worker_killed_holding_a_preempted_job_loses_nothing(cluster, app):
     assert sorted(out["preempted"] for out in outs.values()) == [0, 1]
     assert f"job {waiting.id} resumes at step" not in _log(cluster)  # its state died too
     assert blocker.get(timeout=180)["image"]
+
+
+def test_lanes_submit_draws_the_jobs_progress_from_its_steps(cluster):
+    out = lanes("submit", "a bar of progress", "--seed", "61", "--steps", "60", "--width",
+                "768", "--height", "768")
+    steps = [line for line in out.splitlines() if line.startswith("running [")]
+    assert steps and all("/60" in line for line in steps), out  # "running [###...] step 7/60"
+    assert out.splitlines()[-1].startswith("ran in the standard lane")

@@ -69,3 +69,18 @@ def test_suspended_states_are_bounded_and_taken_once():
     assert len(kept) == MAX_SUSPENDED and kept.take("job-0") is None  # the oldest dropped
     step, _ = kept.take(f"job-{MAX_SUSPENDED + 1}")
     assert step == MAX_SUSPENDED + 1 and kept.take(f"job-{MAX_SUSPENDED + 1}") is None
+
+
+def test_own_queue_news_followed_by_shared_news_still_hands_over(news, monkeypatch):
+    vary(monkeypatch, max_preemptions=1)
+    tell(news, own=True)
+    tell(news)  # shared news after it, before the next step boundary
+    assert not news.wanted("relaxed", 1) and news.handed == [1]  # capped: handed on
+
+
+def test_a_standard_run_claims_even_when_news_comes_every_step(news):
+    news.answers = [1]
+    tell(news)
+    assert not news.wanted("standard", 0)  # its one step of grace
+    tell(news)  # more news before the next boundary: no second grace
+    assert news.wanted("standard", 0)

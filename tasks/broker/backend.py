@@ -64,3 +64,42 @@ def store_success(app: Any, job_id: str, result: dict[str, Any]) -> None:
             "date_done": app.now().isoformat(), "task_id": job_id}
     backend.client.set(backend.get_key_for_task(job_id), backend.encode(meta),
                        ex=backend.expires)
+
+
+#: How long one progress write may take: a report is advisory, a job's steps are not.
+PROGRESS_TIMEOUT_S = 0.5
+_progress_clients: dict[int, Any] = {}
+
+
+def store_progress(app: Any, job_id: str, info: dict[str, Any]) -> bool:
+    """Store ``info`` as job ``job_id``'s state ``PROGRESS`` unless a final state is
+    stored (``lua/progress_store.lua``), on a client of the backend's Redis that gives
+    up within ``PROGRESS_TIMEOUT_S``; whether it was written. Not Redis: the backend's
+    own store."""
+    backend = app.backend
+    if not isinstance(backend, RedisBackend):
+        backend.store_result(job_id, info, "PROGRESS")
+        return True
+    meta = {"status": "PROGRESS", "result": info, "traceback": None, "children": [],
+            "date_done": None, "task_id": job_id}
+    from tasks.broker import scripts
+
+    return bool(scripts.run(_progress_client(backend), "progress_store",
+                            [backend.get_key_for_task(job_id)],
+                            [backend.encode(meta), int(backend.expires or 86400)]))
+
+
+def _progress_client(backend: RedisBackend) -> Any:
+    """A client of the backend's own connection settings with short timeouts, one per
+    backend."""
+    client = _progress_clients.get(id(backend))
+    if client is None:
+        import redis
+
+        pool = backend.client.connection_pool
+        kwargs = {**pool.connection_kwargs, "socket_timeout": PROGRESS_TIMEOUT_S,
+                  "socket_connect_timeout": PROGRESS_TIMEOUT_S, "retry_on_timeout": False}
+        client = redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **kwargs))
+        _progress_clients[id(backend)] = client
+    return client

@@ -4,13 +4,13 @@ from __future__ import annotations
 from routing.names import RELAX_PRIORITIES, lane_of
 
 
-def lane_of_key(key: str) -> str:
-    """The lane a Redis list serves: ``relaxed.gpu0@host\x06\x163`` is ``relaxed``."""
-    return lane_of(key.split("\x06\x16", 1)[0])
-
-
 #: kombu's separator between a queue's name and a priority level in a list's name.
 PRIORITY_SEP = "\x06\x16"
+
+
+def lane_of_key(key: str) -> str:
+    """The lane a Redis list serves: ``relaxed.gpu0@host\x06\x163`` is ``relaxed``."""
+    return lane_of(key.split(PRIORITY_SEP, 1)[0])
 
 
 def lane_keys(lane: str) -> list[str]:

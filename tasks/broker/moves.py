@@ -73,8 +73,9 @@ Due = Callable[[Queued], "dict | None"]
 
 
 def next_to_run(client: redis.Redis | redis.client.Pipeline, key: str, n: int) -> Any:
-    """The ``n`` messages of list ``key`` that run next, the very next one last (kombu
-    pushes on the left and takes from the right); on a pipeline, queued for it."""
+    """The ``n`` messages of list ``key`` that run next (0: all of them), the very next
+    one last (kombu pushes on the left and takes from the right); on a pipeline, queued
+    for it."""
     return client.lrange(key, -n, -1)
 
 

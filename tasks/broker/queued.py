@@ -1,7 +1,10 @@
-"""Where a queued job waits, and how many jobs go before it (``lanes job ID``).
+"""Where a queued job waits, and about how many jobs go before it (``lanes job ID``).
 
 An operator's question, not the per-job path: it reads every list of the lanes (each
-lane's set of lists, ``lists_key``), so it costs what the lanes hold.
+lane's set of lists, ``lists_key``), so it costs what the lanes hold. The count is
+the jobs before it in its own list, in every list of the lanes above and in its
+lane's lists of a higher level; which worker takes what from the other lists of its
+own lane and level is left out (each worker serves its own queue first).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import redis
 from routing.names import LANES
 from tasks.broker import envelope
 from tasks.broker.keys import PRIORITY_SEP, lists_key
+from tasks.broker.moves import next_to_run
 
 
 def _level(key: str) -> int:
@@ -28,7 +32,7 @@ def place(client: redis.Redis, job_id: str) -> dict[str, Any] | None:
     ahead_of_lane = 0
     for lane in LANES:
         for key in lists[lane]:
-            found = _index(client.lrange(key, 0, -1), job_id)
+            found = _index(next_to_run(client, key, 0), job_id)
             if found is None:
                 continue
             before, length = found
@@ -42,7 +46,8 @@ def place(client: redis.Redis, job_id: str) -> dict[str, Any] | None:
 
 
 def _index(items: list[Any], job_id: str) -> tuple[int, int] | None:
-    """(index, length) of the job's message in a list read left to right."""
+    """(index, length) of the job's message in a list as ``moves.next_to_run`` reads it
+    (the very next one last)."""
     for i, raw in enumerate(items):
         try:
             if envelope.job_id(envelope.decode(raw)) == job_id:

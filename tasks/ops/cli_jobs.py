@@ -27,10 +27,10 @@ def bar(step: int, steps: int | None) -> str:
 
 
 def running_line(info: dict[str, Any]) -> str:
-    """A running job's bar, step and estimate: ``[####....]  40% step 8/20, eta 1.2 s``."""
-    of = f"/{info['steps']}" if info.get("steps") else ""
-    eta = f", eta {duration(info['eta_s'])}" if info.get("eta_s") is not None else ""
-    return f"{bar(info.get('step', 0), info.get('steps'))} step {info.get('step', 0)}{of}{eta}"
+    """A running job's bar and progress: ``[####....]  40% step 8/20, eta 1.2 s, ...``."""
+    from tasks.worker.progress import line
+
+    return f"{bar(info.get('step', 0), info.get('steps'))} {line(info)}"
 
 
 def follow(result: Any, timeout_s: float, tty: bool) -> dict:
@@ -42,6 +42,8 @@ def follow(result: Any, timeout_s: float, tty: bool) -> dict:
         state = "done" if done else STATES.get(result.state, result.state.lower())
         info = result.info if result.state == "PROGRESS" and isinstance(result.info, dict) \
             else None
+        if info and info.get("paused"):
+            state = "preempted"
         text = f"{state} {running_line(info)}" if info else state
         if tty:
             click.echo(f"\r{text:<60} {time.monotonic() - began:6.1f}s", nl=done)
@@ -69,7 +71,7 @@ def describe(app: Any, client: Any, job_id: str) -> dict[str, Any]:
         found["result"] = info
     elif state == "PROGRESS" and isinstance(info, dict):
         found["progress"] = info
-    elif state in ("FAILURE", "REVOKED"):
+    elif state in ("FAILURE", "REVOKED", "RETRY"):
         found["error"] = f"{type(info).__name__}: {info}" if info else state.lower()
     elif (waiting := place(client, job_id)) is not None:
         found.update(state="QUEUED", **waiting)
@@ -85,9 +87,12 @@ def _text(found: dict[str, Any]) -> str:
         return f"{job}: queued in the {found['lane']} lane{where}, {found['ahead']} jobs ahead"
     if state == "PROGRESS":
         info = found["progress"]
+        doing = "waits to resume" if info.get("paused") else "running"
         preempted = f", preempted {info['preempted']}x" if info.get("preempted") else ""
-        return (f"{job}: running in the {info['lane']} lane on {info['worker']}: "
+        return (f"{job}: {doing} in the {info['lane']} lane on {info['worker']}: "
                 f"{running_line(info)}{preempted}")
+    if state == "RETRY":
+        return f"{job}: failed a try, retrying ({found.get('error', 'retry')})"
     if state == "SUCCESS":
         out = found["result"]
         notes = [f"preempted {out['preempted']}x" if out.get("preempted") else "",

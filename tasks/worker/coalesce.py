@@ -38,6 +38,7 @@ import logging
 import time
 from typing import Any
 
+import redis
 from celery import signals, states
 from celery.worker.state import revoked as revoked_ids
 
@@ -93,8 +94,11 @@ def deliver(followers: list[tuple[str, dict]], result: dict[str, Any]) -> None:
 def wanted_by_followers(leader_id: str) -> bool:
     """Whether a caller other than the leader's own still waits for its run (a follower
     its own caller has not revoked): then a running leader revoked runs on for them."""
-    followers = [f[2:] for f in redis_client().hkeys(run_key(leader_id)) if f.startswith("f:")]
-    return any(job_id not in revoked_ids for job_id in followers)
+    try:
+        fields = redis_client().hkeys(run_key(leader_id))
+    except redis.RedisError:  # not known: the revoke is honoured, an heir takes the run
+        return False
+    return any(f.startswith("f:") and f[2:] not in revoked_ids for f in fields)
 
 
 def close_run(leader_id: str, result: dict[str, Any]) -> None:

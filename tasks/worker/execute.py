@@ -35,6 +35,7 @@ def run_job(job: Job, lane: str, guard: StepGuard,
     if settings.for_model(settings.max_batch, job.model) > 1 or (BATCHER.capacity or 1) > 1:
         return BATCHER.run(job, lane, guard)  # the batcher's runner loads the model
     model, load_ms = RUNTIME.model(job.model)
+    guard.began = time.monotonic()  # a cold load is nobody's fast time
     guard.preemptible = bool(getattr(model, "preemptible", False))
     resumable = bool(getattr(model, "resumable", False))
     began = time.perf_counter()

@@ -9,7 +9,11 @@ a job are numbered; the run that begins holds the job's lease
   written), and a copy of a finished job returns its result;
 - a run that a newer one took over while it was frozen or cut off from Redis
   stops at its next step and writes nothing;
-- a revoked job never runs, and a running one stops at its next step, uncharged;
+- a revoked job never runs, and a running one stops at its next step (a fast one
+  charged only the seconds it ran); one that leads a coalesced run others still
+  wait for runs on for them;
+- a run preempted for a fast job steps aside at a step boundary
+  (``gpu_worker.preempt``): its next copy goes to the front of its lane;
 - a failure of the worker's own (disk, device) sends the job back to its shared
   lane without spending its retries, for another worker once this one steps
   aside (``gpu_worker.health``); another transient
@@ -103,13 +107,13 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
 
 
 def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
-               queue: str | None = None) -> Any:
+               queue: str | None = None, **options: Any) -> Any:
     """The signature of the job's next copy (``message``): in ``queue`` (default: its
     route's shared lane), after ``countdown``."""
     queue = queue or lane_of(message.route.lane)
     return task.signature_from_request(
         task.request, None, message.kwargs(), countdown=countdown,
-        retries=retries, queue=queue, exchange=queue, routing_key=queue)
+        retries=retries, queue=queue, exchange=queue, routing_key=queue, **options)
 
 
 def _fence(task: Any, lease: Lease) -> tuple[str, str, str, int, int]:
@@ -140,10 +144,21 @@ def _revoked(task: Any, lease: Lease | None,
         persist(lambda: runs.release(job_id, lease.token, lease.attempt, fast_charge),
                 f"the release of revoked job {job_id}")
     app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
+    if lease is not None:  # it ran: Flower last heard of it as running
+        _tell_revoked(task)
     signals.task_revoked.send(sender=task, request=task.request, terminated=False,
                               signum=None, expired=False)  # fast place, coalesced run
     log.info("job %s was revoked: not run", job_id)
     raise Ignore()
+
+
+def _tell_revoked(task: Any) -> None:
+    """The task-revoked event Celery sends for a job it revokes itself (Flower's view)."""
+    try:
+        task.send_event("task-revoked", retry=False, terminated=False, signum=None,
+                        expired=False)
+    except Exception as exc:  # noqa: BLE001  an event is advisory
+        log.info("job %s: revoked event not sent (%s)", task.request.id, exc)
 
 
 def _give_up(task: Any, message: JobMessage, lease: Lease, reason: str, exc: BaseException,
@@ -181,13 +196,14 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
 
 
 def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
-                   guard: StepGuard, ran_s: float) -> NoReturn:
+                   guard: StepGuard) -> NoReturn:
     """Sort a stopped run: stale, revoked, preempted, the worker's fault, transient, or
-    failed for good (``ran_s``: how long it ran)."""
+    failed for good."""
     if isinstance(exc, LeaseLost):
         _stale(task, lease)
-    if isinstance(exc, JobRevoked):
-        _revoked(task, lease, (message.job.account, ran_s) if guard.lane == FAST else None)
+    if isinstance(exc, JobRevoked):  # a fast job pays the seconds its model ran
+        _revoked(task, lease, (message.job.account, time.monotonic() - guard.began)
+                 if guard.lane == FAST else None)
     if isinstance(exc, Preempted):
         _preempt(task, lease, message, guard.lane, exc, guard.report)
     HEALTH.failed(exc)
@@ -223,14 +239,16 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
              progress: Progress) -> NoReturn:
     """Step aside for a waiting fast job: the job's next copy goes to the front of its
     lane, fenced like a retry (and, like a worker's fault, no try of the job). A model
-    that resumes leaves its state here, and its copy in this worker's own queue of the
-    lane: the worker runs the fast job, then picks this one up where it stopped."""
-    job_id = task.request.id
-    queue = lane if stop.state is None else worker_queue(lane, RUNTIME.hostname)
-    if stop.state is not None:
+    that resumes leaves its state here, and its copy at the front of this worker's own
+    queue of the lane, at the lane's first level: the worker runs the fast job, then
+    picks this one up where it stopped."""
+    job_id, resumes = task.request.id, stop.state is not None
+    queue = worker_queue(lane, RUNTIME.hostname) if resumes else lane
+    if resumes:
         SUSPENDED.keep(job_id, *stop.state)
+    progress.paused(stop.step, stop.steps)  # before the copy exists: never after its end
     copy = _next_copy(task, message.with_route(message.route.preempted_copy()), 0,
-                      task.request.retries, queue=queue)
+                      task.request.retries, queue=queue, **({"priority": 0} if resumes else {}))
 
     def publish() -> None:
         with publishing(fence=_fence(task, lease), front=True):
@@ -243,9 +261,8 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
         _stale(task, lease)
     field = metric_field("preemptions", lane)
     persist(lambda: redis_client().hincrby(METRICS_KEY, field, 1), "a preemption's count")
-    progress.paused(stop.step, stop.steps)
     log.info("job %s stepped aside at step %d for a waiting fast job (%s)", job_id, stop.step,
-             "resumes here" if stop.state is not None else "starts again")
+             "resumes here" if resumes else "starts again")
     raise Ignore()
 
 
@@ -290,22 +307,24 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
                  "were lost with their workers or failed")
     lane = _lane(self, route)
     PREEMPTION.run_begins()
-    guard = StepGuard(self.request.id, lease, lane, route.preempted,
-                      Progress(self, lane, route.preempted), message.job.leads_run)
-    began, resume = time.monotonic(), SUSPENDED.take(self.request.id)
-    if resume is not None:  # a preempted job resumes from the state it left here
+    resume = SUSPENDED.take(self.request.id)  # a preempted job's state, left here
+    if resume is not None:
         log.info("job %s resumes at step %d, where it stepped aside", self.request.id,
                  resume[0])
+    guard = StepGuard(self.request.id, lease, lane, route.preempted,
+                      Progress(self, lane, route.preempted, resume[0] if resume else 0),
+                      message.job.leads_run)
     try:
         ran = run_job(message.job, lane, guard, resume)
         lease.check()  # a stale run writes no artifact
         made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
-        _fail_or_retry(self, exc, lease, message, guard, time.monotonic() - began)
+        _fail_or_retry(self, exc, lease, message, guard)
     recorded = _finish(self, lease, _result(self, message, lane, started_at, lease, ran,
                                             made), message.job)
     if guard.for_followers:  # its own caller revoked it: the run went on for the others
         app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
+        _tell_revoked(self)
         raise Ignore()
     return recorded
 

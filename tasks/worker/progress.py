@@ -9,9 +9,11 @@ at most one every ``GPULANES_PROGRESS_S`` go out, as Celery users know them:
 - a ``task-progress`` event: Flower shows the task as PROGRESS, its result field
   saying how far it is.
 
-Progress is advisory: it is one plain SET (no read first, no PUBLISH: only a
-finished job wakes ``.get()``) and one event, never retried, so a Redis that does
-not answer costs a job one short wait and then no report for ``PAUSE_S``.
+Progress is advisory: one Lua call that never writes over a final state
+(``tasks.broker.backend.store_progress``: no PUBLISH, only a finished job wakes
+``.get()``) and one event, never retried, on a client that gives up within half a
+second: a Redis that does not answer costs a job that short wait and then no report
+for ``PAUSE_S``.
 """
 from __future__ import annotations
 
@@ -20,19 +22,22 @@ import os
 import time
 from typing import Any
 
+from tasks.broker.backend import store_progress
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: After a report that could not be written, none for this long.
 PAUSE_S = 10.0
-STATE = "PROGRESS"
 
 
 class Progress:
-    """Reports of one run of one job (``task``: the bound ``generate`` task)."""
+    """Reports of one run of one job, from whichever thread runs its steps (the task's,
+    or the batcher's: the job's id and worker are taken as the run begins)."""
 
-    def __init__(self, task: Any, lane: str, preempted: int = 0) -> None:
-        self.task, self.lane, self.preempted = task, lane, preempted
+    def __init__(self, task: Any, lane: str, preempted: int = 0, from_step: int = 0) -> None:
+        self.app, self.job_id = task.app, task.request.id
+        self.hostname, self.lane, self.preempted = task.request.hostname, lane, preempted
+        self.from_step = from_step  #: where the run began (a resumed one: past step 0)
         self.began, self.next_at = time.monotonic(), 0.0
 
     def __call__(self, step: int, steps: int | None) -> None:
@@ -42,44 +47,34 @@ class Progress:
             return  # too soon, or the last step: the result follows at once
         self._report(step, steps)
 
+    def paused(self, step: int, steps: int | None) -> None:
+        """The run steps aside at ``step`` for a fast job (``preempted`` counts it): the
+        job waits to resume; reported at once, whatever the last report's time."""
+        self.preempted += 1
+        self._report(step, steps, paused=True)
+
     def _report(self, step: int, steps: int | None, **extra: Any) -> None:
         now = time.monotonic()
         self.next_at = now + settings.progress_s
         info = {**self.info(step, steps, now), **extra}
         try:
-            self._store(info)
-            self.task.send_event("task-progress", retry=False, result=line(info))
+            if store_progress(self.app, self.job_id, info):
+                with self.app.events.default_dispatcher(hostname=self.hostname) as events:
+                    events.send("task-progress", uuid=self.job_id, result=line(info),
+                                retry=False)
         except Exception as exc:  # noqa: BLE001  advisory: any broker or backend error
             self.next_at = now + PAUSE_S
-            log.info("job %s: progress not reported (%s: %s)", self.task.request.id,
+            log.info("job %s: progress not reported (%s: %s)", self.job_id,
                      type(exc).__name__, exc)
-
-    def paused(self, step: int, steps: int | None) -> None:
-        """The run stepped aside at ``step`` for a fast job (``preempted`` counts it): the
-        job waits to resume; reported at once, whatever the last report's time."""
-        self.next_at = 0.0
-        self.preempted += 1
-        self._report(step, steps, paused=True)
 
     def info(self, step: int, steps: int | None, now: float) -> dict[str, Any]:
         """What ``AsyncResult.info`` holds while the job runs."""
-        elapsed_s = now - self.began
-        eta_s = elapsed_s / step * (steps - step) if steps and step else None
-        hostname = self.task.request.hostname
-        return {"step": step, "steps": steps, "lane": self.lane, "worker": hostname,
-                "hostname": hostname, "pid": os.getpid(),  # as in Celery's STARTED
+        elapsed_s, done = now - self.began, step - self.from_step
+        eta_s = elapsed_s / done * (steps - step) if steps and done > 0 else None
+        return {"step": step, "steps": steps, "lane": self.lane, "worker": self.hostname,
+                "hostname": self.hostname, "pid": os.getpid(),  # as in Celery's STARTED
                 "eta_s": None if eta_s is None else round(eta_s, 2),
                 "running_s": round(elapsed_s, 2), "preempted": self.preempted}
-
-    def _store(self, info: dict[str, Any]) -> None:
-        backend, job_id = self.task.backend, self.task.request.id
-        client = getattr(backend, "client", None)
-        if client is None:  # not Redis: the backend's own way
-            backend.store_result(job_id, info, STATE)
-            return
-        meta = {"status": STATE, "result": info, "traceback": None, "children": [],
-                "date_done": None, "task_id": job_id}
-        client.set(backend.get_key_for_task(job_id), backend.encode(meta), ex=backend.expires)
 
 
 def line(info: dict[str, Any]) -> str:

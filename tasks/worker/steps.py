@@ -33,6 +33,8 @@ class StepGuard:
         #: Revoked by its own caller while it ran, it runs on for its run's followers.
         self.for_followers = False
         self.deadline = time.monotonic() + settings.max_job_s
+        #: When the model began its work (set by the runner once it is loaded).
+        self.began = time.monotonic()
         #: Set by the runner once it knows the model may stop here (and run alone).
         self.preemptible = False
         self.state: Any = None

@@ -1,0 +1,15 @@
+-- KEYS: a job's result key (Celery's result backend).
+-- ARGV: its PROGRESS entry (JSON, as the backend encodes it), how long it is kept (s).
+-- Writes the progress unless a final state (SUCCESS, FAILURE, REVOKED) is stored: a
+-- report of a run that was taken over, or that lost a race with its own end, never
+-- hides a job's outcome. Returns 1 when written.
+local now = redis.call('GET', KEYS[1])
+if now then
+  local ok, meta = pcall(cjson.decode, now)
+  if ok and type(meta) == 'table' then
+    local status = meta['status']
+    if status == 'SUCCESS' or status == 'FAILURE' or status == 'REVOKED' then return 0 end
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+return 1
