@@ -151,11 +151,14 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
           f"after revoke() (median of {len(cancels)}), "
           f"{statistics.median(cancels) / step_ms:.1f} step times")
     on, off = summary["preempt"], summary["no preempt"]
-    loss = 1 - on["rate"] / off["rate"]
+    # each round runs both modes back to back: a slow stretch of the machine hits a pair
+    loss = 1 - statistics.median(a["relaxed_per_s"] / b["relaxed_per_s"] for a, b in
+                                 zip(figures["rounds"]["preempt"],
+                                     figures["rounds"]["no preempt"]))
     print(f"\nfast wait p50 {on['p50'] / step_ms:.1f} step times with preemption, "
           f"{off['p50'] / step_ms:.1f} without (goal <= {WAIT_GOAL_STEPS:g}: "
           f"{'met' if on['p50'] / step_ms <= WAIT_GOAL_STEPS else 'NOT met'}); relaxed "
-          f"throughput lost {100 * loss:.1f}% (goal <= {100 * LOSS_GOAL:g}%: "
+          f"throughput lost {100 * loss:.1f}%, median of paired rounds (goal <= {100 * LOSS_GOAL:g}%: "
           f"{'met' if loss <= LOSS_GOAL else 'NOT met'}); total wall time "
           f"{figures['wall_s']:.0f}s")
 
