@@ -1,7 +1,8 @@
 """A running job's progress, where its caller and Flower look for it.
 
-Every finished step reaches the run's :class:`Progress`; the first one and then
-at most one every ``GPULANES_PROGRESS_S`` go out, as Celery users know them:
+Every finished step reaches the run's :class:`Progress`; at most one every
+``GPULANES_PROGRESS_S`` goes out (none for a job done within the first), as Celery
+users know them:
 
 - the result backend's state ``PROGRESS`` with ``.info`` = ``step``, ``steps``,
   ``lane``, ``worker``, ``eta_s`` (and ``preempted``): ``AsyncResult.state`` and
@@ -38,7 +39,9 @@ class Progress:
         self.app, self.job_id = task.app, task.request.id
         self.hostname, self.lane, self.preempted = task.request.hostname, lane, preempted
         self.from_step = from_step  #: where the run began (a resumed one: past step 0)
-        self.began, self.next_at = time.monotonic(), 0.0
+        # the first report after GPULANES_PROGRESS_S: a job done sooner costs no write
+        self.began = time.monotonic()
+        self.next_at = self.began + settings.progress_s
 
     def __call__(self, step: int, steps: int | None) -> None:
         """``step`` of ``steps`` (None: unknown) are done."""
