@@ -13,7 +13,7 @@ declares ``preemptible`` may be stopped for a fast job; one that is also
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 from gpu_worker.batch_run import BATCHER
 from gpu_worker.batching import Ran
