@@ -1,9 +1,10 @@
 """Heartbeats: ask every worker for its load; write the snapshot routers read.
 
-Each round: broadcast ``lanes_stats`` (answered by each worker's consumer
-thread, even mid-job), fold the replies into the worker record (a worker
-that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead), measure the
-lanes, step the lane policy, and publish it all as one snapshot in Redis. Jobs
+Each round: read the stats every worker pushed (``gpu_worker.stats``: from a thread of
+its own, even mid-job; one read, no broadcast to wait on), fold them into the worker
+record (a worker that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead),
+measure the lanes from their depth counters, step the lane policy, and publish it all
+as one snapshot in Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs
 queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
 reply) go back to the shared lanes. Dead letters past ``GPULANES_DEAD_TTL_S`` are
 dropped, a bounded batch per round, read from their index (nothing due: one cheap call).
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from types import MappingProxyType
 from typing import Any, Mapping
 
 import redis
@@ -23,17 +23,22 @@ from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
-from routing.names import HEARTBEAT_TASK, LANES, STATS_COMMAND, worker_queue
+from routing.names import HEARTBEAT_TASK, LANES
 from routing.placement import serving
 from routing.policy import relax_levels
+from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
+from tasks.broker.stats import fresh_stats
 from tasks.broker.keys import (
+    BEAT_EPOCH_KEY,
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
+    LIST_DEPTHS_KEY,
+    PRIORITY_SEP,
     SNAPSHOT_KEY,
     USAGE_BUCKET_S,
     WORKERS_KEY,
-    lane_keys,
+    lane_of_key,
     usage_key,
 )
 from tasks.jobs.deadletter import drop_dead
@@ -58,25 +63,24 @@ def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
     return record
 
 
-def ask_workers(timeout_s: float) -> dict[str, dict]:
-    """Broadcast the stats command; {hostname: reply} from each worker that answered."""
-    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=timeout_s)
-    return {host: reply for answer in answers or [] for host, reply in answer.items()
-            if isinstance(reply, dict) and "error" not in reply}
+def ask_workers(client: redis.Redis) -> dict[str, dict]:
+    """{hostname: stats} of each worker that pushed its stats this round (within a
+    heartbeat and the reply time: ``tasks.broker.stats``)."""
+    return fresh_stats(client, settings.heartbeat_s + settings.heartbeat_reply_s,
+                       FORGET_AFTER_S)
 
 
-def list_lengths(client: redis.Redis,
-                 workers: Mapping[str, dict] = MappingProxyType({})) -> dict[str, dict[str, int]]:
-    """Per lane, the length of each of its lists: every priority level of the shared
-    lane and of each worker's own queue of it."""
-    keys = {lane: [key for host in (None, *workers) for key in
-                   lane_keys(worker_queue(lane, host) if host else lane)] for lane in LANES}
-    with client.pipeline(transaction=False) as pipe:
-        for lane in LANES:
-            for key in keys[lane]:
-                pipe.llen(key)
-        counts = iter(pipe.execute())
-    return {lane: {key: next(counts) for key in keys[lane]} for lane in LANES}
+def list_lengths(client: redis.Redis) -> dict[str, dict[str, int]]:
+    """Per lane, the jobs in each of its lists that hold any (every priority level of
+    the shared lane and of each worker's own queue of it), from the depth counters the
+    ledger keeps (``tasks.broker.keys.LIST_DEPTHS_KEY``): one read, whatever the number
+    of workers and lists."""
+    lengths: dict[str, dict[str, int]] = {lane: {} for lane in LANES}
+    for key, count in client.hgetall(LIST_DEPTHS_KEY).items():
+        key = key.decode() if isinstance(key, bytes) else key
+        if lane_of_key(key) in lengths and int(count) > 0:
+            lengths[lane_of_key(key)][key] = int(count)
+    return lengths
 
 
 def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
@@ -84,10 +88,14 @@ def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
     """Queued jobs per lane (from ``lengths``, else read); each worker record gets its
     own ``queued`` count."""
     workers = {} if workers is None else workers
-    lengths = list_lengths(client, workers) if lengths is None else lengths
+    lengths = list_lengths(client) if lengths is None else lengths
+    queued: dict[str, int] = {}
+    for per_list in lengths.values():
+        for key, count in per_list.items():
+            _, _, node = key.split(PRIORITY_SEP, 1)[0].partition(".")
+            queued[node] = queued.get(node, 0) + count
     for host, worker in workers.items():
-        worker["queued"] = sum(lengths[lane][key] for lane in LANES
-                               for key in lane_keys(worker_queue(lane, host)))
+        worker["queued"] = queued.get(host, 0)
     return {lane: sum(per_list.values()) for lane, per_list in lengths.items()}
 
 
@@ -117,16 +125,26 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
     """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
-    lengths = list_lengths(client, workers)
+    lengths = list_lengths(client)
     loads = lane_loads(workers, lane_depths(client, workers, lengths),
                        settings.default_service_s, queued_sample(client, lengths))
     policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
                          settings.release_samples)
     _log_changes(previous, policy, loads)
-    return {"at": now, "measured_at": measured_at, "lanes": loads, "policy": policy,
+    return {"at": now, "measured_at": measured_at, "epoch": int(leader.epoch() or 0),
+            "lanes": loads, "policy": policy,
             "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
             "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s)}
+
+
+def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict]) -> bool:
+    """Store the worker record and the snapshot, fenced by beat's epoch (one step);
+    False, having written nothing, when another beat leads."""
+    records = [item for host, worker in workers.items() for item in (host, json.dumps(worker))]
+    return bool(scripts.run(client, "beat_write",
+                            [BEAT_EPOCH_KEY, SNAPSHOT_KEY, WORKERS_KEY, ""],
+                            [leader.epoch(), json.dumps(snapshot), "", 0, *records]))
 
 
 def expire_dead_letters(client: redis.Redis, now: float) -> int:
@@ -143,17 +161,14 @@ def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary."""
     client = redis_client()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
-    replies = ask_workers(settings.heartbeat_reply_s)
+    replies = ask_workers(client)
     now = time.time()
     holders = client.hgetall(HOLDERS_KEY)
     workers = merge(previous, replies, now, settings.misses_allowed)
     workers.update(unheard_holders(holders.values(), workers, now))
     snapshot = build_snapshot(client, workers, now)
-    with client.pipeline() as pipe:
-        pipe.delete(WORKERS_KEY)
-        if workers:
-            pipe.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
-        pipe.set(SNAPSHOT_KEY, json.dumps(snapshot)).execute()
+    if not write_round(client, snapshot, workers):
+        return "another beat leads: nothing written"
     requeue_dead(app, client, workers, holders, settings.misses_allowed)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming

@@ -24,9 +24,14 @@ from typing import Any
 import redis
 
 from routing.names import LANES
-from tasks.broker import envelope, scripts
+from tasks.broker import envelope, leader, scripts
 from tasks.broker.keys import (
+    BEAT_EPOCH_KEY,
+    DUE_PREFIX,
+    LANE_DEPTHS_KEY,
+    LEDGER_BOOK,
     LEDGER_KEY,
+    LIST_DEPTHS_KEY,
     LEDGER_SUSPECTS_KEY,
     METRICS_KEY,
     UNACKED_KEY,
@@ -34,8 +39,8 @@ from tasks.broker.keys import (
     lane_of_key,
     lists_key,
     metric_field,
+    parse_entry,
 )
-from tasks.broker.transport import ledger_entry, parse_entry
 
 log = logging.getLogger(__name__)
 #: Seconds between full comparisons when the sizes agree.
@@ -54,39 +59,73 @@ def _lists(client: redis.Redis) -> list[bytes]:
     return list(client.sunion(LANE_LISTS))
 
 
-def _at_one_moment(client: redis.Redis, first: str, per_list: str,
-                   *args: Any) -> tuple[Any, list[Any]]:
-    """``first`` on the ledger and ``per_list`` on every lane list, in one transaction;
-    read again when a list joined the lanes' sets meanwhile (one that left was empty)."""
+def _at_one_moment(client: redis.Redis) -> tuple[dict, list[list], dict, dict]:
+    """The ledger, every lane list and both depth counters, in one transaction; read
+    again when a list joined the lanes' sets meanwhile (one that left was empty)."""
     keys = _lists(client)
     for _ in range(3):
         with client.pipeline() as pipe:  # MULTI: the ledger and the lists at one instant
-            pipe.sunion(LANE_LISTS)
-            getattr(pipe, first)(LEDGER_KEY)
+            pipe.sunion(LANE_LISTS).hgetall(LEDGER_KEY)
+            pipe.hgetall(LANE_DEPTHS_KEY).hgetall(LIST_DEPTHS_KEY)
             for key in keys:
-                getattr(pipe, per_list)(key, *args)
-            now_keys, ledger, *lists = pipe.execute()
+                pipe.lrange(key, 0, -1)
+            now_keys, ledger, lanes, lists, *held = pipe.execute()
         if set(now_keys) <= set(keys):
             break
         keys = list(now_keys)
-    return ledger, lists
+    return ledger, held, lanes, lists
 
 
 def _sizes(client: redis.Redis) -> tuple[int, int]:
-    """(ledger entries, messages held in every list), read in one transaction."""
-    ledger, held = _at_one_moment(client, "hlen", "llen")
-    return ledger, sum(held)
+    """(ledger entries, messages held in the lists that hold jobs), in one step."""
+    ledger, held = scripts.run(client, "ledger_sizes", [LEDGER_KEY, LIST_DEPTHS_KEY], [])
+    return int(ledger), int(held)
 
 
 def missing(client: redis.Redis) -> set[str]:
-    """Delivery tags in the ledger but in no list, as of one consistent moment."""
-    tags, lists = _at_one_moment(client, "hkeys", "lrange", 0, -1)
-    present = {envelope.tag_of(raw) for raws in lists for raw in raws}
-    return {_text(tag) for tag in tags} - present
+    """Delivery tags in the ledger but in no list, as of one consistent moment; the
+    depth counters are corrected from the same read (``correct_depths``)."""
+    ledger, held, lanes, lists = _at_one_moment(client)
+    correct_depths(client, ledger, lanes, lists)
+    present = {envelope.tag_of(raw) for raws in held for raw in raws}
+    return {_text(tag) for tag in ledger} - present
+
+
+def correct_depths(client: redis.Redis, ledger: dict, lanes: dict, lists: dict) -> int:
+    """Make the depth counters what the ledger holds (``ledger``, ``lanes``, ``lists``:
+    read at one moment), as deltas that keep every change made since; how many counts
+    were wrong (logged: the scripts keep them exact, short of a Redis that lost writes)."""
+    truth: dict[str, int] = {}
+    for entry in ledger.values():
+        key = parse_entry(entry)[0]
+        truth[key] = truth.get(key, 0) + 1
+    by_lane: dict[str, int] = {}
+    for key, count in truth.items():
+        by_lane[lane_of_key(key)] = by_lane.get(lane_of_key(key), 0) + count
+    fixes = [*_deltas(by_lane, lanes, ""), *_deltas(truth, lists, "~")]
+    if fixes:
+        log.warning("lane depth counters corrected from the ledger: %s", fixes[::2])
+        scripts.run(client, "depths_fix", [*LEDGER_BOOK[1:], BEAT_EPOCH_KEY],
+                    [leader.epoch(), *fixes])
+    return len(fixes) // 2
+
+
+def _deltas(truth: dict[str, int], counted: dict, mark: str) -> list:
+    """(mark + field, correction) pairs, flattened, where ``counted`` is not ``truth``."""
+    counts = {_text(field): int(n) for field, n in counted.items()}
+    return [item for field in sorted(truth.keys() | counts.keys())
+            if (delta := truth.get(field, 0) - counts.get(field, 0))
+            for item in (mark + field, delta)]
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def drop_entries(client: redis.Redis, *tags: str) -> int:
+    """Drop ledger entries (and their depths and due index), fenced by beat's epoch."""
+    return int(scripts.run(client, "ledger_drop", [*LEDGER_BOOK, BEAT_EPOCH_KEY],
+                           [DUE_PREFIX, leader.epoch(), *tags]))
 
 
 def _settled(client: redis.Redis, tag: str, unacked_key: str) -> bool:
@@ -96,7 +135,7 @@ def _settled(client: redis.Redis, tag: str, unacked_key: str) -> bool:
         return True
     job_id = envelope.job_id(envelope.decode(parse_entry(entry)[1]))
     if client.hexists(unacked_key, tag) or (job_id and client.exists(done_key(job_id))):
-        client.hdel(LEDGER_KEY, tag)
+        drop_entries(client, tag)
         return True
     return False
 
@@ -110,14 +149,17 @@ def put_back(client: redis.Redis, tag: str, unacked_key: str) -> bool:
     new_tag = str(uuid.uuid4())
     fresh = envelope.encode(envelope.with_tag(envelope.decode(payload), new_tag))
     lane_lists = lists_key(lane_of_key(key))
-    return bool(scripts.run(client, "ledger_republish", [LEDGER_KEY, unacked_key, lane_lists],
-                            [tag, entry, new_tag, ledger_entry(key, fresh), fresh]))
+    return bool(scripts.run(client, "ledger_republish",
+                            [LEDGER_KEY, unacked_key, lane_lists, LANE_DEPTHS_KEY,
+                             LIST_DEPTHS_KEY, BEAT_EPOCH_KEY],
+                            [tag, entry, new_tag, fresh, DUE_PREFIX, leader.epoch()]))
 
 
 def forget_empty_lists(client: redis.Redis) -> int:
     """Drop the empty lists from every lane's set (worker queues of workers long gone,
     unused priority levels); how many were dropped."""
-    return sum(scripts.run(client, "ledger_forget_empty", [key], []) for key in LANE_LISTS)
+    return sum(scripts.run(client, "ledger_forget_empty", [key, BEAT_EPOCH_KEY],
+                           [leader.epoch()]) for key in LANE_LISTS)
 
 
 class _Rounds:
@@ -172,5 +214,5 @@ def _checked(step: Any, client: redis.Redis, tag: str, unacked_key: str) -> bool
         return step(client, tag, unacked_key)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         log.error("ledger entry %s is malformed (%s): dropped", tag, exc)
-        client.hdel(LEDGER_KEY, tag)
+        drop_entries(client, tag)
         return step is _settled

@@ -1,8 +1,10 @@
 """What beat moves between lanes, and when: queue-wait deadlines and relax aging.
 
 The moves themselves are the broker's (``tasks.broker.moves``: one Lua step per
-message, removed only if still there, its ledger entry, run rank and fast place
-following it).
+message, removed only if still there, its ledger entry, depths, due index, run rank
+and fast place following it, fenced by beat's epoch). What is due is read from each
+lane's due index (``tasks.broker.keys.due_key``), never by reading every list: a
+round costs what it moves, whatever the number of workers.
 
 - A downgradable job that waited past its lane's budget (counted from when
   it entered that lane) moves to the *front* of the lane below, marked
@@ -20,76 +22,61 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable
 
 import redis
 
 from beat.ledger import recover_lost
-from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
+from routing.names import FAST, MOVERS_TASK, RELAXED
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.broker.app import app, redis_client
-from tasks.broker.keys import WORKERS_KEY, lane_keys
-from tasks.broker.moves import STOP, Queued, move_oldest
+from tasks.broker.keys import PRIORITY_SEP, lane_keys
+from tasks.broker.moves import STOP, Queued, move_due
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 
 
-def _not_yet(queued: Queued) -> dict | None:
-    """A message that is not due: STOP in arrival order; skip one moved in out of
-    order (it sits at the front with its own clock) so it blocks nobody."""
-    return None if queued.moved_in() else STOP
-
-
 def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
-                      now: float | None = None, nodes: Iterable[str] = ()) -> dict[str, int]:
-    """Move jobs that waited past their lane's budget one lane down (to the shared
-    lane below), from the shared lane and from each of ``nodes``' own queues."""
+                      now: float | None = None) -> dict[str, int]:
+    """Move jobs that waited past their lane's budget one lane down (to the front of the
+    shared lane below), from the shared lane and every worker's own queue of it: found
+    from the lane's due index, whatever the number of workers."""
     now = time.time() if now is None else now
-    nodes = list(nodes)
     moved = {}
     for lane, budget_s in budgets_s.items():
         lower = next_lane(lane)
+        target = lane_keys(lower)[0]
 
-        def due(queued: Queued, lower=lower, budget_s=budget_s) -> dict | None:
+        def due(queued: Queued, lower: str = lower, budget_s: float = budget_s) -> dict | None:
             if queued.waited_s(now) < budget_s:
-                return _not_yet(queued)
+                return STOP  # the index was ahead of the message: it stays indexed
             if not queued.message.job.downgradable:
                 return None
             return queued.demoted(lower, WAITED_PAST_BUDGET, now)
 
-        sources = [lane] + [worker_queue(lane, node) for node in nodes]
-        moved[lane] = sum(move_oldest(client, lane_keys(source)[0], lane_keys(lower)[0], due,
-                                       leaves_fast=lane == FAST)
-                          for source in sources)
+        moved[lane] = move_due(client, lane, now - budget_s, due, lambda _key, t=target: t,
+                               leaves_fast=lane == FAST)
     return moved
 
 
-def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None,
-                nodes: Iterable[str] = ()) -> int:
+def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -> int:
     """Lift relaxed jobs older than ``aging_s`` from any level to the front of level
-    0, in the shared relaxed lane and in each of ``nodes``' own relaxed queue."""
+    0 of their queue (the shared relaxed lane, or a worker's own), from the due index."""
     now = time.time() if now is None else now
-    moved = 0
 
     def due(queued: Queued) -> dict | None:
-        if queued.waited_s(now) < aging_s:
-            return _not_yet(queued)
-        return queued.first_in_level()
+        return STOP if queued.waited_s(now) < aging_s else queued.first_in_level()
 
-    for queue in [RELAXED] + [worker_queue(RELAXED, node) for node in nodes]:
-        keys = lane_keys(queue)
-        moved += sum(move_oldest(client, key, keys[0], due) for key in keys[1:])
-    return moved
+    return move_due(client, RELAXED, now - aging_s, due,
+                    lambda key: key.partition(PRIORITY_SEP)[0])
 
 
 @app.task(name=MOVERS_TASK)
 def move_queued() -> str:
     """One round of deadline downgrades and relax aging."""
     client = redis_client()
-    nodes = client.hkeys(WORKERS_KEY)  # every worker with its own queues
-    moved = enforce_deadlines(client, settings.max_wait_s, nodes=nodes)
-    lifted = age_relaxed(client, settings.fair_aging_s, nodes=nodes)
+    moved = enforce_deadlines(client, settings.max_wait_s)
+    lifted = age_relaxed(client, settings.fair_aging_s)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
     recovered = recover_lost(client, grace_s=max(10.0, 3 * settings.heartbeat_s))

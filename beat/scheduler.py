@@ -1,8 +1,10 @@
-"""A beat scheduler that runs control-plane tasks inside the beat process.
+"""A beat scheduler that runs control-plane tasks inside the beat process, when it leads.
 
 Heartbeat collection must never queue behind a GPU job in a lane, and it is
-singleton work by nature; beat is the one process that is both. Every other
-entry is sent to the broker as usual.
+singleton work by nature; beat is the one process that is both. Any number of beats
+may run: only the leader (``beat.lease``) runs a round, fenced by its epoch
+(``tasks.broker.leader``); a standby skips its entries until it leads. Every other
+entry is sent to the broker as usual, by the leader only.
 """
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from typing import Any
 
 from celery.beat import ScheduleEntry, Scheduler
 
+from beat.lease import Leadership
 from routing.names import HEARTBEAT_TASK, MOVERS_TASK
+from tasks.broker.leader import fenced
 
 log = logging.getLogger(__name__)
 IN_BEAT = frozenset({HEARTBEAT_TASK, MOVERS_TASK})
@@ -20,13 +24,30 @@ IN_BEAT = frozenset({HEARTBEAT_TASK, MOVERS_TASK})
 class LanesScheduler(Scheduler):
     """In-memory schedule from ``beat_schedule``; ``IN_BEAT`` tasks run here."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.leadership = Leadership()
+        super().__init__(*args, **kwargs)
+
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        self.leadership.start()
+
+    def close(self) -> None:
+        self.leadership.stop()
+        super().close()
+
     def apply_async(self, entry: ScheduleEntry, producer: Any = None,
                     advance: bool = True, **kwargs: Any) -> Any:
+        epoch = self.leadership.epoch
+        if not epoch:  # standing by: the leader runs it
+            return self.reserve(entry) if advance else None
         if entry.task not in IN_BEAT:
-            return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
+            with fenced(epoch):
+                return super().apply_async(entry, producer=producer, advance=advance, **kwargs)
         entry = self.reserve(entry) if advance else entry
         try:
-            return self.app.tasks[entry.task](*entry.args, **entry.kwargs)
+            with fenced(epoch):
+                return self.app.tasks[entry.task](*entry.args, **entry.kwargs)
         except Exception:  # noqa: BLE001  one bad round must not stop beat
             log.exception("beat task %s failed; trying again next round", entry.task)
             return None

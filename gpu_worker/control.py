@@ -11,18 +11,24 @@ from gpu_worker.runtime import RUNTIME
 from routing.names import CONSUME_COMMAND, PREWARM_COMMAND, STATS_COMMAND, lane_of
 
 
-@inspect_command(name=STATS_COMMAND)
-def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
+def stats_of(consumer: Any) -> dict[str, Any]:
     """gpulanes load figures: device, in-flight jobs, service time, warm models, and
-    ``sick`` (why this worker stepped aside, or None)."""
+    ``sick`` (why this worker stepped aside, or None): what it pushes every heartbeat
+    (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
     reply = RUNTIME.stats()
-    queues = [q.name for q in state.consumer.task_consumer.queues]
+    queues = [q.name for q in consumer.task_consumer.queues]
     reply["queues"] = queues
     reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
-    reply["concurrency"] = state.consumer.controller.concurrency
+    reply["concurrency"] = consumer.controller.concurrency
     reply["batching"] = BATCHER.stats()
     reply.update(HEALTH.stats())
     return reply
+
+
+@inspect_command(name=STATS_COMMAND)
+def lanes_stats(state: Any, **_: Any) -> dict[str, Any]:
+    """The worker's stats (:func:`stats_of`), asked for."""
+    return stats_of(state.consumer)
 
 
 @control_command(name=PREWARM_COMMAND, args=[("model", str)], signature="<model>")

@@ -22,6 +22,7 @@ from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
 from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
+from gpu_worker.stats import StatsPush
 from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.message import Job
@@ -297,7 +298,7 @@ class WorkerSetup(Hook):
 
 HELD_JOBS = HeldJobs()
 HOOKS: list[Hook] = [OwnQueues(), WarmModels(), WorkerSetup(), JobStats(), HELD_JOBS,
-                     KeepHeld(HELD_JOBS), HEALTH_HOOK]
+                     KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush()]
 
 
 def install() -> None:

@@ -130,8 +130,12 @@ class Settings(BaseSettings):
     heartbeat_reply_s: Positive = 0.5
     #: A worker that misses this many heartbeats in a row is dead to routing.
     misses_allowed: PositiveInt = 2
-    #: Routers fall back to plain tier routing past this age; unset: 3 heartbeats + 2 s.
+    #: Routers fall back to plain tier routing past this age; unset: 3 heartbeats, a
+    #: leader's lease (a standby takes over within it) and 2 s.
     snapshot_stale_s: Positive | None = None
+    #: Any number of beats run; the leader's lease lapses this long after its last
+    #: renewal (renewed 4 times as often, from its own thread), and a standby leads.
+    beat_lease_s: Positive = 2.0
 
     # --- outages and faults ---------------------------------------------------
     #: Longest one Redis command may take, on every client (ours, kombu's, Celery's
@@ -222,7 +226,8 @@ class Settings(BaseSettings):
         self.model_dir = self.model_dir or self.state_dir / "models"
         self.broker_url = self.broker_url or f"redis+socket://{self.embedded_socket}"
         self.result_backend = self.result_backend or self.broker_url
-        self.snapshot_stale_s = self.snapshot_stale_s or 3 * self.heartbeat_s + 2
+        self.snapshot_stale_s = (self.snapshot_stale_s
+                                 or 3 * self.heartbeat_s + self.beat_lease_s + 2)
         self.revoke_ttl_s = self.revoke_ttl_s or self.result_ttl_s
         self.run_hung_s = self.run_hung_s or 2 * self.max_job_s
         self.visibility_timeout_s = self.visibility_timeout_s or int(

@@ -15,7 +15,14 @@ import pytest
 from conftest import free_port, http_status, wait_until
 
 from routing.names import LANES
-from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, lane_keys
+from tasks.broker.keys import (
+    BEAT_EPOCH_KEY,
+    BEAT_LEADER_KEY,
+    DEAD_KEY,
+    SNAPSHOT_KEY,
+    WORKERS_KEY,
+    lane_keys,
+)
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -139,8 +146,15 @@ def snapshot_at(now: float) -> dict:
 
 
 def test_status_prints_each_lane_and_worker(clean_redis):
-    clean_redis.set(SNAPSHOT_KEY, json.dumps(snapshot_at(time.time())))
+    snapshot = snapshot_at(time.time())
+    workers = snapshot.pop("workers")  # beat keeps the records apart from what routers read
+    clean_redis.set(SNAPSHOT_KEY, json.dumps(snapshot))
+    clean_redis.hset(WORKERS_KEY, mapping={h: json.dumps(w) for h, w in workers.items()})
+    assert "beat: no leader now (last epoch 0)" in ok("status")
+    clean_redis.set(BEAT_LEADER_KEY, "beathost/42/ab12cd34")
+    clean_redis.set(BEAT_EPOCH_KEY, 7)
     out = ok("status")
+    assert out.splitlines()[1] == "beat: led by beathost/42/ab12cd34, epoch 7"
     *tables, footer = out.splitlines()
     rows = {line.split()[0]: line.split() for line in tables if line}
     assert rows["fast"][1:] == ["42", "1", "2", "800ms", "16.8s", "YES"]

@@ -99,6 +99,8 @@ def test_compose_runs_every_process_of_a_gpu_host():
     assert {"redis", "beat", "flower", "exporter"} <= set(services())
     assert worker_services(), "no service runs python -m gpu_worker"
     service_running("beat")
+    beats = [name for name, args in celery_services().items() if args[:1] == ["beat"]]
+    assert len(beats) >= 2, f"one beat only ({beats}): nothing stands by if it dies"
     service_running("flower")
     service_running("lanes", "exporter")
 

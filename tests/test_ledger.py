@@ -10,7 +10,7 @@ from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from beat.ledger import RECOVERED_FIELD, missing, recover_lost
 from tasks import submit
 from tasks.broker.keys import LEDGER_KEY, LEDGER_SUSPECTS_KEY, METRICS_KEY, attempts_key, lists_key
-from tasks.broker.transport import parse_entry
+from tasks.broker.keys import parse_entry
 from tests.flaky_model import open_gate
 
 

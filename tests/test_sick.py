@@ -251,12 +251,13 @@ def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis)
     sent = generate.apply_async(kwargs={"job": job, "route": {"lane": "fast",
                                 "requested_tier": "fast"}, "submitted_at": time.time()},
                                 queue="fast")
-    clean_redis.lpush(own, clean_redis.rpop("fast"))  # as if routed to the sick worker
+    from tasks.broker.moves import readdress
+    assert readdress(clean_redis, "fast", own, "fast") == 1  # as if routed to the sick worker
     record = {**_snapshot(time.time())["workers"]["gpu1@h"], "last_seen": time.time()}
     clean_redis.hset(WORKERS_KEY, host, json.dumps(record))
     heartbeat()  # no reply from gpu9@sick this round: alive still, and still sick
-    snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY))
-    assert snapshot["workers"][host]["alive"] and snapshot["workers"][host]["sick"] == REASON
+    record = json.loads(clean_redis.hget(WORKERS_KEY, host))
+    assert record["alive"] and record["sick"] == REASON
     assert clean_redis.llen(own) == 0
     (moved,) = [json.loads(raw) for raw in clean_redis.lrange("fast", 0, -1)]
     assert moved["headers"]["id"] == sent.id
@@ -266,7 +267,7 @@ def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis)
 # --- on real workers ----------------------------------------------------------------
 
 def _record(client, host: str) -> dict:
-    return json.loads(client.get(SNAPSHOT_KEY) or "{}").get("workers", {}).get(host, {})
+    return json.loads(client.hget(WORKERS_KEY, host) or "{}")
 
 
 def _router_sees(hosts: list[str]) -> bool:

@@ -1,7 +1,7 @@
 """Every Redis key gpulanes uses, and kombu's naming of a lane's lists, in one place."""
 from __future__ import annotations
 
-from routing.names import RELAX_PRIORITIES, lane_of
+from routing.names import RELAX_PRIORITIES, RELAXED, lane_of
 
 
 #: kombu's separator between a queue's name and a priority level in a list's name.
@@ -21,6 +21,10 @@ def lane_keys(lane: str) -> list[str]:
 PREFIX = "gpulanes"
 #: Hash: worker hostname -> JSON of its last heartbeat reply.
 WORKERS_KEY = f"{PREFIX}:workers"
+#: Hash: worker hostname -> JSON of the stats it last pushed (``tasks.broker.stats``).
+WORKER_STATS_KEY = f"{PREFIX}:stats"
+#: Sorted set: worker hostname -> when (Redis' clock, unix s) it last pushed them.
+WORKER_STATS_AT_KEY = f"{PREFIX}:stats:at"
 #: JSON: the latest load snapshot written by beat.
 SNAPSHOT_KEY = f"{PREFIX}:snapshot"
 
@@ -38,10 +42,48 @@ MANIFESTS_KEY = f"{PREFIX}:manifests"
 LEDGER_KEY = f"{PREFIX}:ledger"
 
 
+#: Hash: lane -> messages the ledger holds for it (published, not yet taken: what waits
+#: in its lists, and a take in flight), kept by every script that writes the ledger
+#: (``lua/ledger.lua``) in the same step: a publish's depth check reads one field.
+LANE_DEPTHS_KEY = f"{PREFIX}:depths:lanes"
+#: Hash: list key -> messages the ledger holds for that list (a worker's own queue, a
+#: relaxed level), kept with ``LANE_DEPTHS_KEY``; a list with none has no field.
+LIST_DEPTHS_KEY = f"{PREFIX}:depths:lists"
+#: The due index of a lane (``due_key``) is this prefix plus the lane's name.
+DUE_PREFIX = f"{PREFIX}:due:"
+#: The keys of the ledger's bookkeeping, in the order its scripts take them.
+LEDGER_BOOK = (LEDGER_KEY, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY)
+
+
+def due_key(lane: str) -> str:
+    """Sorted set: delivery tag -> when its job entered ``lane`` (unix s), for every
+    message of the lane that beat may move for its wait: a fast or standard job past its
+    lane's budget, a relaxed job above the first level past the aging time."""
+    return f"{DUE_PREFIX}{lane}"
+
+
+def due_clock(key: str, entered_at: float) -> float:
+    """The score of a message of list ``key`` in its lane's due index: when its job
+    entered the lane; 0 (not indexed) in relaxed's first level, where nothing moves."""
+    return 0.0 if lane_of_key(key) == RELAXED and PRIORITY_SEP not in key else entered_at
+
+
 def lists_key(lane: str) -> str:
     """Set: every Redis list key that jobs of ``lane`` were pushed to (its depth is
     the sum of their lengths; the ledger compares itself with their contents)."""
     return f"{PREFIX}:lists:{lane}"
+
+
+def ledger_entry(key: str, payload: str) -> str:
+    """What the ledger holds for a message in list ``key``."""
+    return f"{key}\n{payload}"
+
+
+def parse_entry(entry: str | bytes) -> tuple[str, str]:
+    """(list key, message) of a ledger entry."""
+    text = entry.decode() if isinstance(entry, bytes) else entry
+    key, _, payload = text.partition("\n")
+    return key, payload
 
 
 #: kombu's hash of unacked messages (delivery tag -> message) and its index (tag -> when
@@ -121,6 +163,12 @@ def metric_field(name: str, *labels: str) -> str:
     return "|".join((name, *labels))
 
 
+#: String: the beat that leads (its identity), set with a lease that lapses unless it
+#: is renewed (``tasks.broker.leader``).
+BEAT_LEADER_KEY = f"{PREFIX}:beat:leader"
+#: Counter: the leader's fencing token, one more with each new lead; every write of
+#: beat's checks it in the same step (``lua/fence.lua``).
+BEAT_EPOCH_KEY = f"{PREFIX}:beat:epoch"
 #: Pub/sub channel: the list of every fast job pushed (workers preempt for it).
 FAST_WAITING_CHANNEL = f"{PREFIX}:fast-waiting"
 #: Sorted set: preemptions under way (worker incarnation -> until when it counts).

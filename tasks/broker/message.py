@@ -174,6 +174,11 @@ class JobMessage:
     def with_route(self, route: JobRoute) -> "JobMessage":
         return replace(self, route=route)
 
+    @property
+    def lane_clock(self) -> float:
+        """When its wait in its lane began (moved in, retried), else when it was submitted."""
+        return self.route.lane_since if self.route.lane_since is not None else self.submitted_at
+
 
 @dataclass(frozen=True)
 class Result:

@@ -19,8 +19,20 @@ from typing import Any, Callable
 import redis
 
 from routing.names import LANES
-from tasks.broker import envelope, scripts
-from tasks.broker.keys import LEDGER_KEY, fast_queued_key, lane_of_key, lists_key, run_key
+from tasks.broker import envelope, leader, scripts
+from tasks.broker.keys import (
+    BEAT_EPOCH_KEY,
+    DUE_PREFIX,
+    LEDGER_BOOK,
+    LEDGER_KEY,
+    due_clock,
+    due_key,
+    fast_queued_key,
+    lane_of_key,
+    lists_key,
+    parse_entry,
+    run_key,
+)
 from tasks.broker.message import JobMessage
 
 #: Oldest messages looked at per list per round: a round must stay short.
@@ -49,13 +61,7 @@ class Queued:
 
     def waited_s(self, now: float) -> float:
         """How long it has waited in its lane (since it entered it, or was submitted)."""
-        route = self.message.route
-        return now - (route.lane_since if route.lane_since is not None
-                      else self.message.submitted_at)
-
-    def moved_in(self) -> bool:
-        """Moved into its lane out of arrival order (it carries its own clock)."""
-        return self.message.route.lane_since is not None
+        return now - self.message.lane_clock
 
     def demoted(self, lane: str, reason: str, now: float) -> dict:
         """The same job, addressed to ``lane``, its route saying why and since when."""
@@ -72,6 +78,15 @@ class Queued:
 Due = Callable[[Queued], "dict | None"]
 
 
+def lane_clock_of(message: dict) -> float:
+    """When the job of a kombu message began its wait in its lane (its due index's
+    clock); 0 for a message that is not a job's (never indexed)."""
+    try:
+        return JobMessage.decode(envelope.call(message)[1]).lane_clock
+    except UNREADABLE:
+        return 0.0
+
+
 def next_to_run(client: redis.Redis | redis.client.Pipeline, key: str, n: int) -> Any:
     """The ``n`` messages of list ``key`` that run next (0: all of them), the very next
     one last (kombu pushes on the left and takes from the right); on a pipeline, queued
@@ -81,29 +96,73 @@ def next_to_run(client: redis.Redis | redis.client.Pipeline, key: str, n: int) -
 
 def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
                 leaves_fast: bool = False) -> int:
-    """Move each of the oldest messages of ``source`` that ``due`` rewrites.
+    """Move each of the oldest messages of ``source`` that ``due`` rewrites (a list read
+    from its end: a worker's own queue handed back).
 
     ``due`` returns the rewritten envelope, None to leave it, or ``STOP`` when it
     and everything younger are not due yet. Moved messages keep their order at
     the front of ``target``: the oldest is served first. ``leaves_fast``: a moved
     job gives back its account's fast place.
     """
-    batch, lane = [], lane_of_key(target)
+    batch = []
     for raw in reversed(next_to_run(client, source, MOVES_PER_ROUND)):  # oldest first
-        try:
-            queued = Queued(raw, envelope.decode(raw))
-            rewritten = due(queued)
-            account = queued.message.job.account if leaves_fast else None
-            job_id, tag = envelope.job_id(queued.envelope), envelope.delivery_tag(queued.envelope)
-        except UNREADABLE:
-            continue  # not a job message: a worker refuses and dead-letters it
-        if rewritten is STOP:
+        call = _move_call(client, source, target, raw, due, leaves_fast)
+        if call is STOP:
             break
-        if rewritten is not None:
-            places = [fast_queued_key(account)] if account else []
-            batch.append(([source, target, LEDGER_KEY, lists_key(lane), run_key(job_id),
-                           *places],
-                          [raw, envelope.encode(rewritten), job_id, tag, LANES.index(lane)]))
+        if call is not None:
+            batch.append(call)
+    return _run_moves(client, batch)
+
+
+def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
+             target_of: Callable[[str], str], leaves_fast: bool = False) -> int:
+    """Move the messages of ``lane`` that entered it before ``cutoff`` (unix s) and that
+    ``due`` rewrites, each from its list to ``target_of(its list)``, found from the
+    lane's due index (``keys.due_key``), not by reading its lists. A message ``due``
+    leaves (None) will never move on its clock (a job that is not downgradable): it
+    leaves the index; one it answers ``STOP`` for stays in it. Oldest first, each kept
+    in that order at the front of its target.
+    """
+    tags = client.zrangebyscore(due_key(lane), "-inf", cutoff, start=0, num=MOVES_PER_ROUND)
+    batch, never = [], []
+    for tag, entry in zip(tags, client.hmget(LEDGER_KEY, tags) if tags else ()):
+        if entry is None:
+            continue  # taken meanwhile: its take left the index too
+        source, raw = parse_entry(entry)
+        call = _move_call(client, source, target_of(source), raw, due, leaves_fast)
+        if call is None:
+            never.append(tag)
+        elif call is not STOP:
+            batch.append(call)
+    if never:
+        client.zrem(due_key(lane), *never)
+    return _run_moves(client, batch)
+
+
+def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, due: Due,
+               leaves_fast: bool) -> tuple[list, list] | dict | None:
+    """The KEYS and ARGV of moving one message (``lua/move.lua``) if ``due`` rewrites it;
+    None to leave it (and a message that is not a job's), ``STOP`` from ``due``."""
+    try:
+        queued = Queued(raw, envelope.decode(raw))
+        rewritten = due(queued)
+        account = queued.message.job.account if leaves_fast else None
+        job_id, tag = envelope.job_id(queued.envelope), envelope.delivery_tag(queued.envelope)
+    except UNREADABLE:
+        return None  # not a job message: a worker refuses and dead-letters it
+    if rewritten is STOP or rewritten is None:
+        return rewritten
+    lane = lane_of_key(target)
+    places = [fast_queued_key(account)] if account else []
+    clock = due_clock(target, lane_clock_of(rewritten))
+    return ([source, target, *LEDGER_BOOK, BEAT_EPOCH_KEY, lists_key(lane), run_key(job_id),
+             *places],
+            [raw, envelope.encode(rewritten), job_id, tag, LANES.index(lane), repr(clock),
+             DUE_PREFIX, leader.epoch()])
+
+
+def _run_moves(client: redis.Redis, batch: list[tuple[list, list]]) -> int:
+    """Run the moves youngest first: the oldest ends at the very front of its target."""
     return sum(scripts.run(client, "move", keys, args) for keys, args in reversed(batch))
 
 

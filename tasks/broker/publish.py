@@ -4,8 +4,9 @@ entry, and first checks what the publisher asked for (``tasks.broker.transport``
 It checks, before it writes anything, what the publisher asked for in
 :func:`publishing` and refuses the whole publish if one fails:
 
-- a lane's maximum depth for new jobs (``submit()``): it sums the lengths of
-  every list of the lane and pushes only below the limit, else
+- a lane's maximum depth for new jobs (``submit()``): it reads the lane's depth
+  counter (every list of the lane, kept with the ledger: ``lua/ledger.lua``) and
+  pushes only below the limit, else
   :class:`LaneAtLimit`. Any number of submitters together never pass the
   limit. Messages published outside it (retries, restores) are never refused:
   a job once accepted is not dropped for want of room;
@@ -42,7 +43,16 @@ import redis
 
 from routing.names import LANES
 from tasks.broker import scripts
-from tasks.broker.keys import FAST_WAITING_CHANNEL, LEDGER_KEY, lists_key, run_key
+from tasks.broker.keys import (
+    DUE_PREFIX,
+    FAST_WAITING_CHANNEL,
+    LANE_DEPTHS_KEY,
+    LEDGER_KEY,
+    LIST_DEPTHS_KEY,
+    due_clock,
+    lists_key,
+    run_key,
+)
 
 #: A lease a run handed over (its retry published, or its message put back) reads
 #: ``RELEASED`` + the run number: the old run can never take it again, and the next
@@ -64,6 +74,9 @@ class Conditions:
     fence: tuple[str, str, str, int, int] | None = None
     #: at the front of its list, taken next (a preempted job's copy)
     front: bool = False
+    #: when the job's wait in its lane began (its due index's clock; 0: read from the
+    #: message, ``tasks.broker.moves.lane_clock_of``)
+    entered_at: float = 0.0
 
 
 @dataclass
@@ -144,10 +157,12 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
     run_ttl_s = when.run[2] if when.run else 0
     lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
     balances, account, start_s = when.fast_time or ("", "", 0.0)
-    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances],
+    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances,
+             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY],
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
              token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
-             "1" if when.front else "0", FAST_WAITING_CHANNEL])
+             "1" if when.front else "0", FAST_WAITING_CHANNEL,
+             repr(due_clock(key, when.entered_at)), DUE_PREFIX])
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,

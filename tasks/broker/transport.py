@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -40,8 +41,19 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
 from routing.names import LANES, lane_of
-from tasks.broker import envelope, scripts
-from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, LEDGER_KEY, done_key, lease_key, lists_key
+from tasks.broker import envelope, leader, scripts
+from tasks.broker.keys import (
+    BEAT_EPOCH_KEY,
+    DEAD_KEY,
+    DUE_PREFIX,
+    HOLDERS_KEY,
+    LEDGER_BOOK,
+    done_key,
+    due_clock,
+    lease_key,
+    lists_key,
+)
+from tasks.broker.moves import lane_clock_of
 from tasks.broker.publish import RELEASED, Conditions, _put, _put_call, current, refusal
 from tasks.broker.store import ONE_RECONNECT
 from tasks.settings import settings
@@ -56,32 +68,18 @@ def set_holder(identity: str) -> None:
     _holder[:] = [identity] if identity else []
 
 
-def ledger_entry(key: str, payload: str) -> str:
-    """What the ledger holds for a message in list ``key``."""
-    return f"{key}\n{payload}"
-
-
-def parse_entry(entry: str | bytes) -> tuple[str, str]:
-    """(list key, message) of a ledger entry."""
-    text = entry.decode() if isinstance(entry, bytes) else entry
-    key, _, payload = text.partition("\n")
-    return key, payload
-
-
 class LedgerQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
-        """Record the message as unacked (and who holds it) and drop its ledger entry,
-        in one transaction."""
+        """Record the message as unacked (and who holds it) and drop its ledger entry with
+        its lane's depth and due index, in one step (``lua/take.lua``)."""
         delivery = message.delivery_info
-        with self.pipe_or_acquire() as pipe:
-            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}) \
-                .hset(self.unacked_key, delivery_tag,
-                      dumps([message._raw, delivery["exchange"], delivery["routing_key"]])) \
-                .hdel(LEDGER_KEY, delivery_tag)
-            if _holder:
-                pipe.hset(HOLDERS_KEY, delivery_tag, _holder[0])
-            pipe.execute()
-            super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
+        record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        with self.channel.conn_or_acquire() as client:
+            scripts.run(client, "take", [self.unacked_index_key, self.unacked_key, HOLDERS_KEY,
+                                         *LEDGER_BOOK],
+                        [delivery_tag, time.time(), record, _holder[0] if _holder else "",
+                         DUE_PREFIX])
+        super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         """kombu's unacked records of ``delivery_tag``, and its holder, dropped (a restore,
@@ -133,10 +131,13 @@ class LedgerChannel(kombu_redis.Channel):
         batch = kwargs.pop("_publish_batch", None)
         if batch is not None:  # one script per message keeps it atomic in a batch too;
             # kombu's batches report no refusal back, so they are never limited
-            keys, args = _put_call(key, lane, payload, tag, "", Conditions())
+            when = Conditions(entered_at=lane_clock_of(message))
+            keys, args = _put_call(key, lane, payload, tag, "", when)
             batch.add("eval", scripts.source("put"), len(keys), *keys, *args)
             return
         when, outcome = current()
+        if not when.entered_at:  # a publish that did not say (a retry's, kombu's own)
+            when = replace(when, entered_at=lane_clock_of(message))
         with self.conn_or_acquire() as client:
             verdict = _put(client, lane, key, payload, tag,
                            (message.get("headers") or {}).get("id") or "", when)
@@ -156,10 +157,11 @@ class LedgerChannel(kombu_redis.Channel):
             return super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
         try:
+            clock = lane_clock_of(payload)
             for queue in filter(_is_lane, self._lookup(exchange, routing_key)):
                 key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
-                pipe.hset(LEDGER_KEY, tag, ledger_entry(key, dumps(payload))) \
-                    .sadd(lists_key(lane_of(queue)), key)
+                scripts.run(pipe, "ledger_put", [*LEDGER_BOOK, lists_key(lane_of(queue))],
+                            [tag, key, dumps(payload), repr(due_clock(key, clock)), DUE_PREFIX])
             if job_id := envelope.job_id(payload):  # a lapsed lease can no longer be taken again
                 pipe.set(lease_key(job_id), f"{RELEASED}put-back", nx=True,
                          ex=settings.runs_kept_s)
@@ -178,16 +180,11 @@ class LedgerChannel(kombu_redis.Channel):
         super()._delete(queue, *args, **kwargs)
 
     def _drop_lists(self, queue: str) -> int:
-        """Empty every priority list of ``queue`` in one transaction; drop their entries."""
+        """Empty every priority list of ``queue``, their ledger entries, depths and due
+        index with them, in one step (``lua/purge.lua``)."""
         keys = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
         with self.conn_or_acquire() as client:
-            with client.pipeline() as pipe:  # MULTI: read and delete at one instant
-                for key in keys:
-                    pipe.lrange(key, 0, -1).delete(key)
-                held = pipe.execute()[::2]
-            if tags := [t for raws in held for t in map(envelope.tag_of, raws) if t]:
-                client.hdel(LEDGER_KEY, *tags)
-        return sum(map(len, held))
+            return int(scripts.run(client, "purge", [*LEDGER_BOOK, *keys], [DUE_PREFIX]))
 
 
 def holder_of(lease: str | None) -> str | None:
@@ -204,11 +201,14 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
     ``unless_running``: leave it while ``holder`` still holds the job's lease (a warm
     shutdown runs it, silent to heartbeats). One transaction that re-checks the
     holder, the record and the lease, so a message that meanwhile went elsewhere, or
-    a lease taken again meanwhile, stays as it is.
+    a lease taken again meanwhile, stays as it is; made by beat, it re-checks beat's
+    epoch too (``tasks.broker.leader``): an old leader puts nothing back.
     """
-    qos = channel.qos
+    qos, epoch = channel.qos, leader.epoch()
 
     def move(pipe: redis.client.Pipeline) -> bool:
+        if epoch and _text(pipe.get(BEAT_EPOCH_KEY)) != epoch:
+            return False  # another beat leads now: fenced off (the epoch is watched)
         if _text(pipe.hget(HOLDERS_KEY, tag)) != holder:
             return False
         raw = pipe.hget(qos.unacked_key, tag)
@@ -226,7 +226,8 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
             channel._do_restore_message(message, exchange, routing_key, pipe)
         return bool(raw) and not finished
 
-    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, value_from_callable=True)
+    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, BEAT_EPOCH_KEY,
+                              value_from_callable=True)
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -241,8 +242,8 @@ def _is_lane(queue: str) -> bool:
 #: kombu's Redis transport members this module overrides or relies on: pinned to the
 #: kombu minor the suite runs on (setup.cfg); tests/test_kombu_hooks.py names any gone.
 KOMBU_HOOKS = {
-    kombu_redis.QoS: ("append", "ack", "reject", "_remove_from_indices", "pipe_or_acquire",
-                      "unacked_key", "unacked_index_key", "channel"),
+    kombu_redis.QoS: ("append", "ack", "reject", "_remove_from_indices", "unacked_key",
+                      "unacked_index_key", "channel"),
     kombu_redis.Channel: ("QoS", "_connparams", "_put", "_do_restore_message", "_purge",
                           "_delete", "_q_for_pri", "_get_message_priority", "_lookup",
                           "conn_or_acquire", "priority_steps", "global_keyprefix", "_expires",

@@ -13,10 +13,10 @@ from typing import Any
 
 import redis
 
-from tasks.broker import scripts
+from tasks.broker import leader, scripts
 from tasks.broker.app import app
 from tasks.broker.enqueue import enqueue
-from tasks.broker.keys import DEAD_INDEX_KEY, DEAD_KEY, attempts_key, lease_key
+from tasks.broker.keys import BEAT_EPOCH_KEY, DEAD_INDEX_KEY, DEAD_KEY, attempts_key, lease_key
 from tasks.broker.runs import failed_at
 from tasks.jobs.schema import check_job
 
@@ -88,8 +88,9 @@ def drop_dead(client: redis.Redis, cutoff: float | str, calls: int | None = 1) -
     how many were dropped. Letters the index lacks are indexed on the way."""
     dropped, made = 0, 0
     while True:
-        taken, strays = scripts.run(client, "dead_expire", [DEAD_KEY, DEAD_INDEX_KEY],
-                                    [cutoff, EXPIRE_BATCH])
+        taken, strays = scripts.run(client, "dead_expire",
+                                    [DEAD_KEY, DEAD_INDEX_KEY, BEAT_EPOCH_KEY],
+                                    [cutoff, EXPIRE_BATCH, leader.epoch()])
         dropped, made = dropped + taken, made + 1
         if strays > 0 and index_strays(client):
             continue  # they may be due as well: one more call, whatever ``calls`` says

@@ -17,7 +17,7 @@ from typing import Any
 import click
 import redis
 
-from tasks.broker.keys import SNAPSHOT_KEY
+from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
 from tasks.errors import InvalidJob
 from tasks.ops.group import Duration, _client, _echo_json, duration, iso_time, lanes, number, table
 
@@ -193,6 +193,10 @@ def dead_purge(ctx: click.Context, older_than_s: float | None, every: bool) -> N
 
 # --- status -------------------------------------------------------------------
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _lane_rows(snapshot: dict[str, Any]) -> list[tuple]:
     policy = snapshot.get("policy", {})
     rows = []
@@ -245,9 +249,16 @@ def _snapshot_header(snapshot: dict[str, Any]) -> str:
     return line
 
 
+def _beat_line(snapshot: dict[str, Any]) -> str:
+    beat = snapshot.get("beat") or {}
+    if not beat.get("leader"):
+        return f"beat: no leader now (last epoch {beat.get('epoch', 0)})"
+    return f"beat: led by {beat['leader']}, epoch {beat['epoch']}"
+
+
 def render_status(snapshot: dict[str, Any]) -> str:
-    """The snapshot for people: lanes, workers, exhausted accounts."""
-    parts = [_snapshot_header(snapshot), "",
+    """The snapshot for people: beat's leader, lanes, workers, exhausted accounts."""
+    parts = [_snapshot_header(snapshot), _beat_line(snapshot), "",
              table(["lane", "depth", "in flight", "workers", "service", "expected wait",
                     "overloaded"], _lane_rows(snapshot)), ""]
     workers = _worker_rows(snapshot)
@@ -263,13 +274,18 @@ def render_status(snapshot: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw snapshot as JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Lanes and workers as of beat's latest load snapshot."""
-    raw = _client(ctx).get(SNAPSHOT_KEY)
+    """Beat's leader, and lanes and workers as of its latest load snapshot."""
+    from tasks.broker.leader import current
+
+    client = _client(ctx)
+    raw, records = client.get(SNAPSHOT_KEY), client.hgetall(WORKERS_KEY)
     if raw is None:
         click.echo(f"no load snapshot in Redis (key {SNAPSHOT_KEY}): beat is not running "
                    "or has not ticked yet; start it with `celery -A tasks beat`", err=True)
         ctx.exit(1)
-    snapshot = json.loads(raw)
+    holder, epoch = current(client)
+    snapshot = {**json.loads(raw), "beat": {"leader": holder, "epoch": epoch},
+                "workers": {_text(h): json.loads(w) for h, w in records.items()}}
     if as_json:
         return _echo_json(snapshot)
     click.echo(render_status(snapshot))
@@ -277,10 +293,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 # --- prewarm ------------------------------------------------------------------
 
-def _live_workers() -> dict[str, dict]:
+def _live_workers(client: redis.Redis) -> dict[str, dict]:
+    """The workers that pushed their stats within a heartbeat, as live records."""
     from beat.heartbeat import ask_workers
 
-    return {host: {**reply, "alive": True} for host, reply in ask_workers(1.0).items()}
+    return {host: {**reply, "alive": True} for host, reply in ask_workers(client).items()}
 
 
 @lanes.command("prewarm")
@@ -300,7 +317,7 @@ def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> Non
         raise click.ClickException(f"model: unknown model {model!r}; GPULANES_MODELS knows "
                                    f"{', '.join(sorted(settings.models))}")
     app = ctx.obj.app
-    workers = _live_workers()
+    workers = _live_workers(_client(ctx))
     targets = prewarm_targets(workers, model, replicas)
     if len(holders(workers, model)) + len(targets) < replicas:
         raise click.ClickException(f"only {len(workers)} worker(s) answered; "
@@ -308,13 +325,14 @@ def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> Non
     for answer in ask(app, model, targets, reply=True) if targets else []:
         for host, reply in answer.items():
             click.echo(f"{host}: {reply.get('ok') or reply.get('error')}")
-    _wait_warm(app, model, replicas, wait_s)
+    _wait_warm(_client(ctx), model, replicas, wait_s)
 
 
-def _wait_warm(app: Any, model: str, replicas: int, wait_s: float) -> None:
+def _wait_warm(client: redis.Redis, model: str, replicas: int, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
-        warm = [h for h, w in _live_workers().items() if model in w.get("warm_models", ())]
+        warm = [h for h, w in _live_workers(client).items()
+                if model in w.get("warm_models", ())]
         if len(warm) >= replicas or time.monotonic() >= deadline:
             break
         time.sleep(0.5)

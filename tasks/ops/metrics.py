@@ -31,7 +31,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from routing.names import LANES
-from tasks.broker.keys import DEAD_KEY, FAST_BALANCE_KEY, METRICS_KEY, SNAPSHOT_KEY, metric_field
+from tasks.broker.keys import (
+    DEAD_KEY,
+    FAST_BALANCE_KEY,
+    METRICS_KEY,
+    SNAPSHOT_KEY,
+    WORKERS_KEY,
+    metric_field,
+)
 from tasks.jobs.usage import QUEUE_WAIT_BUCKETS_S, RUN_BUCKETS_S
 
 #: Default port of the exporter (``--port``).
@@ -141,8 +148,12 @@ class LanesCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.get(SNAPSHOT_KEY).hgetall(METRICS_KEY).hlen(DEAD_KEY).hgetall(FAST_BALANCE_KEY)
-            raw, counts, dead, balances = pipe.execute()
+            pipe.hgetall(WORKERS_KEY)
+            raw, counts, dead, balances, records = pipe.execute()
         snapshot = json.loads(raw) if raw else {}
+        # the snapshot routers read is compact; the worker record is beat's hash of them
+        snapshot["workers"] = {(h.decode() if isinstance(h, bytes) else h): json.loads(w)
+                               for h, w in records.items()}
         yield from lane_metrics(snapshot)
         yield from worker_metrics(snapshot)
         yield from job_metrics(counts)

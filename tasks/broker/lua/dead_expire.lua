@@ -1,8 +1,11 @@
--- KEYS: dead letters, dead-letter index (job id -> when it failed). ARGV: cutoff (unix s:
--- letters that failed before it go; '+inf': every one), most letters to drop.
+-- KEYS: dead letters, dead-letter index (job id -> when it failed), beat's epoch.
+-- ARGV: cutoff (unix s: letters that failed before it go; '+inf': every one), most
+-- letters to drop, beat's epoch ('' : not beat's expiry, an operator's purge).
 -- Letter and index entry go together: the index never names a letter that is gone.
 -- Returns {letters dropped, letters the index lacks}; the second is non-zero only for
 -- letters written before the index existed, which the caller indexes (dead_index).
+-- include: fence
+if not leads(KEYS[3], ARGV[3]) then return {0, 0} end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[1], 'LIMIT', 0, ARGV[2])
 if #ids > 0 then
   redis.call('HDEL', KEYS[1], unpack(ids))

@@ -1,24 +1,27 @@
 -- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
 -- places, a claimed run's pointer, the run the job leads, the job's lease and run
--- counter, the fast-time balances hash.
+-- counter, the fast-time balances hash; then the depths per lane and per list.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
 -- s, fence token ('' : none), the fenced run's number, how long a released lease is
 -- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
 -- account, an uncharged account's fast seconds, '1' to push at the front (the end
--- taken next), the channel told of every fast job pushed.
+-- taken next), the channel told of every fast job pushed, the job's lane clock (unix s:
+-- when it entered its lane; 0: not indexed), the due indexes' key prefix.
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
 -- -4 the account's fast time is spent (its balance is at or below zero).
 -- The run the job leads, if it exists, takes the lane's rank unless it is slower
 -- already: callers join only runs waiting in a lane as fast as their own tier.
--- The lane's lists are read by name from its set: a standalone Redis allows it.
+-- The lane's depth is one counter (lua/ledger.lua), whatever the number of its lists.
 -- The same message published again (same delivery tag) before a worker took it finds
 -- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
 -- retry's publish tried again is stopped by its fence instead, the lease released.)
 -- A fast job pushed is told on the channel (its list's name): a worker running a
 -- preemptible job hears of it within a step (gpu_worker.preempt).
 -- include: holds
+-- include: ledger
+local book = {KEYS[2], KEYS[10], KEYS[11], ARGV[19]}
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -30,11 +33,9 @@ if KEYS[9] ~= '' then
 end
 local limit = tonumber(ARGV[3])
 if limit > 0 then
-  local depth = 0
-  for _, key in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-    depth = depth + redis.call('LLEN', key)
+  if tonumber(redis.call('HGET', KEYS[10], lane_of(KEYS[1])) or '0') >= limit then
+    return 0
   end
-  if depth >= limit then return 0 end
 end
 local places = tonumber(ARGV[5])
 if places > 0 then
@@ -58,7 +59,7 @@ if ARGV[9] ~= '' then
   redis.call('SET', KEYS[7], ARGV[12] .. ARGV[10], 'EX', ARGV[11])
 end
 redis.call(ARGV[16] == '1' and 'RPUSH' or 'LPUSH', KEYS[1], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[2], KEYS[1] .. '\n' .. ARGV[1])
+ledger_add(book, ARGV[2], KEYS[1], ARGV[1], ARGV[18])
 redis.call('SADD', KEYS[3], KEYS[1])
 if tonumber(ARGV[13]) == 0 then redis.call('PUBLISH', ARGV[17], KEYS[1]) end
 return 1

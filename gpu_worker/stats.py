@@ -1,0 +1,47 @@
+"""A worker pushes its own stats every heartbeat, from a thread of its own.
+
+Beat reads what every worker pushed in one round trip (``tasks.broker.stats``), so a
+round costs the same whatever the number of workers and never waits on replies. The
+thread runs beside the jobs (threads pool): a busy worker keeps reporting, a frozen or
+dead one stops, and beat counts its missed rounds.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from celery import signals
+from celery.utils.dispatch import Signal
+
+from gpu_worker.control import stats_of
+from gpu_worker.hook import Hook
+from gpu_worker.runtime import RUNTIME
+from tasks.broker.stats import push_stats
+from tasks.settings import settings
+
+log = logging.getLogger(__name__)
+
+
+class StatsPush(Hook):
+    """Push :func:`gpu_worker.control.stats_of` every ``GPULANES_HEARTBEAT_S``."""
+
+    def handlers(self) -> dict[Signal, Callable[..., Any]]:
+        return {signals.worker_ready: self.on_ready}
+
+    def on_ready(self, sender: Any = None, **_: Any) -> None:
+        from tasks.broker.store import broker_client
+
+        client = broker_client(socket_timeout=settings.heartbeat_s,
+                               socket_connect_timeout=settings.heartbeat_s)
+        threading.Thread(target=self._loop, args=(client, sender), name="gpulanes-stats",
+                         daemon=True).start()
+
+    def _loop(self, client: Any, consumer: Any) -> None:
+        while True:
+            try:
+                push_stats(client, RUNTIME.hostname, stats_of(consumer))
+            except Exception:  # noqa: BLE001  Redis away: beat counts the missed round
+                log.debug("could not push this worker's stats", exc_info=True)
+            time.sleep(settings.heartbeat_s)
