@@ -1,15 +1,18 @@
 """Preemption: a running relaxed (then standard) job steps aside at a step boundary
 for a fast job that waits, and resumes after it.
 
-How a worker hears of a waiting fast job within a step, with no poll: the publish
-script tells every fast job pushed on a pub/sub channel (the list's name), and a
-thread of each worker listens; a run's step guard reads what it heard, in memory.
-Only once told does the run ask Redis (``lua/preempt_claim.lua``, one call) whether
-a fast job it could take still waits and is not spoken for by another preempting
-worker; if so it records its claim and stops (``tasks.worker.generate``). A relaxed
-run asks at its first boundary after the news, a standard one at its second, so a
-worker running relaxed work goes first. A fast job is never preempted, and a job at
-most ``GPULANES_MAX_PREEMPTIONS`` times.
+How a worker hears of a waiting fast job within a step, with no poll: a worker that
+begins a preemptible run enters an index of such runs (relaxed ones ranked before
+standard ones, the latest begun first); the publish script tells each fast job
+pushed to ONE worker, on that worker's own pub/sub channel: the worker whose own
+queue it is in, else the best-ranked run of the index, which it takes off the index
+(``lua/fast_news.lua``). So a fast job costs one message to one subscriber, and wakes
+one worker, whatever the size of the fleet. A thread of each worker listens; a run's
+step guard reads what it heard, in memory. Only once told does the run ask Redis
+(``lua/preempt_claim.lua``, one call) whether a fast job it could take still waits
+and is not spoken for by another preempting worker; if so it records its claim and
+stops (``tasks.worker.generate``). A fast job is never preempted, and a job at most
+``GPULANES_MAX_PREEMPTIONS`` times.
 
 What stops, and how it comes back: a model that declares ``resumable`` hands its state
 at each step (the demo model: its latents after the step); the run keeps the last one
@@ -31,9 +34,15 @@ from typing import Any
 
 import redis
 
-from routing.names import FAST, STANDARD, worker_queue
+from routing.names import FAST, LANES, worker_queue
 from tasks.broker import scripts
-from tasks.broker.keys import FAST_WAITING_CHANNEL, PREEMPT_CLAIMS_KEY, lane_keys
+from tasks.broker.keys import (
+    FAST_NEWS_PREFIX,
+    PREEMPT_CLAIMS_KEY,
+    PREEMPTIBLE_KEY,
+    fast_news_channel,
+    lane_keys,
+)
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -60,8 +69,8 @@ class Preemption:
         self.told_at = 0.0      #: monotonic time of the latest news
         self.own_told_at = 0.0  #: ... of a fast job pushed to this worker's own queue
         self.asked_for = 0.0    #: the news last asked about (a no is not asked again)
-        self.deferred_for = -1.0  #: the news a standard run let one step pass for
         self.claimed = False
+        self.offered = False    #: this worker's run is in the index of preemptible runs
         self.identity, self.hostname = "", ""
         self._mine: frozenset[str] = frozenset()
         self._shared: frozenset[str] = frozenset()
@@ -81,7 +90,7 @@ class Preemption:
         while True:
             try:
                 pubsub = client.pubsub(ignore_subscribe_messages=True)
-                pubsub.subscribe(FAST_WAITING_CHANNEL)
+                pubsub.subscribe(fast_news_channel(self.hostname))
                 self._told(own=True)  # what was pushed while not listening: ask once
                 while True:
                     pubsub.check_health()  # a dead connection raises: listen anew
@@ -112,9 +121,6 @@ class Preemption:
             if self.own_told_at > last:
                 self._hand_over()
             return False
-        if lane == STANDARD and self.deferred_for <= last:
-            self.deferred_for = told  # relaxed runs elsewhere go first: one step's grace
-            return False
         self.asked_for = told
         try:
             self.claimed = bool(self._claim())
@@ -131,8 +137,8 @@ class Preemption:
         try:
             client = redis_client()
             own = worker_queue(FAST, self.hostname)
-            if readdress(client, own, FAST, FAST):
-                client.publish(FAST_WAITING_CHANNEL, FAST)
+            if readdress(client, own, FAST, FAST):  # one other worker is told of them
+                scripts.run(client, "fast_tell", [PREEMPTIBLE_KEY], [FAST_NEWS_PREFIX, FAST])
                 log.info("fast jobs of %s handed to the shared lane: its job runs on", own)
         except redis.RedisError as exc:  # they wait for this worker's job to end
             log.info("fast jobs not handed over (%s)", exc)
@@ -144,6 +150,34 @@ class Preemption:
         return int(scripts.run(redis_client(), "preempt_claim",
                                [PREEMPT_CLAIMS_KEY, *lane_keys(FAST), *own],
                                [self.identity, CLAIM_S, len(own)]))
+
+    def offer(self, lane: str, preempted: int) -> None:
+        """A run that may step aside began here (in ``lane``, preempted ``preempted``
+        times so far): enter the index of preemptible runs, so that a fast job pushed to
+        the shared lane may be told to this worker (relaxed runs first, the latest begun
+        first: the least work set aside)."""
+        if lane == FAST or not settings.preempt or preempted >= settings.max_preemptions:
+            return
+        from tasks.broker.app import redis_client
+
+        try:
+            redis_client().zadd(PREEMPTIBLE_KEY,
+                                {self.hostname: LANES.index(lane) + time.time() * 1e-10})
+            self.offered = True
+        except redis.RedisError as exc:  # told of nothing shared: its own queue still is
+            log.info("not offered for preemption (%s)", exc)
+
+    def withdraw(self) -> None:
+        """The run ended (or stepped aside): out of the index, if it is still there."""
+        if not self.offered:
+            return
+        self.offered = False
+        from tasks.broker.app import redis_client
+
+        try:
+            redis_client().zrem(PREEMPTIBLE_KEY, self.hostname)
+        except redis.RedisError:  # a stale entry is dropped by the first news it gets
+            pass
 
     def run_begins(self) -> None:
         """A run begins here: a claim this worker made is spent (its fast job, or its

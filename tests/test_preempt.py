@@ -51,7 +51,7 @@ def reported(result, predicate, what: str, timeout_s: float = 60.0) -> dict:
 
 
 def at_step(result, step: int) -> dict:
-    return reported(result, lambda info: info["step"] >= step and not info.get("paused"),
+    return reported(result, lambda info: not info.get("paused") and info.get("step", 0) >= step,
                     f"running at step {step}")
 
 

@@ -41,10 +41,9 @@ def test_a_relaxed_run_asks_once_per_news_and_stops_when_it_wins_the_claim(news)
     assert not news.wanted("relaxed", 0) and not news.claimed
 
 
-def test_a_standard_run_lets_one_step_pass_so_relaxed_runs_go_first(news):
-    tell(news)
+def test_a_standard_run_told_of_a_fast_job_claims_at_its_next_boundary(news):
+    tell(news)  # told: no relaxed run was there to take it (fast_news picks those first)
     news.answers = [1]
-    assert not news.wanted("standard", 0) and news.calls == []
     assert news.wanted("standard", 0) and news.calls == [1]
 
 
@@ -78,9 +77,29 @@ def test_own_queue_news_followed_by_shared_news_still_hands_over(news, monkeypat
     assert not news.wanted("relaxed", 1) and news.handed == [1]  # capped: handed on
 
 
-def test_a_standard_run_claims_even_when_news_comes_every_step(news):
-    news.answers = [1]
-    tell(news)
-    assert not news.wanted("standard", 0)  # its one step of grace
-    tell(news)  # more news before the next boundary: no second grace
-    assert news.wanted("standard", 0)
+def test_each_fast_job_is_told_to_one_worker_relaxed_runs_first(clean_redis):
+    from conftest import SMALL
+
+    from tasks import submit
+    from tasks.broker.keys import PREEMPTIBLE_KEY, fast_news_channel
+
+    hosts = ["gpu0@std", "gpu1@relaxed-old", "gpu2@relaxed-new", "gpu3@idle"]
+    pubsub = clean_redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(*map(fast_news_channel, hosts))
+    clean_redis.zadd(PREEMPTIBLE_KEY, {"gpu0@std": 1.1, "gpu1@relaxed-old": 2.1,
+                                       "gpu2@relaxed-new": 2.2})
+
+    def told() -> list[str]:  # what the channels carried over the next half second
+        heard, until = [], time.monotonic() + 0.5
+        while time.monotonic() < until:
+            if message := pubsub.get_message(timeout=0.05):
+                heard.append(message["channel"].decode().rsplit(":", 1)[1])
+        return heard
+
+    told()
+    for _ in range(4):
+        submit("p", tier="fast", **SMALL)
+    assert told() == ["gpu2@relaxed-new", "gpu1@relaxed-old", "gpu0@std"]  # then nobody
+    assert clean_redis.zcard(PREEMPTIBLE_KEY) == 0
+    submit("p", tier="relaxed", **SMALL)  # no news for other lanes
+    assert told() == []

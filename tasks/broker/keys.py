@@ -29,6 +29,12 @@ WORKER_STATS_AT_KEY = f"{PREFIX}:stats:at"
 SNAPSHOT_KEY = f"{PREFIX}:snapshot"
 
 
+def members_key(version: str) -> str:
+    """JSON: the routing membership of one version (routing.compact), written by beat
+    with a TTL."""
+    return f"{PREFIX}:members:{version}"
+
+
 #: Hash: account -> fast seconds left.
 FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
 #: Set: accounts whose fast seconds are spent (read by routers).
@@ -169,7 +175,16 @@ BEAT_LEADER_KEY = f"{PREFIX}:beat:leader"
 #: Counter: the leader's fencing token, one more with each new lead; every write of
 #: beat's checks it in the same step (``lua/fence.lua``).
 BEAT_EPOCH_KEY = f"{PREFIX}:beat:epoch"
-#: Pub/sub channel: the list of every fast job pushed (workers preempt for it).
-FAST_WAITING_CHANNEL = f"{PREFIX}:fast-waiting"
+#: Pub/sub channels (``fast_news_channel``) start with this.
+FAST_NEWS_PREFIX = f"{PREFIX}:fast-waiting:"
+#: Sorted set: worker hostname -> its preemptible run's rank (2 + when it began for a
+#: relaxed run, 1 + ... for a standard one): the run told first of a waiting fast job.
+PREEMPTIBLE_KEY = f"{PREFIX}:preemptible"
+
+
+def fast_news_channel(host: str) -> str:
+    """Pub/sub channel: fast jobs pushed for worker ``host`` to step aside for (the list
+    each was pushed to): its own, or shared ones it was picked for (``lua/fast_news.lua``)."""
+    return f"{FAST_NEWS_PREFIX}{host}"
 #: Sorted set: preemptions under way (worker incarnation -> until when it counts).
 PREEMPT_CLAIMS_KEY = f"{PREFIX}:preempt:claims"

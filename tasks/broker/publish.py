@@ -45,10 +45,11 @@ from routing.names import LANES
 from tasks.broker import scripts
 from tasks.broker.keys import (
     DUE_PREFIX,
-    FAST_WAITING_CHANNEL,
+    FAST_NEWS_PREFIX,
     LANE_DEPTHS_KEY,
     LEDGER_KEY,
     LIST_DEPTHS_KEY,
+    PREEMPTIBLE_KEY,
     due_clock,
     lists_key,
     run_key,
@@ -158,10 +159,10 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
     lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
     balances, account, start_s = when.fast_time or ("", "", 0.0)
     return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances,
-             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY],
+             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY],
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
              token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
-             "1" if when.front else "0", FAST_WAITING_CHANNEL,
+             "1" if when.front else "0", FAST_NEWS_PREFIX,
              repr(due_clock(key, when.entered_at)), DUE_PREFIX])
 
 

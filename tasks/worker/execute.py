@@ -17,6 +17,7 @@ from typing import Any
 
 from gpu_worker.batch_run import BATCHER
 from gpu_worker.batching import Ran
+from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
 from tasks.broker.message import Job
 from tasks.jobs import catalog
@@ -37,6 +38,18 @@ def run_job(job: Job, lane: str, guard: StepGuard,
     model, load_ms = RUNTIME.model(job.model)
     guard.began = time.monotonic()  # a cold load is nobody's fast time
     guard.preemptible = bool(getattr(model, "preemptible", False))
+    if guard.preemptible:
+        PREEMPTION.offer(lane, guard.preempted)
+        try:
+            return _run_alone(model, load_ms, job, guard, resume)
+        finally:
+            PREEMPTION.withdraw()
+    return _run_alone(model, load_ms, job, guard, resume)
+
+
+def _run_alone(model: Any, load_ms: float | None, job: Job, guard: StepGuard,
+               resume: tuple[int, Any] | None) -> Ran:
+    """One job on its own on the warm model (see :func:`run_job`)."""
     resumable = bool(getattr(model, "resumable", False))
     began = time.perf_counter()
     if catalog.spec(job.model).cls is not None:

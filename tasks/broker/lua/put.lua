@@ -1,12 +1,13 @@
 -- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
 -- places, a claimed run's pointer, the run the job leads, the job's lease and run
--- counter, the fast-time balances hash; then the depths per lane and per list.
+-- counter, the fast-time balances hash; then the depths per lane and per list, the
+-- preemptible runs.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
 -- s, fence token ('' : none), the fenced run's number, how long a released lease is
 -- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
 -- account, an uncharged account's fast seconds, '1' to push at the front (the end
--- taken next), the channel told of every fast job pushed, the job's lane clock (unix s:
+-- taken next), the fast-news channels' prefix, the job's lane clock (unix s:
 -- when it entered its lane; 0: not indexed), the due indexes' key prefix.
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
@@ -17,10 +18,12 @@
 -- The same message published again (same delivery tag) before a worker took it finds
 -- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
 -- retry's publish tried again is stopped by its fence instead, the lease released.)
--- A fast job pushed is told on the channel (its list's name): a worker running a
--- preemptible job hears of it within a step (gpu_worker.preempt).
+-- A fast job pushed is told to one worker (lua/fast_news.lua): the one whose own queue
+-- it is in, else the preemptible run best stopped; it hears within a step
+-- (gpu_worker.preempt).
 -- include: holds
 -- include: ledger
+-- include: fast_news
 local book = {KEYS[2], KEYS[10], KEYS[11], ARGV[19]}
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local t = redis.call('TIME')
@@ -61,5 +64,5 @@ end
 redis.call(ARGV[16] == '1' and 'RPUSH' or 'LPUSH', KEYS[1], ARGV[1])
 ledger_add(book, ARGV[2], KEYS[1], ARGV[1], ARGV[18])
 redis.call('SADD', KEYS[3], KEYS[1])
-if tonumber(ARGV[13]) == 0 then redis.call('PUBLISH', ARGV[17], KEYS[1]) end
+if tonumber(ARGV[13]) == 0 then tell_fast(KEYS[12], ARGV[17], KEYS[1]) end
 return 1
