@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/models.py
 	$(PY) benchmarks/estimate.py
 	$(PY) benchmarks/preempt.py
+	$(PY) benchmarks/fleet.py --processes 64
 
 # The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
 # and frozen, with the default visibility timeout; then jobs longer than a short one),

@@ -23,6 +23,7 @@ from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
+from routing.compact import split
 from routing.names import HEARTBEAT_TASK, LANES
 from routing.placement import serving
 from routing.policy import relax_levels
@@ -39,6 +40,7 @@ from tasks.broker.keys import (
     USAGE_BUCKET_S,
     WORKERS_KEY,
     lane_of_key,
+    members_key,
     usage_key,
 )
 from tasks.jobs.deadletter import drop_dead
@@ -47,6 +49,9 @@ from tasks.settings import settings
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
 FORGET_AFTER_S = 600.0
+#: Seconds a members doc outlives the last round that named it: a router reading a
+#: snapshot just before a new version finds the doc it names.
+MEMBERS_TTL_S = 600
 
 
 def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
@@ -138,13 +143,28 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, 
             "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s)}
 
 
+class _Written:
+    """The members version this beat process last wrote whole (its doc then needs only
+    its time to live renewed: most rounds change no membership)."""
+
+    version = ""
+
+
 def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict]) -> bool:
-    """Store the worker record and the snapshot, fenced by beat's epoch (one step);
-    False, having written nothing, when another beat leads."""
+    """Store the worker record, the members doc and the compact snapshot routers read
+    (``routing.compact``), fenced by beat's epoch (one step); False, having written
+    nothing, when another beat leads."""
+    compact, members = split({**snapshot, "workers": workers})
+    version = members["version"]
     records = [item for host, worker in workers.items() for item in (host, json.dumps(worker))]
-    return bool(scripts.run(client, "beat_write",
-                            [BEAT_EPOCH_KEY, SNAPSHOT_KEY, WORKERS_KEY, ""],
-                            [leader.epoch(), json.dumps(snapshot), "", 0, *records]))
+    for doc in ("" if _Written.version == version else json.dumps(members), json.dumps(members)):
+        written = scripts.run(client, "beat_write",
+                              [BEAT_EPOCH_KEY, SNAPSHOT_KEY, WORKERS_KEY, members_key(version)],
+                              [leader.epoch(), json.dumps(compact), doc, MEMBERS_TTL_S, *records])
+        if written != -1:  # -1: the doc to renew was gone (evicted, flushed): write it whole
+            break
+    _Written.version = version if written == 1 else ""
+    return written == 1
 
 
 def expire_dead_letters(client: redis.Redis, now: float) -> int:

@@ -57,11 +57,13 @@ class Jobs:
 
 def next_snapshot(client: Any, after: float, depth: int, timeout_s: float = 10.0) -> dict:
     """The first snapshot measured after ``after`` that sees at least ``depth`` jobs."""
-    from tasks.broker.keys import SNAPSHOT_KEY
+    from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        snapshot = json.loads(client.get(SNAPSHOT_KEY) or "{}")
+        raw, records = client.pipeline().get(SNAPSHOT_KEY).hgetall(WORKERS_KEY).execute()
+        snapshot = json.loads(raw or "{}")
+        snapshot["workers"] = {h: json.loads(w) for h, w in records.items()}  # beat's record
         if snapshot.get("measured_at", 0) > after:
             if snapshot["lanes"][LANE]["depth"] >= depth:
                 return snapshot

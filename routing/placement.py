@@ -1,10 +1,12 @@
 """Where models should be warm: pure choices over the worker record."""
 from __future__ import annotations
 
-import bisect
-import hashlib
 import math
-from typing import Any, Collection, Iterable, Mapping
+from itertools import chain, islice
+from typing import AbstractSet, Any, Collection, Iterable, Iterator, Mapping
+
+from routing.hashring import VNODES, HashRing, as_ring, point, ring
+from routing.ringorder import ask, in_ring_order, kept_order
 
 
 def serving(worker: Mapping[str, Any]) -> bool:
@@ -34,39 +36,30 @@ def prewarm_targets(workers: Mapping[str, dict], model: str, replicas: int) -> l
     return [host for *_, host in sorted(candidates)[:missing]]
 
 
-#: Points per worker on the hash ring: enough to spread models evenly.
-VNODES = 64
 #: A worker takes at least this many jobs (one running, one waiting) before it
 #: passes work on: a cold load elsewhere costs more than one job's wait.
 MIN_CAP = 2
-
-
-def _point(key: str) -> int:
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
-
-
-def ring(nodes: Iterable[str]) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The consistent-hash ring of ``nodes``: sorted points and their owners."""
-    points = sorted((_point(f"{node}#{v}"), node) for node in set(nodes) for v in range(VNODES))
-    return tuple(p for p, _ in points), tuple(n for _, n in points)
-
-
-def _ring_order(model: str, points: tuple[int, ...], owners: tuple[str, ...],
-                nodes: int) -> list[str]:
-    """Distinct workers in ring order from ``model``'s point (stops once all are seen)."""
-    start, order = bisect.bisect(points, _point(model)), []
-    for step in range(len(points)):
-        node = owners[(start + step) % len(points)]
-        if node not in order:
-            order.append(node)
-            if len(order) == nodes:
-                break
-    return order
+#: Warm holders of a model weighed for delay scheduling: the first ones in ring order
+#: from the job's point (a hot model is warm on hundreds of workers at scale).
+DELAY_HOLDERS = 16
+#: A model held on at least one worker in this many is "widely held": unless its
+#: order is kept for the key (``routing.ringorder.warm`` puts the keys in use in order
+#: after each snapshot, off the jobs' path), its first holders come from a walk of the
+#: ring from the job's point (one every few steps), not from the ring order of all of
+#: them (hundreds: a bisect each).
+WIDE_SHARE = 32
+#: Steps of such a walk before the holders' ring order is computed.
+WIDE_WALK_STEPS = 256
+#: What the ring module exports through this one (callers import them from here).
+__all__ = ["VNODES", "MIN_CAP", "DELAY_HOLDERS", "HashRing", "ring", "point", "serving",
+           "holders", "prewarm_targets", "assign_homes", "home"]
+_NONE: frozenset[str] = frozenset()
 
 
 def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
                  slots: Mapping[str, int],
-                 previous: Mapping[str, str] | None = None) -> dict[str, str]:
+                 previous: Mapping[str, str] | None = None,
+                 capacity: int | None = None) -> dict[str, str]:
     """Each model's first worker: consistent hashing bounded by model slots.
 
     ``models`` in order of demand, most wanted first: each takes the first
@@ -75,17 +68,25 @@ def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[
     left over when every slot is taken get no home (plain ring order). A
     model keeps its ``previous`` home while that has a slot: homes move only
     when workers or the set of wanted models change, never on noise.
+    ``capacity``: the slots of all the ring's workers, when the caller keeps it.
     """
-    points, owners = hash_ring
-    nodes, taken, homes = len(set(owners)), dict.fromkeys(owners, 0), {}
+    hash_ring = as_ring(hash_ring)
+    nodes, previous = hash_ring.nodes, previous or {}
+    free = sum(max(0, slots.get(node, 1)) for node in nodes) if capacity is None else capacity
+    taken: dict[str, int] = {}
+    homes = {}
     for model in models:
-        walk = _ring_order(model, points, owners, nodes)
-        if (previous or {}).get(model) in taken:
-            walk.insert(0, previous[model])
-        for node in walk:
-            if taken[node] < slots.get(node, 1):
-                homes[model], taken[node] = node, taken[node] + 1
+        if free <= 0:  # every slot is taken: no walk can find one
+            break
+        before = previous.get(model)
+        if before in nodes and taken.get(before, 0) < slots.get(before, 1):
+            node = before  # it keeps its home (the common case: no walk at all)
+        else:
+            node = next((node for node in hash_ring.walk(model)
+                         if taken.get(node, 0) < slots.get(node, 1)), None)
+            if node is None:
                 break
+        homes[model], taken[node], free = node, taken.get(node, 0) + 1, free - 1
     return homes
 
 
@@ -93,7 +94,9 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
          loads: Mapping[str, float], epsilon: float,
          warm: Mapping[str, Collection[str]] | None = None,
          drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0,
-         first: str | None = None, key: str | None = None) -> str | None:
+         first: str | None = None, key: str | None = None, *,
+         holders: Mapping[str, AbstractSet[str]] | None = None,
+         load_sum: float | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -103,34 +106,120 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     when that one is overloaded, on the next warm one, and only then cold.
 
     Delay scheduling: when every warm holder is over the cap, the job still
-    waits for the one that drains soonest if that is sooner than loading the
-    model (``cold_s``) on the first open worker and waiting there. ``drain_s``
-    is each worker's seconds per queued job; without it a job never waits.
+    waits for the one that drains soonest (of the first ``DELAY_HOLDERS`` in ring
+    order) if that is sooner than loading the model (``cold_s``) on the first open
+    worker and waiting there. ``drain_s`` is each worker's seconds per queued job;
+    without it a job never waits.
 
     ``first``: the model's worker from :func:`assign_homes`, tried before the
     rest of the ring. ``key``: the job's point on the ring in place of the model's (a
     route key, e.g. a LoRA's name: its jobs keep landing on one of the model's warm
     workers, and different keys spread over them).
+
+    ``holders`` (model -> workers holding it warm, on the ring) and ``load_sum`` (the
+    sum of ``loads`` over the ring's workers): kept by the snapshot cache so that a job
+    costs a few steps; without them both are found from ``warm`` and ``loads`` (a
+    pass over every worker).
     """
-    points, owners = hash_ring
-    nodes = set(owners)
+    hash_ring = as_ring(hash_ring)
+    nodes = hash_ring.nodes
     if not nodes:
         return None
-    warm = warm or {}
-    mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
-    cap = max(MIN_CAP, math.ceil((1 + epsilon) * mean))
-    order = _ring_order(key or model, points, owners, len(nodes))
-    if first in nodes:
-        order = [first] + [node for node in order if node != first]
-    open_nodes = [node for node in order if loads.get(node, 0) < cap]
-    holding = [node for node in order if model in warm.get(node, ())]
-    warm_open = [node for node in holding if node in open_nodes]
-    if warm_open or not open_nodes:
-        return (warm_open or holding or order)[0]
+    if load_sum is None:
+        load_sum = sum(loads.get(node, 0) for node in nodes)
+    cap = max(MIN_CAP, math.ceil((1 + epsilon) * (load_sum + 1) / len(nodes)))
+    held, point_key = _holding(model, nodes, warm, holders), key or model
+    front = first if first in held else None
+    if front is not None and loads.get(front, 0) < cap:
+        return front  # the model's home, warm and open: the common case
+    ordered = _ring_ordered(hash_ring, model, held, point_key)
+    warm_open = first_below(loads, ordered, cap, point_key)
+    if warm_open is not None:  # (a busy front is met again in ring order, and skipped)
+        return warm_open
+    if not isinstance(ordered, (list, tuple)):  # a walk, read: walked again
+        ordered = _walked(hash_ring, held, point_key)
+    holding = [front] if front is not None else []
+    holding += islice((node for node in ordered if node != front),
+                      DELAY_HOLDERS - len(holding))
+    return _spill(holding, _walk(hash_ring, point_key, first), loads, cap, drain_s, cold_s)
+
+
+def _walk(hash_ring: HashRing, key: str, first: str | None) -> Iterator[str]:
+    """The ring's workers from ``key``'s point, ``first`` (the model's home) before all."""
+    if first not in hash_ring.nodes:
+        return hash_ring.walk(key)
+    return chain((first,), (node for node in hash_ring.walk(key) if node != first))
+
+
+def _holding(model: str, nodes: AbstractSet[str],
+             warm: Mapping[str, Collection[str]] | None,
+             holders: Mapping[str, AbstractSet[str]] | None) -> frozenset[str]:
+    """The ring's workers that hold ``model`` warm (or are loading it)."""
+    if holders is not None:
+        return holders.get(model, _NONE)
+    return frozenset(node for node, models in (warm or {}).items()
+                     if node in nodes and model in models)
+
+
+def _ring_ordered(hash_ring: HashRing, model: str, held: frozenset[str],
+                  key: str) -> Iterable[str]:
+    """``model``'s holders ``held`` in ring order from ``key``'s point: the order kept
+    for the key (or a patch away), else computed and kept (a model held on few
+    workers), else walked as far as it is read (a widely held model)."""
+    if not held:
+        return ()
+    ask(key, model)
+    kept = kept_order(held, key)
+    if kept is not None:
+        return kept
+    if len(held) * WIDE_SHARE < len(hash_ring.nodes):
+        return in_ring_order(held, key)
+    return _walked(hash_ring, held, key)
+
+
+def _walked(hash_ring: HashRing, held: frozenset[str], key: str) -> Iterator[str]:
+    found, wanted = 0, len(held)
+    for node in islice(hash_ring.walk(key), WIDE_WALK_STEPS):
+        if node in held:
+            yield node
+            found += 1
+            if found == wanted:
+                return
+    yield from islice(in_ring_order(held, key), found, None)
+
+
+def first_below(loads: Mapping[str, float], nodes: Iterable[str], cap: float,
+                key: str | None = None) -> str | None:
+    """The first of ``nodes`` whose load is under ``cap``; the snapshot cache's loads
+    skip the holders it already found busy for ``key``, in one tight loop."""
+    below = getattr(loads, "first_below", None)
+    if below is not None:
+        return below(nodes, cap, key)
+    return next((node for node in nodes if loads.get(node, 0) < cap), None)
+
+
+def _spill(holding: list[str], walk: Iterator[str], loads: Mapping[str, float], cap: int,
+           drain_s: Mapping[str, float] | None, cold_s: float) -> str | None:
+    """Every warm holder is busy: the first open worker on the walk, or the holder of
+    ``holding`` (the first few, in order) that drains soonest when waiting for it beats
+    a cold load there; with no open worker, the first holder, else the first worker."""
+    first_node = next(walk, None)
+    first_open = None if first_node is None else \
+        first_below(loads, chain((first_node,), walk), cap)
+    if first_open is None:
+        return holding[0] if holding else first_node
     if holding and drain_s:
-        def wait_s(node: str) -> float:
-            return loads.get(node, 0) * drain_s.get(node, 0.0)
-        soonest = min(holding, key=wait_s)
-        if wait_s(soonest) <= cold_s + wait_s(open_nodes[0]):
-            return soonest
-    return open_nodes[0]
+        waits = _waits_s(loads, [*holding, first_open], drain_s)
+        soonest = min(range(len(holding)), key=waits.__getitem__)
+        if waits[soonest] <= cold_s + waits[-1]:
+            return holding[soonest]
+    return first_open
+
+
+def _waits_s(loads: Mapping[str, float], nodes: list[str],
+             drain_s: Mapping[str, float]) -> list[float]:
+    """How long a job queued at each of ``nodes`` waits: its load times its drain."""
+    waits = getattr(loads, "waits_s", None)
+    if waits is not None:
+        return waits(nodes, drain_s)
+    return [loads.get(node, 0) * drain_s.get(node, 0.0) for node in nodes]

@@ -6,8 +6,8 @@ here touches the network, so unit tests drive it with synthetic series.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Mapping
+from dataclasses import dataclass, field
+from typing import AbstractSet, Any, Mapping
 
 from routing.lanes import Route
 from routing.names import FAST, LANES, RELAX_PRIORITIES, RELAXED, STANDARD
@@ -109,10 +109,15 @@ class PolicyView:
     #: Healthy workers on the consistent-hash ring, and their loads (jobs
     #: running or queued for each); empty: every job goes to the shared lanes.
     ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
-    loads: Mapping[str, int] = field(default_factory=dict)
+    loads: Mapping[str, float] = field(default_factory=dict)
     epsilon: float = 0.25
     #: Models each healthy worker holds warm (or is loading), least recently used first.
     warm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Kept by the snapshot cache, so that a job does not pass over every worker: the
+    #: sum of ``loads`` over the ring, and model -> the ring's workers holding it warm
+    #: (None: found from ``loads`` and ``warm`` per job).
+    load_sum: float | None = None
+    holders: Mapping[str, AbstractSet[str]] | None = None
     #: Model slots per worker, and seconds per queued job (service time / concurrency).
     slots: Mapping[str, int] = field(default_factory=dict)
     drain_s: Mapping[str, float] = field(default_factory=dict)
@@ -125,6 +130,16 @@ class PolicyView:
     def cold_load_s(self, model: str) -> float:
         """What loading ``model`` costs a worker that does not hold it."""
         return self.cold_s.get(model, self.cold_default_s)
+
+    def but(self, **fields: Any) -> PolicyView:
+        """``dataclasses.replace`` without running ``__init__`` again: the snapshot
+        cache makes a view per job, and this costs about a microsecond, not ten."""
+        unknown = fields.keys() - self.__dict__.keys()
+        if unknown:
+            raise TypeError(f"PolicyView has no field {', '.join(sorted(unknown))}")
+        view = object.__new__(PolicyView)
+        view.__dict__.update(self.__dict__, **fields)
+        return view
 
 
 def _moved(route: Route, lane: str, reason: str) -> Route:
@@ -157,10 +172,19 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         if lower is None:
             return None
         route = _moved(route, lower, LANE_FULL)
-    if route.lane == RELAXED:
-        level = view.levels.get(account, 0)
-        route = replace(route, priority=RELAX_PRIORITIES[level])
+    priority = RELAX_PRIORITIES[view.levels.get(account, 0)] if route.lane == RELAXED else 0
     node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
                 view.cold_load_s(model), None if route_key else view.homes.get(model),
-                f"{model}/{route_key}" if route_key else None) if model else None
-    return replace(route, node=node) if node else route
+                f"{model}/{route_key}" if route_key else None, holders=view.holders,
+                load_sum=view.load_sum) if model else None
+    if priority or node:
+        route = _placed(route, priority, node)
+    return route
+
+
+def _placed(route: Route, priority: int, node: str | None) -> Route:
+    """``route`` with its priority and worker: one copy of its fields, without the frozen
+    dataclass's ``__init__`` (a ``setattr`` per field: microseconds on every job)."""
+    placed = object.__new__(Route)
+    placed.__dict__.update(route.__dict__, priority=priority, node=node)
+    return placed

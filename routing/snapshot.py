@@ -4,6 +4,12 @@
 daemon thread re-reads the snapshot that beat writes every heartbeat. When
 the copy is older than ``stale_s`` (beat down, Redis unreachable) routing
 falls back to plain tier lanes and says so in the log, once per episode.
+
+The snapshot comes in two parts (``routing.compact``): a few kB read every time, and
+the membership (hosts, slots, warm sets), read through ``fetch_members`` only when its
+version changes. What grows with the fleet is derived once per version
+(``routing.fleet``); a snapshot of the same membership only unpacks a few arrays; a
+view is O(1) to make and a job looks at the few workers it needs.
 """
 from __future__ import annotations
 
@@ -12,60 +18,38 @@ import logging
 import os
 import threading
 import time
+import zlib
 from collections import deque
-from dataclasses import replace
-from typing import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
 
+from routing.compact import split
+from routing.fleet import Fleet, Measured, build_fleet, measure, policy_view
+from routing.fluid import DrainingSum
 from routing.names import LANES
-from routing.placement import assign_homes, ring, serving
+from routing.placement import assign_homes
 from routing.policy import PolicyView
+from routing.ringorder import PATCH_MAX, changed_set, order_asked
 
 log = logging.getLogger(__name__)
 #: Jobs over which a router measures each model's demand.
 DEMAND_WINDOW = 1000
+#: What a snapshot that cannot be applied raises (kept out: the last copy stays).
+UNREADABLE = (ValueError, KeyError, TypeError, IndexError, zlib.error)
 
 
-def _drain_s(worker: dict) -> float | None:
-    """Seconds per queued job on ``worker``: its mean service time over its concurrency."""
-    samples = [ms for ms in worker.get("service_ms", {}).values() if ms]
-    return sum(samples) / len(samples) / 1000 / worker.get("concurrency", 1) if samples else None
-
-
-def _cold_s(workers: Mapping[str, dict]) -> dict[str, float]:
-    """Mean measured load seconds per model over the workers that loaded it."""
-    samples: dict[str, list[float]] = {}
-    for worker in workers.values():
-        for model, load_ms in worker.get("load_ms", {}).items():
-            samples.setdefault(model, []).append(load_ms / 1000)
-    return {model: sum(s) / len(s) for model, s in samples.items()}
+def _parts(snapshot: dict) -> tuple[dict, dict | None]:
+    """(compact, members or None): a full snapshot (with ``workers``: tests, an older
+    beat; or with no ``members`` version at all) is split here."""
+    if "workers" in snapshot or "members" not in snapshot:
+        return split(snapshot)
+    return snapshot, None
 
 
 def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
-    """The routing view of a snapshot, lane fullness aside (built once per snapshot)."""
-    lanes, policy = snapshot.get("lanes", {}), snapshot.get("policy", {})
-    # a sick worker (alive, but stepped aside) takes no jobs: off the ring, no capacity
-    routable = {host: w for host, w in snapshot.get("workers", {}).items() if serving(w)}
-    drain = {host: d for host, w in routable.items() if (d := _drain_s(w)) is not None}
-    known = sorted(drain.values())
-    cold = _cold_s(routable)
-    return PolicyView(
-        at=snapshot["at"],
-        overloaded=frozenset(lane for lane, state in policy.items() if state["overloaded"]),
-        exhausted=frozenset(snapshot.get("exhausted", ())),
-        levels=snapshot.get("levels", {}),
-        retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
-        ring=ring(routable), epsilon=epsilon,
-        loads={host: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
-               for host, w in routable.items()},
-        warm={host: tuple(dict.fromkeys([*w.get("warm_models", ()),
-                                         *w.get("loading_models", ())]))
-              for host, w in routable.items()},
-        slots={host: w.get("slots", 1) for host, w in routable.items()},
-        # a worker not measured yet drains like the median one
-        drain_s={host: drain.get(host, known[len(known) // 2]) for host in routable} if known
-        else {},
-        cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
-    )
+    """The routing view of a full snapshot, lane fullness aside."""
+    compact, members = split(snapshot)
+    return policy_view(measure(compact, build_fleet(members)), epsilon)
 
 
 def touched(warm: tuple[str, ...], model: str, slots: int) -> tuple[str, ...]:
@@ -74,7 +58,7 @@ def touched(warm: tuple[str, ...], model: str, slots: int) -> tuple[str, ...]:
     return kept[-max(1, slots):]
 
 
-def full_lanes(snapshot: dict, sent: Mapping[str, int],
+def full_lanes(snapshot: Mapping[str, Any], sent: Mapping[str, int],
                max_depth: Mapping[str, int]) -> frozenset[str]:
     """Lanes at their maximum depth, counting jobs this process sent since the snapshot."""
     lanes = snapshot.get("lanes", {})
@@ -89,29 +73,52 @@ def view_from_snapshot(snapshot: dict, sent: Mapping[str, int],
     return replace(base_view(snapshot), full=full_lanes(snapshot, sent, max_depth))
 
 
+@dataclass(frozen=True)
+class _Held:
+    """The snapshot routed from (compact form), its base view (with homes), unpacked."""
+
+    snapshot: Mapping[str, Any]
+    base: PolicyView
+    measured: Measured
+
+
 class SnapshotCache:
-    """Holds the latest snapshot; ``view()`` is a pure in-memory read."""
+    """Holds the latest snapshot; ``view()`` is an in-memory read.
+
+    ``fetch_members(version)``: the raw JSON of that members document (None when it
+    is not there); without it only full snapshots can be applied.
+    """
 
     def __init__(self, fetch: Callable[[], str | None], refresh_s: float, stale_s: float,
                  max_depth: Mapping[str, int], clock: Callable[[], float] = time.time,
-                 epsilon: float = 0.25) -> None:
+                 epsilon: float = 0.25,
+                 fetch_members: Callable[[str], str | bytes | None] | None = None) -> None:
         self.fetch, self.refresh_s, self.stale_s = fetch, refresh_s, stale_s
         self.max_depth, self.clock, self.epsilon = dict(max_depth), clock, epsilon
-        # (snapshot, its base view), swapped whole by refresh(): view() reads it
-        # without a lock, as one attribute.
-        self._state: tuple[dict, PolicyView] | None = None
+        self.fetch_members = fetch_members
+        # swapped whole by refresh() under the lock
+        self._state: _Held | None = None
+        # the members version held: kept across snapshots, and across forget() (a
+        # version names its content)
+        self._fleet: Fleet | None = None
         # Jobs this process sent that the snapshot may not count yet:
         # (time, lane, worker or None, model), their totals per lane, and what
-        # they did to each worker: jobs added, models made warm. The last two
-        # are replaced whole (never changed in place): view() reads them unlocked.
+        # they did to each worker: jobs added (and to the fleet's total, as it
+        # drains), models made warm or evicted. The dicts are replaced whole (never
+        # changed in place): views handed out read them unlocked.
         self._log: deque[tuple[float, str, str | None, str]] = deque()
         self._sent: dict[str, int] = {}
         self._node_sent: dict[str, int] = {}
-        self._warm: dict[str, tuple[str, ...]] = {}
+        self._sends = 0  # counted in _node_sent since the snapshot
+        self._warm_after: dict[str, tuple[str, ...]] = {}
+        self._holders_after: dict[str, frozenset[str]] = {}
+        self._fluid = DrainingSum((), ())
         # The models of the last DEMAND_WINDOW jobs routed, and counts of each:
         # each snapshot assigns homes from them, most wanted first.
         self._recent: deque[str] = deque()
         self._demand: dict[str, int] = {}
+        #: (members version, wanted models) the homes were last assigned for.
+        self._homed: tuple[str, frozenset[str]] | None = None
         # Lanes a publish found at their maximum depth (``note_full``) -> when: full
         # until a snapshot measured later arrives, or for one heartbeat at most.
         self._refused: dict[str, float] = {}
@@ -125,7 +132,8 @@ class SnapshotCache:
         read afresh (after the snapshot in Redis was deleted: a new cluster, a
         flushed test Redis)."""
         with self._lock:
-            self._state, self._sent, self._node_sent, self._warm = None, {}, {}, {}
+            self._state, self._sent, self._node_sent = None, {}, {}
+            self._warm_after, self._holders_after = {}, {}
             self._demand, self._refused = {}, {}
             self._log.clear()
             self._recent.clear()
@@ -135,24 +143,69 @@ class SnapshotCache:
         self._thread, self._lock = None, threading.Lock()
 
     def refresh(self) -> None:
-        """Read the snapshot once; keep the old copy if Redis cannot answer."""
+        """Read the snapshot once; keep the old copy if Redis cannot answer, or the
+        members of a new version cannot be read (tried again next time)."""
         try:
             raw = self.fetch()
         except Exception as exc:  # noqa: BLE001  the router must keep working
             log.debug("snapshot refresh failed: %s", exc)
             return
-        if raw:
+        if not raw:
+            return
+        try:
             snapshot = json.loads(raw)
+            held = self._state
+            if held is not None and snapshot["at"] == held.snapshot["at"]:
+                return
+            measured = self._measure(snapshot)
+        except UNREADABLE as exc:
+            log.debug("snapshot not applied: %r", exc)
+            return
+        if measured is not None:
             with self._lock:
-                if self._state is None or snapshot["at"] != self._state[0]["at"]:
-                    previous = self._state and self._state[1].homes
-                    self._state = (snapshot, base_view(snapshot, self.epsilon))
-                    self._rehome(previous)
-                    measured_at = snapshot.get("measured_at", snapshot["at"])
-                    self._forget_sent_before(measured_at)
-                    self._refused = {lane: at for lane, at in self._refused.items()
-                                     if at >= measured_at}
-                    self._replay()
+                self._apply(measured)
+                holders = self._state.base.holders.sent(self._holders_after)
+            order_asked(holders)  # the ring orders the next jobs want (outside the lock)
+
+    def _measure(self, snapshot: dict) -> Measured | None:
+        """The snapshot unpacked over its members (built once per version; outside the
+        lock: routing goes on from the last copy meanwhile); None: members unreadable."""
+        compact, members = _parts(snapshot)
+        fleet = self._fleet
+        if fleet is None or fleet.version != compact["members"]:
+            members = members or self._read_members(compact["members"])
+            if members is None:
+                return None
+            fleet = self._fleet = build_fleet(members, fleet)
+        return measure(compact, fleet)
+
+    def _read_members(self, version: str) -> dict | None:
+        if self.fetch_members is None:
+            log.debug("snapshot of members %s, and no way to read them", version)
+            return None
+        try:
+            raw = self.fetch_members(version)
+        except Exception as exc:  # noqa: BLE001  the router must keep working
+            log.debug("members %s not read: %s", version, exc)
+            return None
+        members = json.loads(raw) if raw else None
+        return members if members and members.get("version") == version else None
+
+    def _apply(self, measured: Measured) -> None:
+        """Route from ``measured`` from now on (caller holds the lock)."""
+        previous = self._state.base.homes if self._state else None
+        snapshot = measured.snapshot
+        self._state = _Held(snapshot, policy_view(measured, self.epsilon), measured)
+        if previous is not None and self._homed == (measured.fleet.version,
+                                                    frozenset(self._demand)):
+            # homes follow the members and the wanted models only: once per version
+            self._state = replace(self._state, base=self._state.base.but(homes=previous))
+        else:
+            self._rehome(previous)
+        measured_at = snapshot.get("measured_at", snapshot["at"])
+        self._forget_sent_before(measured_at)
+        self._refused = {lane: at for lane, at in self._refused.items() if at >= measured_at}
+        self._replay()
 
     def _loop(self) -> None:
         while True:
@@ -174,25 +227,62 @@ class SnapshotCache:
             self._sent[lane] -= 1
 
     def _rehome(self, previous: Mapping[str, str] | None) -> None:
-        """Give the wanted models homes on the current workers (caller holds the lock)."""
-        snapshot, base = self._state
+        """Give the wanted models homes on the current workers (caller holds the lock):
+        O(wanted models), a step or two each while they keep their homes."""
+        held = self._state
         wanted = sorted((m for m, n in self._demand.items() if n),
                         key=lambda m: (-self._demand[m], m))
-        homes = assign_homes(wanted, base.ring, base.slots, previous)
-        self._state = (snapshot, replace(base, homes=homes))
+        homes = assign_homes(wanted, held.base.ring, held.base.slots, previous,
+                             capacity=held.measured.fleet.capacity)
+        self._state = replace(held, base=held.base.but(homes=homes))
+        self._homed = (held.measured.fleet.version, frozenset(wanted))
 
     def _replay(self) -> None:
         """The new snapshot's workers, with the sends it did not see applied again."""
-        base = self._state[1]
-        self._node_sent, self._warm = {}, dict(base.warm)
+        measured, before = self._state.measured, self._holders_after
+        self._node_sent, self._warm_after, self._holders_after = {}, {}, {}
+        self._sends, self._fluid = 0, DrainingSum(measured.loads, measured.rates)
         for _, _, node, model in self._log:
-            self._apply(node, model)
+            self._count(node, model)
+        self._link(before)
 
-    def _apply(self, node: str | None, model: str) -> None:
-        if node is not None and node in self._warm:
-            self._node_sent = {**self._node_sent, node: self._node_sent.get(node, 0) + 1}
-            slots = self._state[1].slots.get(node, 1)
-            self._warm = {**self._warm, node: touched(self._warm[node], model, slots)}
+    def _link(self, before: Mapping[str, frozenset[str]]) -> None:
+        """Holder sets this process changed by its sends, as they are now: the very
+        set when it is the same, else made from it (so the ring orders kept for it are
+        patched, not compared whole, by the jobs that come next)."""
+        base, linked = self._state.measured.fleet.holders, dict(self._holders_after)
+        for model, old in before.items():
+            new = linked.get(model, base.get(model, frozenset()))
+            if new is old or abs(len(new) - len(old)) > PATCH_MAX:
+                continue
+            toggled = old ^ new
+            if len(toggled) <= PATCH_MAX:
+                linked[model] = changed_set(old, frozenset(toggled)) if toggled else old
+        self._holders_after = linked
+
+    def _count(self, node: str | None, model: str) -> None:
+        """A send to ``node`` of ``model``: its load, and the model warm there."""
+        held = self._state
+        i = None if node is None else held.measured.fleet.index.get(node)
+        if i is None:
+            return
+        self._node_sent = {**self._node_sent, node: self._node_sent.get(node, 0) + 1}
+        self._sends += 1
+        self._fluid.add(i)
+        before = self._warm_after.get(node) or held.base.warm[node]
+        after = touched(before, model, held.measured.fleet.slots[i])
+        self._warm_after = {**self._warm_after, node: after}
+        if set(before) != set(after):
+            self._holders_after = self._moved(node, before, after)
+
+    def _moved(self, node: str, before: tuple[str, ...],
+               after: tuple[str, ...]) -> dict[str, frozenset[str]]:
+        """The holders overlay once ``node`` went from ``before`` to ``after``."""
+        changed, base = dict(self._holders_after), self._state.measured.fleet.holders
+        for model in set(before).symmetric_difference(after):
+            held = changed.get(model, base.get(model, frozenset()))
+            changed[model] = changed_set(held, frozenset((node,)))
+        return changed
 
     def note_sent(self, lane: str, node: str | None = None, model: str = "") -> None:
         """Count a job sent to ``lane`` (``node``'s own queue of it, for ``model``)
@@ -206,15 +296,18 @@ class SnapshotCache:
             self._log.append((now, lane, node, model))
             self._sent[lane] = self._sent.get(lane, 0) + 1
             if self._state is not None:
-                self._apply(node, model)
+                self._count(node, model)
             self._recent.append(model)
             self._demand[model] = self._demand.get(model, 0) + 1
             if len(self._recent) > DEMAND_WINDOW:
-                self._demand[self._recent.popleft()] -= 1
-            if self._demand[model] == 1 and self._state is not None:
+                gone = self._recent.popleft()
+                self._demand[gone] -= 1
+                if not self._demand[gone]:  # out of the window: not wanted any more
+                    del self._demand[gone]
+            if self._demand.get(model) == 1 and self._state is not None:
                 # newly wanted: home it now (a model left without a home, all slots
                 # taken, is not re-tried on every send; the next snapshot re-homes)
-                self._rehome(self._state[1].homes)
+                self._rehome(self._state.base.homes)
 
     def note_full(self, lane: str) -> None:
         """A publish found ``lane`` at its maximum depth: route as if it is full
@@ -230,8 +323,16 @@ class SnapshotCache:
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
         self.start()
-        state = self._state
-        age_s = None if state is None else self.clock() - state[0]["at"]
+        now = self.clock()
+        with self._lock:
+            held = self._state
+            age_s = None if held is None else now - held.snapshot["at"]
+            if age_s is not None and age_s <= self.stale_s:
+                snapshot = held.snapshot
+                elapsed_s = max(0.0, now - snapshot.get("measured_at", snapshot["at"]))
+                load_sum = self._fluid.at(elapsed_s)
+                sent, node_sent, sends = self._sent, self._node_sent, self._sends
+                warm_after, holders_after = self._warm_after, self._holders_after
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
                 log.warning("no fresh lane snapshot (age %s s): routing by tier only",
@@ -239,17 +340,8 @@ class SnapshotCache:
                 self._warned = True
             return None
         self._warned = False
-        snapshot, base = state
-        full = full_lanes(snapshot, self._sent, self.max_depth)
-        if self._node_sent or base.drain_s:
-            base = replace(base, warm=self._warm, loads=self._loads_now(snapshot, base))
-        return replace(base, full=full) if full else base
-
-    def _loads_now(self, snapshot: dict, base: PolicyView) -> dict[str, float]:
-        """Each worker's load as measured, plus this process's sends since, less
-        the jobs it has had time to finish since (a fluid estimate)."""
-        elapsed_s = max(0.0, self.clock() - snapshot.get("measured_at", snapshot["at"]))
-        sent = self._node_sent
-        return {node: max(0.0, load + sent.get(node, 0)
-                          - (elapsed_s / base.drain_s[node] if base.drain_s.get(node) else 0))
-                for node, load in base.loads.items()}
+        base = held.base
+        return base.but(full=full_lanes(snapshot, sent, self.max_depth),
+                        loads=base.loads.at(node_sent, elapsed_s, sends), load_sum=load_sum,
+                        warm=base.warm.sent(warm_after),
+                        holders=base.holders.sent(holders_after))

@@ -104,18 +104,19 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
 
     def settled_snapshot():  # a snapshot with the job counted and nothing running
         snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}")
-        info = snapshot.get("workers", {}).get(host, {})
+        info = json.loads(clean_redis.hget(WORKERS_KEY, host) or "{}")
         settled = info.get("alive") and info["missed"] == 0 and "standard" in info["service_ms"]
-        return snapshot if settled and not sum(info["in_flight"].values()) else None
+        return (snapshot, info) if settled and not sum(info["in_flight"].values()) else None
 
-    snapshot = wait_until(settled_snapshot, timeout_s=20, what=f"a settled heartbeat of {host}")
-    info = snapshot["workers"][host]
+    snapshot, info = wait_until(settled_snapshot, timeout_s=20,
+                                what=f"a settled heartbeat of {host}")
     assert info["device"] == "cpu" and info["service_ms"]["standard"] > 0
     assert info["cost_ms"]["demo"][1] > 0  # ms per unit of a demo job's cost
     assert "demo" in info["warm_models"]
     assert info["lanes"] == ["fast", "standard", "relaxed"]
     stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
     assert host in stored  # the worker record beat keeps beside the snapshot
+    assert "workers" not in snapshot and snapshot["members"]  # routers read a compact one
     assert set(snapshot["lanes"]) == {"fast", "standard", "relaxed"}
     standard = snapshot["lanes"]["standard"]
     assert standard["workers"] == 1 and standard["depth"] == 0 and standard["service_s"] > 0

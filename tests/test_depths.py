@@ -88,3 +88,28 @@ def test_the_audit_corrects_counts_gone_wrong(clean_redis):
     clean_redis.hset(LIST_DEPTHS_KEY, mapping={"standard": 1, "fast.gpu9@gone": 4})
     recover_lost(clean_redis, grace_s=60, audit=True)
     assert _depths(clean_redis) == ({"standard": 3}, {"standard": 3})
+
+
+def test_an_ack_that_redis_does_not_answer_still_frees_the_workers_hand(app, clean_redis,
+                                                                       monkeypatch):
+    """With prefetch 1, a take kombu still counted after a lost ack would keep a worker
+    from ever taking another job; the records left in Redis are settled later."""
+    import pytest
+    import redis
+
+    submit("p", tier="standard", **SMALL)
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        channel.basic_qos(prefetch_count=1)
+        taken = channel.basic_get("standard")
+        assert not channel.qos.can_consume()
+
+        def frozen(tag):
+            raise redis.TimeoutError("Timeout reading from socket")
+
+        monkeypatch.setattr(channel.qos, "_drop_if_mine", frozen)
+        with pytest.raises(redis.TimeoutError):
+            channel.basic_ack(taken.delivery_tag)
+        channel.qos._flush()  # kombu's in-memory acks
+        assert channel.qos.can_consume()
+        assert clean_redis.hexists("unacked", taken.delivery_tag)  # left for settle_orphans

@@ -12,7 +12,7 @@ from routing.placement import assign_homes, home, ring
 from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks import submit
-from tasks.broker.keys import SNAPSHOT_KEY
+from tasks.broker.keys import WORKERS_KEY
 
 MODELS = [f"model-{i}" for i in range(2000)]
 
@@ -113,8 +113,8 @@ def cluster(cluster_factory):
 
 def _routed_view(clean_redis, hosts):
     def ready():
-        snapshot = json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}")
-        alive = [h for h, w in snapshot.get("workers", {}).items() if w.get("alive")]
+        records = clean_redis.hgetall(WORKERS_KEY)
+        alive = [h.decode() for h, w in records.items() if json.loads(w).get("alive")]
         return sorted(alive) == sorted(hosts)
     wait_until(ready, timeout_s=30, what="both workers in the snapshot")
     from tasks.broker.enqueue import snapshot_cache

@@ -15,7 +15,7 @@ from conftest import SMALL, free_port, http_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import submit
-from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, metric_field
+from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, WORKERS_KEY, metric_field
 from tasks.errors import JobFailed
 from tasks.jobs.usage import job_counts
 
@@ -75,8 +75,9 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     assert hit["cached"] and not any(r["cached"] for r in first)
     ran += first
     host = cluster.hostnames[0]
-    wait_until(lambda: json.loads(clean_redis.get(SNAPSHOT_KEY) or "{}").get("workers", {})
-               .get(host, {}).get("alive"), what="a snapshot with the worker in it")
+    wait_until(lambda: clean_redis.get(SNAPSHOT_KEY) and json.loads(
+        clean_redis.hget(WORKERS_KEY, host) or "{}").get("alive"),
+        what="a snapshot with the worker in it")
     m = _scrape(exporter)
 
     for lane in ("fast", "standard", "relaxed"):

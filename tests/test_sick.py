@@ -20,7 +20,7 @@ from gpu_worker.health import HealthHook, Lever, SelfHealth, is_worker_fault
 from routing.names import CONSUME_COMMAND, worker_queue, worker_queues
 from routing.placement import holders, home, prewarm_targets, ring, serving
 from routing.snapshot import base_view
-from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY, lane_keys
+from tasks.broker.keys import WORKERS_KEY, lane_keys
 from tasks.errors import ArtifactError, JobTimeout, ModelError, TransientJobError
 from tasks.settings import settings
 

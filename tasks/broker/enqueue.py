@@ -20,7 +20,7 @@ from routing.policy import PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
-from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key
+from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, members_key
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import broker_client
@@ -67,7 +67,8 @@ def snapshot_cache() -> SnapshotCache:
     client = broker_client(socket_timeout=1, socket_connect_timeout=1)
     return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
                          stale_s=settings.snapshot_stale_s, max_depth=settings.max_depth,
-                         epsilon=settings.hash_epsilon)
+                         epsilon=settings.hash_epsilon,
+                         fetch_members=lambda v: client.get(members_key(v)))
 
 
 def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
@@ -149,11 +150,12 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
     # Redis that does not answer must not hold the caller for several timeouts.
     # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
     # or failed leaves no subscription behind, and no outage of it holds the caller.
+    message = JobMessage(job, JobRoute.of(where),
+                         time.time() if submitted_at is None else submitted_at)
     with publishing(limit=0 if accepted else settings.max_depth[where.lane],
                     **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
-                    run=(*run, settings.result_ttl_s) if run else None), \
+                    run=(*run, settings.result_ttl_s) if run else None,
+                    entered_at=message.lane_clock), \
             no_subscription():
-        message = JobMessage(job, JobRoute.of(where),
-                             time.time() if submitted_at is None else submitted_at)
         return app.send_task(GENERATE_TASK, task_id=job_id, retry=False, **options,
                              kwargs=message.kwargs())

@@ -88,15 +88,20 @@ class LedgerQoS(kombu_redis.QoS):
 
     def ack(self, delivery_tag: str) -> None:
         """Drop the message's records, fenced: only if this process still holds it (an
-        AOF that lost its last second can hand the same tag to another worker)."""
-        self._drop_if_mine(delivery_tag)
-        super(kombu_redis.QoS, self).ack(delivery_tag)
+        AOF that lost its last second can hand the same tag to another worker).
+
+        kombu's count of messages in hand drops even when Redis does not answer: with
+        prefetch 1 a worker that kept it would never take another job. The records left
+        behind are what ``gpu_worker.hooks.settle_orphans`` finds once Redis answers."""
+        try:
+            self._drop_if_mine(delivery_tag)
+        finally:
+            super(kombu_redis.QoS, self).ack(delivery_tag)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
             return super().reject(delivery_tag, requeue)
-        self._drop_if_mine(delivery_tag)
-        super(kombu_redis.QoS, self).ack(delivery_tag)
+        self.ack(delivery_tag)
 
     def _drop_if_mine(self, delivery_tag: str) -> None:
         with self.channel.conn_or_acquire() as client:

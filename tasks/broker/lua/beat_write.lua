@@ -1,13 +1,20 @@
--- KEYS: beat's epoch, the snapshot, the worker record, the members doc ('' : none).
--- ARGV: beat's epoch, the snapshot, the members doc, its seconds to live, then pairs of
+-- KEYS: beat's epoch, the snapshot, the worker record, the members doc of the snapshot's
+-- version.
+-- ARGV: beat's epoch, the snapshot, the members doc ('' : unchanged since this beat last
+-- wrote it: only its time to live is renewed), its seconds to live, then pairs of
 -- (worker, its record).
 -- One heartbeat's writes, fenced: the worker record replaced whole, the members doc a
 -- router fetches by the version the snapshot names, then the snapshot. Returns 0, having
--- written nothing, when another beat leads.
+-- written nothing, when another beat leads, and -1 when the members doc it was to renew
+-- is gone (the caller writes it whole).
 -- include: fence
 if not leads(KEYS[1], ARGV[1]) then return 0 end
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4])
+elseif redis.call('EXPIRE', KEYS[4], ARGV[4]) == 0 then
+  return -1
+end
 redis.call('DEL', KEYS[3])
 for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-if KEYS[4] ~= '' then redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4]) end
 redis.call('SET', KEYS[2], ARGV[2])
 return 1

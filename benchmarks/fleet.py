@@ -1,0 +1,249 @@
+"""What a job and a beat round cost as the fleet grows: 10, 100 and 1,000 workers.
+
+``python benchmarks/fleet.py`` builds, at each size, what a cluster of that many
+workers leaves in a private embedded Redis: every worker's pushed stats (records
+shaped like the workers' own), its own queues with jobs in them (published through
+the real publish script, so the ledger, depths and due indexes are real), jobs in
+the shared lanes, and the worker record of beat's previous round. Then it measures:
+
+- ``decide()`` p50/p99, the compact snapshot's bytes, applying a new snapshot, and a
+  new members version (``benchmarks.fleet_routing``, the real router);
+- Redis' own time per publish in each lane (``INFO commandstats``, the publish
+  script's microseconds per call over a few hundred publishes with the lane limit on;
+  each size's Redis data kept in a database of its own so that the sizes take turns);
+- a beat round: the heartbeat and the movers as the leader runs them (fenced by its
+  epoch), median of several rounds.
+
+``--processes N`` also starts a real cluster of N lightweight worker processes
+(the ``echo`` model: no weights) with two beats, and reports the round time beat
+logs with N live workers pushing their stats, and how many answered.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if not __package__:  # run as a script: make the project importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import redis  # noqa: E402
+
+from benchmarks.common import markdown_table, run_private, write_json  # noqa: E402
+
+SIZES = (10, 100, 1000)
+#: Publishes timed per lane and size.
+PUBLISHES = 300
+ROUNDS = 5
+MODELS = [f"model-{i}" for i in range(200)]
+
+
+def record(i: int, now: float) -> dict[str, Any]:
+    """Stats shaped like a worker's own push (``gpu_worker.control.stats_of``)."""
+    host = f"gpu{i % 8}@node{i // 8}"
+    warm = [MODELS[(i * 7 + k) % len(MODELS)] for k in range(1 + i % 3)]
+    lanes = ["fast", "standard", "relaxed"]
+    return {"hostname": host, "device": f"cuda:{i % 8}", "incarnation": f"{host}/{1000 + i}/1.0",
+            "started_at": now - 3600, "in_flight": {"fast": 0, "standard": i % 2, "relaxed": 0},
+            "service_ms": {lane: 900.0 + i % 50 for lane in lanes}, "warm_models": warm,
+            "loading_models": [], "load_ms": {m: 4000.0 for m in warm}, "slots": 3,
+            "cost_ms": {m: [100.0, 800.0] for m in warm}, "concurrency": 1,
+            "queues": [q for lane in lanes for q in (f"{lane}.{host}", lane)], "lanes": lanes,
+            "batching": {}, "sick": None, "failures": {}}
+
+
+def populate(client: Any, app: Any, size: int) -> list[str]:
+    """``size`` workers' stats, own queues with jobs, shared jobs; their hostnames."""
+    from beat.heartbeat import heartbeat
+    from routing.names import worker_queue
+    from tasks.broker.stats import push_stats
+    from tasks.jobs.schema import validate
+    from tasks.worker.generate import generate
+
+    client.flushdb()
+    now, hosts = time.time(), []
+    job = validate("p", tier="standard", account="a", model="demo", seed=1, steps=4,
+                   width=64, height=64).encode()
+    for i in range(size):
+        stats = record(i, now)
+        hosts.append(stats["hostname"])
+        push_stats(client, stats["hostname"], stats)
+        for lane, priority in (("standard", 0), ("relaxed", 9)):
+            own = worker_queue(lane, stats["hostname"])
+            if own not in app.amqp.queues:  # as the worker declares it (gpu_worker.hooks)
+                app.amqp.queues.add(own, exchange=own, routing_key=own)
+            generate.apply_async(kwargs={"job": job, "route": {"lane": lane,
+                                 "requested_tier": lane}, "submitted_at": now},
+                                 queue=worker_queue(lane, stats["hostname"]), priority=priority)
+    for lane in ("fast", "standard", "relaxed"):
+        for _ in range(100):
+            generate.apply_async(kwargs={"job": job, "route": {"lane": lane,
+                                 "requested_tier": lane}, "submitted_at": now}, queue=lane)
+    heartbeat()  # beat's first round: the worker record the next rounds start from
+    return hosts
+
+
+def publish_us(clients: dict[int, Any]) -> dict[int, dict[str, float]]:
+    """Redis' microseconds per publish script call, per fleet size (``clients``: size ->
+    a client of the database holding that fleet) and lane, limits on: the median of
+    ``ROUNDS`` rounds of ``PUBLISHES``, sizes and lanes taking turns in every round, so
+    that the machine's drift falls on every size alike."""
+    samples = {size: {lane: [] for lane in ("fast", "standard", "relaxed")} for size in clients}
+    for _ in range(ROUNDS):
+        for size, client in clients.items():
+            for lane, times in samples[size].items():
+                times.append(_publishes_us(client, lane))
+    return {size: {lane: round(statistics.median(t), 1) for lane, t in lanes.items()}
+            for size, lanes in samples.items()}
+
+
+def _publishes_us(client: Any, lane: str) -> float:
+    """Mean Redis microseconds of ``PUBLISHES`` publishes to ``lane`` (relaxed: a heavy
+    level); the lane is left as it was (the entries' ledger lines stay)."""
+    import json
+    import uuid
+
+    from tasks.broker.keys import lane_keys
+    from tasks.broker.publish import Conditions, _put
+    from tasks.settings import settings
+
+    message = json.loads(client.lrange("standard", 0, 0)[0])
+    key = lane_keys(lane)[-1 if lane == "relaxed" else 0]
+    client.config_resetstat()
+    for _ in range(PUBLISHES):
+        tag = str(uuid.uuid4())
+        message["properties"]["delivery_tag"] = tag
+        _put(client, lane, key, json.dumps(message), tag, "",
+             Conditions(limit=settings.max_depth[lane] + 10**6, entered_at=time.time()))
+    usec = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]
+    client.ltrim(key, PUBLISHES, -1)
+    return usec
+
+
+def round_ms(client: Any) -> tuple[float, float]:
+    """(median, max) ms of a beat round (heartbeat and movers) run as the leader."""
+    from beat.heartbeat import heartbeat
+    from beat.lease import Leadership
+    from beat.movers import move_queued
+    from tasks.broker.leader import fenced
+
+    lead = Leadership(client)
+    epoch = lead.renew()
+    times = []
+    for _ in range(ROUNDS):
+        began = time.perf_counter()
+        with fenced(epoch):
+            heartbeat()
+            move_queued()
+        times.append((time.perf_counter() - began) * 1000)
+    lead.stop()
+    return statistics.median(times), max(times)
+
+
+def live_cluster(processes: int, state: Path) -> dict[str, Any]:
+    """``processes`` real worker processes serving ``echo`` (no weights) on the private
+    Redis: beat rounds run here as the leader with every worker pushing its stats, and
+    ``10 x processes`` echo jobs go through ``submit()``."""
+    import json
+
+    from tasks import app, submit
+    from tasks.broker.app import redis_client
+    from tasks.broker.keys import WORKERS_KEY
+    from tasks.dev.cluster import LocalCluster
+
+    began = time.monotonic()
+    cluster = LocalCluster(state, workers=processes, device="cpu", beat=False,
+                           log_dir=state / "logs").start(app, timeout_s=1800)
+    try:
+        up_s, client = time.monotonic() - began, redis_client()
+        time.sleep(3)  # every worker has pushed its stats since it answered its ping
+        median_ms, max_ms = round_ms(client)
+        alive = sum(json.loads(w)["alive"] for w in client.hgetall(WORKERS_KEY).values())
+        sent = time.perf_counter()
+        results = [submit(model="echo", text=f"job {i}", tier=("fast", "standard", "relaxed")[i % 3])
+                   for i in range(10 * processes)]
+        outputs = [r.get(timeout=600)["output"]["text"] for r in results]
+        jobs_s = len(outputs) / (time.perf_counter() - sent)
+        return {"processes": processes, "started_s": round(up_s, 1), "alive": alive,
+                "round_ms": round(median_ms, 1), "round_max_ms": round(max_ms, 1),
+                "jobs": len(outputs), "done_right": outputs == [f"job {i}" for i in
+                                                                range(10 * processes)],
+                "jobs_per_s": round(jobs_s, 1)}
+    finally:
+        cluster.stop()
+
+
+def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
+    from benchmarks.fleet_routing import measure
+    from gpu_worker.redis_server import EmbeddedRedis
+    from tasks import app
+
+    server = EmbeddedRedis(state).start()
+    try:
+        client, rows, kept = server.client(), [], {}
+        for db, size in enumerate(args.sizes, start=1):
+            populate(client, app, size)
+            median_ms, max_ms = round_ms(client)
+            rows.append({"workers": size, **measure(size), "round_ms": round(median_ms, 1),
+                         "round_max_ms": round(max_ms, 1)})
+            print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+            client.swapdb(0, db)  # kept aside: the publishes of all sizes take turns
+            kept[size] = redis.Redis(unix_socket_path=str(server.socket), db=db)
+        for row, (size, lanes) in zip(rows, publish_us(kept).items()):
+            row["publish_us"] = lanes
+    finally:
+        server.stop()
+    report = {"sizes": rows}
+    if args.processes:
+        report["live"] = live_cluster(args.processes, state)
+        print(f"  {report['live']}", file=sys.stderr, flush=True)
+    return report
+
+
+def report(figures: dict[str, Any]) -> None:
+    rows = []
+    base = figures["sizes"][0]["publish_us"]
+    for r in figures["sizes"]:
+        pub = r["publish_us"]
+        rows.append([r["workers"], f"{r['decide_p50_us']:.1f} / {r['decide_p99_us']:.1f}", f"{r['snapshot_bytes']:,}",
+                     f"{r['apply_ms']:.2f}", f"{r['members_apply_ms']:.1f}",
+                     " / ".join(f"{pub[lane]:.1f}" for lane in pub),
+                     " / ".join(f"{pub[lane] / base[lane]:.2f}x" for lane in pub),
+                     f"{r['round_ms']:.0f} (max {r['round_max_ms']:.0f})"])
+    print("\n" + markdown_table(["workers", "decide() p50 / p99 us", "snapshot bytes",
+                                 "apply ms", "new members ms",
+                                 "publish Redis us (fast/std/relaxed)",
+                                 f"vs {figures['sizes'][0]['workers']} workers",
+                                 "beat round ms"], rows))
+    if live := figures.get("live"):
+        print(f"\n{live['processes']} real worker processes (echo model), up in "
+              f"{live['started_s']:.0f}s: {live['alive']} alive in beat's record; beat round "
+              f"{live['round_ms']:.0f} ms (max {live['round_max_ms']:.0f}); {live['jobs']} jobs "
+              f"through submit() at {live['jobs_per_s']:.0f} jobs/s, outputs right: "
+              f"{live['done_right']}")
+    print(f"\ntotal wall time {figures['wall_s']:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python benchmarks/fleet.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                        default=list(SIZES), help="fleet sizes, comma-separated")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="also run a real cluster of this many worker processes (e.g. 64)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    args = parser.parse_args(argv)
+    figures = run_private("gl-fleet-", lambda state: benchmark(args, state),
+                          "Redis is stopped", HEARTBEAT_S=1, MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",
+                          WARM_MODELS="echo")
+    if figures is None:
+        return 130
+    report(figures)
+    write_json(args.json, figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""The routing snapshot in two parts: a small one read twice a second, and the membership.
+
+Beat's full snapshot embeds every worker's record (about 0.7 kB each: 727 kB at 1,000
+workers), and every submitting process read it twice a second. :func:`split` cuts it in
+two (pure: beat writes both, a router reads the second only when its version changes):
+
+``members`` (what changes when workers join, leave, sicken or load models; never on a
+mere heartbeat)::
+
+    {"version": "<16 hex: blake2b-64 of the canonical JSON of the three lists>",
+     "hosts": [serving hosts, sorted],           # routing.placement.serving(record)
+     "slots": [model slots per host],
+     "warm":  [per host: the sorted set of its warm and loading models]}
+
+The warm sets are sorted so that a worker running another of its models (which moves
+it to the end of its LRU order) does not make a new version; the order is in the
+compact part.
+
+``compact`` (per heartbeat; 5-7 kB at 1,000 workers and 200 models): the snapshot's
+keys but ``workers`` (``at``, ``measured_at``, ``lanes``, ``policy``, ``exhausted``,
+``levels`` and any other), plus::
+
+    "members": "<version>",
+    "loads":  b64(zlib(uint16 little-endian per host)),  # in_flight + queued, capped 65535
+    "drain":  b64(zlib(uint8 per host)),   # seconds per queued job (service / concurrency):
+                                           # 0 not measured, else 10 ** ((code - 121) / 40),
+                                           # 1 ms .. 2,239 s, steps of 5.9 % (0.1 s, 1 s,
+                                           # 10 s exact)
+    "order":  b64(zlib(uint16 little-endian per host)),  # the Lehmer rank of the host's
+                                           # warm models, then loading ones, in its own
+                                           # (LRU) order, over the sorted set in members;
+                                           # 65535: see "order_over" {"<index>": rank}
+    "cold_s": {model: mean measured load seconds, 3 decimals}
+
+Per-host arrays follow ``members["hosts"]``; a router checks their lengths.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import sys
+import zlib
+from array import array
+from typing import Any, Mapping, Sequence
+
+from routing.placement import serving
+
+U16_MAX = 65535
+#: Drain codes: 40 per decade, 121 is 1 s (so 0.1 s, 1 s and 10 s decode exactly).
+DRAIN_PER_DECADE, DRAIN_ONE_S = 40, 121
+
+
+def _drain_s(worker: Mapping[str, Any]) -> float | None:
+    """Seconds per queued job on ``worker``: its mean service time over its concurrency."""
+    samples = [ms for ms in worker.get("service_ms", {}).values() if ms]
+    return sum(samples) / len(samples) / 1000 / worker.get("concurrency", 1) if samples else None
+
+
+def _cold_s(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean measured load seconds per model over the workers that loaded it."""
+    samples: dict[str, list[float]] = {}
+    for worker in workers:
+        for model, load_ms in worker.get("load_ms", {}).items():
+            samples.setdefault(model, []).append(load_ms / 1000)
+    return {model: round(sum(s) / len(s), 3) for model, s in samples.items()}
+
+
+def warm_of(worker: Mapping[str, Any]) -> tuple[str, ...]:
+    """A worker's warm models then the ones it is loading, in its order, once each."""
+    return tuple(dict.fromkeys([*worker.get("warm_models", ()),
+                                *worker.get("loading_models", ())]))
+
+
+def version_of(hosts: Sequence[str], slots: Sequence[int],
+               warm: Sequence[Sequence[str]]) -> str:
+    """The members version: 16 hex digits of blake2b over the canonical JSON."""
+    canonical = json.dumps({"hosts": list(hosts), "slots": list(slots),
+                            "warm": [list(models) for models in warm]},
+                           sort_keys=True, separators=(",", ":"))
+    return hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
+
+
+def split(snapshot: dict) -> tuple[dict, dict]:
+    """(compact, members) of beat's full snapshot (see the module's docstring)."""
+    workers = snapshot.get("workers", {})
+    hosts = sorted(host for host, worker in workers.items() if serving(worker))
+    records = [workers[host] for host in hosts]
+    ordered = [warm_of(worker) for worker in records]
+    warm = [sorted(models) for models in ordered]
+    slots = [worker.get("slots", 1) for worker in records]
+    members = {"version": version_of(hosts, slots, warm), "hosts": hosts, "slots": slots,
+               "warm": warm}
+    ranks = [rank_of(sets, models) for sets, models in zip(warm, ordered)]
+    compact = {key: value for key, value in snapshot.items() if key != "workers"}
+    compact.update({
+        "members": members["version"],
+        "loads": pack_u16(sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
+                          for w in records),
+        "drain": pack_u8(drain_code(_drain_s(worker)) for worker in records),
+        "order": pack_u16(ranks),
+        "cold_s": _cold_s(records),
+    })
+    over = {str(i): rank for i, rank in enumerate(ranks) if rank >= U16_MAX}
+    if over:
+        compact["order_over"] = over
+    return compact, members
+
+
+# --- the packed arrays ---------------------------------------------------------------
+def pack_u16(values: Any) -> str:
+    """base64 of the zlib of uint16 little-endian values (each capped at 65535)."""
+    packed = array("H", (min(max(int(v), 0), U16_MAX) for v in values))
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(zlib.compress(packed.tobytes(), 9)).decode()
+
+
+def unpack_u16(text: str, count: int) -> list[int]:
+    """The values of :func:`pack_u16` (ValueError unless there are ``count``)."""
+    values = array("H")
+    values.frombytes(zlib.decompress(base64.b64decode(text)))
+    if sys.byteorder == "big":
+        values.byteswap()
+    return _counted(values.tolist(), count)
+
+
+def pack_u8(values: Any) -> str:
+    """base64 of the zlib of bytes."""
+    return base64.b64encode(zlib.compress(bytes(values), 9)).decode()
+
+
+def unpack_u8(text: str, count: int) -> list[int]:
+    """The values of :func:`pack_u8` (ValueError unless there are ``count``)."""
+    return _counted(list(zlib.decompress(base64.b64decode(text))), count)
+
+
+def _counted(values: list[int], count: int) -> list[int]:
+    if len(values) != count:
+        raise ValueError(f"{len(values)} values for {count} hosts: snapshot and members "
+                         "do not match")
+    return values
+
+
+def drain_code(drain_s: float | None) -> int:
+    """The byte of a drain time: 0 for none, else its log-scale step (clamped)."""
+    if drain_s is None or drain_s <= 0:
+        return 0
+    code = round(DRAIN_ONE_S + DRAIN_PER_DECADE * math.log10(drain_s))
+    return min(255, max(1, code))
+
+
+#: Each code's seconds (None for 0), decoded once.
+DRAIN_S: tuple[float | None, ...] = (None, *(
+    10 ** ((code - DRAIN_ONE_S) / DRAIN_PER_DECADE) for code in range(1, 256)))
+
+
+# --- the order of a host's warm models -----------------------------------------------
+def rank_of(sorted_models: Sequence[str], models: Sequence[str]) -> int:
+    """The Lehmer rank of ``models`` (a permutation of ``sorted_models``): 0 when sorted."""
+    left, rank = list(sorted_models), 0
+    for model in models:
+        at = left.index(model)
+        rank = rank * len(left) + at
+        left.pop(at)
+    return rank
+
+
+def in_order(sorted_models: Sequence[str], rank: int) -> tuple[str, ...]:
+    """The permutation of ``sorted_models`` of Lehmer ``rank`` (inverse of :func:`rank_of`)."""
+    left, digits = list(sorted_models), []
+    for size in range(1, len(left) + 1):
+        rank, digit = divmod(rank, size)
+        digits.append(digit)
+    return tuple(left.pop(digit) for digit in reversed(digits))
+
+
+def ranks(compact: Mapping[str, Any], count: int) -> list[int]:
+    """Each host's order rank, with the ones too large for 16 bits filled in."""
+    found = unpack_u16(compact["order"], count)
+    for index, rank in compact.get("order_over", {}).items():
+        found[int(index)] = rank
+    return found
+
+
+def unsplit(compact: Mapping[str, Any], members: Mapping[str, Any]) -> dict[str, dict]:
+    """Per serving host, what routing knows of it: ``load``, ``drain_s`` (None: not
+    measured), ``slots`` and ``warm`` (in the worker's order): for tools and tests."""
+    hosts = members["hosts"]
+    loads = unpack_u16(compact["loads"], len(hosts))
+    drains = unpack_u8(compact["drain"], len(hosts))
+    order = ranks(compact, len(hosts))
+    return {host: {"load": loads[i], "drain_s": DRAIN_S[drains[i]],
+                   "slots": members["slots"][i],
+                   "warm": in_order(members["warm"][i], order[i])}
+            for i, host in enumerate(hosts)}

@@ -1,0 +1,110 @@
+"""The consistent-hash ring of the serving workers, walked lazily.
+
+A ring is built once per set of workers (the snapshot cache keeps it while the hosts
+stay the same, and derives the next one from it when a few join or leave). Every walk
+starts at a key's point and stops as soon as its caller has its answer (a model's warm
+holders in ring order are kept apart: ``routing.ringorder``), so a job costs a few
+steps whatever the size of the fleet, not a walk over every worker.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+from functools import cached_property, lru_cache
+from typing import Collection, Iterable, Iterator
+
+#: Points per worker on the hash ring: enough to spread models evenly.
+VNODES = 64
+#: A new ring is derived from the last one when at most this share of its workers
+#: joined or left (inserting points one by one); past it, it is sorted afresh.
+DERIVE_SHARE = 0.125
+
+
+def point(key: str) -> int:
+    """``key``'s point on the ring (64 bits of blake2b: the same in every process)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+@lru_cache(maxsize=65536)
+def key_point(key: str) -> int:
+    """:func:`point` of a job's key (a model, a route key), remembered: the same few
+    thousand keys come back job after job."""
+    return point(key)
+
+
+@lru_cache(maxsize=16384)
+def node_points(node: str) -> tuple[int, ...]:
+    """``node``'s points, hashed once per process (a ring of 1,000 workers has 64,000)."""
+    return tuple(point(f"{node}#{v}") for v in range(VNODES))
+
+
+class HashRing(tuple):
+    """``(points, owners)``: the sorted points and the worker owning each (the plain pair
+    routing always used), and lazy walks over it."""
+
+    def __new__(cls, points: Iterable[int] = (), owners: Iterable[str] = ()) -> HashRing:
+        return super().__new__(cls, (tuple(points), tuple(owners)))
+
+    @cached_property
+    def nodes(self) -> frozenset[str]:
+        """The workers on the ring."""
+        return frozenset(self[1])
+
+    def walk(self, key: str) -> Iterator[str]:
+        """Distinct workers in ring order from ``key``'s point (lazy: a caller that stops
+        after a few steps pays for a few)."""
+        points, owners = self
+        size, total = len(points), len(self.nodes)
+        if not size:
+            return
+        start, seen = bisect.bisect(points, key_point(key)), set()
+        for begin, end in _spans(start, size):
+            for node in owners[begin:end]:  # a slice at a time: no index per step
+                if node not in seen:
+                    seen.add(node)
+                    yield node
+                    if len(seen) == total:
+                        return
+
+
+def _spans(start: int, size: int, step: int = 128) -> Iterator[tuple[int, int]]:
+    """(begin, end) slices of a ring of ``size`` from ``start`` round to it again."""
+    for low, high in ((start, size), (0, start)):
+        for begin in range(low, high, step):
+            yield begin, min(begin + step, high)
+
+
+def as_ring(hash_ring: tuple[tuple[int, ...], tuple[str, ...]]) -> HashRing:
+    """``hash_ring`` as a :class:`HashRing` (a plain pair is wrapped)."""
+    return hash_ring if isinstance(hash_ring, HashRing) else HashRing(*hash_ring)
+
+
+def ring(nodes: Iterable[str]) -> HashRing:
+    """The consistent-hash ring of ``nodes``: sorted points and their owners."""
+    pairs = sorted((p, node) for node in set(nodes) for p in node_points(node))
+    return HashRing((p for p, _ in pairs), (n for _, n in pairs))
+
+
+def derive(previous: HashRing | None, nodes: Collection[str]) -> HashRing:
+    """The ring of ``nodes``, derived from ``previous`` when only a few joined or left
+    (the same ring :func:`ring` builds, without sorting every point again)."""
+    wanted = frozenset(nodes)
+    if previous is None:
+        return ring(wanted)
+    gone, came = previous.nodes - wanted, wanted - previous.nodes
+    if not gone and not came:
+        return previous
+    if len(gone) + len(came) > DERIVE_SHARE * max(len(wanted), 1):
+        return ring(wanted)
+    points, owners = list(previous[0]), list(previous[1])
+    if gone:
+        kept = [(p, o) for p, o in zip(points, owners) if o not in gone]
+        points, owners = [p for p, _ in kept], [o for _, o in kept]
+    for node in sorted(came):
+        for p in node_points(node):
+            at = bisect.bisect_left(points, p)
+            while at < len(points) and points[at] == p and owners[at] < node:
+                at += 1  # equal points: ordered by owner, as sorting the pairs would
+            points.insert(at, p)
+            owners.insert(at, node)
+    return HashRing(points, owners)
