@@ -294,10 +294,15 @@ def status(ctx: click.Context, as_json: bool) -> None:
 # --- prewarm ------------------------------------------------------------------
 
 def _live_workers(client: redis.Redis) -> dict[str, dict]:
-    """The workers that pushed their stats within a heartbeat, as live records."""
+    """The workers that pushed their stats within a heartbeat, as live records (none
+    yet: waits up to two heartbeats, each worker pushes once per heartbeat)."""
     from beat.heartbeat import ask_workers
+    from tasks.settings import settings
 
-    return {host: {**reply, "alive": True} for host, reply in ask_workers(client).items()}
+    deadline = time.monotonic() + 2 * settings.heartbeat_s
+    while not (replies := ask_workers(client)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {host: {**reply, "alive": True} for host, reply in replies.items()}
 
 
 @lanes.command("prewarm")
