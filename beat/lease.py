@@ -49,7 +49,7 @@ class Leadership:
                             self.identity, exc)
                 self.epoch = 0
             return self.epoch
-        if epoch != self.epoch:
+        if epoch != self.epoch or not self._renewed_at:  # a change, or the first answer
             log.warning("beat %s %s", self.identity,
                         f"leads (epoch {epoch})" if epoch else "stands by: another beat leads")
         self.epoch, self._renewed_at = epoch, started

@@ -130,9 +130,8 @@ def _fail_over(client, beats, how: signal.Signals) -> tuple[float, float, int]:
     wait_until(lambda: _leader_pid(client) == first.pid, 60, what="the first beat to lead")
     second = beats("beat-second")
     wait_until(lambda: _snapshot(client).get("at"), 30, what="a snapshot")
-    wait_until(lambda: b"beat: Starting" in (STATE_DIR / "beat-second.log").read_bytes(), 60,
-               what="the second beat to start")
-    time.sleep(1)  # it has asked for the lead once (the leader holds it) and stands by
+    wait_until(lambda: b"stands by" in (STATE_DIR / "beat-second.log").read_bytes(), 60,
+               what="the second beat to ask for the lead and stand by")
     assert _leader_pid(client) == first.pid
     old_epoch = leader.current(client)[1]
     os.kill(first.pid, how)
