@@ -8,9 +8,13 @@ RELAXED = "relaxed"
 #: Lanes in priority order: workers consume them in exactly this order.
 LANES: tuple[str, ...] = (FAST, STANDARD, RELAXED)
 TIERS: tuple[str, ...] = LANES
-#: kombu priority steps; fast and standard use only 0, so lane order holds and
-#: the relaxed lane is split into four levels (light users first).
-RELAX_PRIORITIES: tuple[int, ...] = (0, 3, 6, 9)
+#: The kombu priority of each relaxed-lane level of an account (light users first).
+RELAX_LEVEL_PRIORITIES: tuple[int, ...] = (1, 3, 6, 9)
+#: kombu priority steps. Fast and standard use only 0, so lane order holds. In relaxed,
+#: 0 is above every account's level: the jobs that aged there, or were moved down past
+#: their budget, so they go before fresh jobs of any list a worker serves ahead of theirs
+#: (a worker takes its own queue's jobs before the shared lane's of the same level).
+RELAX_PRIORITIES: tuple[int, ...] = (0, *RELAX_LEVEL_PRIORITIES)
 
 
 def worker_queue(lane: str, node: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping
 
 from routing.lanes import Route
-from routing.names import FAST, LANES, RELAX_PRIORITIES, RELAXED, STANDARD
+from routing.names import FAST, LANES, RELAX_LEVEL_PRIORITIES, RELAXED, STANDARD
 from routing.placement import home
 
 #: Reasons a job runs below its tier; they appear in results and metrics.
@@ -172,7 +172,7 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         if lower is None:
             return None
         route = _moved(route, lower, LANE_FULL)
-    priority = RELAX_PRIORITIES[view.levels.get(account, 0)] if route.lane == RELAXED else 0
+    priority = RELAX_LEVEL_PRIORITIES[view.levels.get(account, 0)] if route.lane == RELAXED else 0
     node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
                 view.cold_load_s(model), None if route_key else view.homes.get(model),
                 f"{model}/{route_key}" if route_key else None, holders=view.holders,

@@ -29,10 +29,12 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
     for tier, n in (("fast", 2), ("standard", 3), ("relaxed", 4)):
         for _ in range(n):
             submit("p", tier=tier, **SMALL)
+    light = lane_keys("relaxed")[1]  # an account's first level (the default account's)
     assert _depths(clean_redis) == ({"fast": 2, "standard": 3, "relaxed": 4},
-                                    {"fast": 2, "standard": 3, "relaxed": 4})
-    assert clean_redis.zcard(due_key("standard")) == 3  # fast and standard are indexed,
-    assert clean_redis.zcard(due_key("relaxed")) == 0   # relaxed's first level is not
+                                    {"fast": 2, "standard": 3, light: 4})
+    # every lane's fresh jobs are indexed (relaxed's step 0, where jobs age to, is not)
+    assert clean_redis.zcard(due_key("standard")) == 3
+    assert clean_redis.zcard(due_key("relaxed")) == 4
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         taken = channel.basic_get("standard")  # a worker's take: recorded unacked
@@ -42,6 +44,7 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
         assert _depths(clean_redis)[0]["standard"] == 3
         assert clean_redis.zcard(due_key("standard")) == 3
         assert channel.queue_purge("relaxed") == 4
+        assert clean_redis.zcard(due_key("relaxed")) == 0  # purged with them
     lanes, lists = _depths(clean_redis)
     assert lanes == {"fast": 2, "standard": 3} and lists == _lengths(clean_redis)
     assert clean_redis.hlen(LEDGER_KEY) == 5

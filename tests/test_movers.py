@@ -22,7 +22,9 @@ def _publish(tier: str, lane: str, priority: int = 0, waited_s: float = 0.0,
                    downgradable=downgradable, **SMALL)
     result = generate.apply_async(kwargs={
         "job": job.encode(), "route": {"lane": lane, "requested_tier": tier},
-        "submitted_at": time.time() - waited_s}, queue=lane, priority=priority)
+        "submitted_at": time.time() - waited_s}, priority=priority,
+        # a worker's own queue is addressed by its exchange, as enqueue does
+        **({"exchange": lane, "routing_key": lane} if "." in lane else {"queue": lane}))
     return result.id
 
 
@@ -83,18 +85,42 @@ def test_relaxed_is_never_moved_and_nothing_is_lost(clean_redis):
 
 def test_old_relaxed_jobs_jump_to_the_front_of_the_first_level(clean_redis):
     keys = lane_keys("relaxed")
-    light = _publish("relaxed", "relaxed", priority=0, waited_s=1)
+    light = _publish("relaxed", "relaxed", priority=1, waited_s=1)  # a light account's
     old = _publish("relaxed", "relaxed", priority=9, waited_s=100)
     older_mid = _publish("relaxed", "relaxed", priority=3, waited_s=200)
     young = _publish("relaxed", "relaxed", priority=9, waited_s=1)
     assert age_relaxed(clean_redis, aging_s=60) == 2
     first = _messages(clean_redis, keys[0])
-    # next to run (rightmost): the aged jobs, ahead of the light user's fresh one
-    assert [m["headers"]["id"] for m in first][0] == light
-    assert {m["headers"]["id"] for m in first[1:]} == {old, older_mid}
+    # next to run (rightmost): the oldest, both above the light account's fresh job
+    assert [m["headers"]["id"] for m in first] == [old, older_mid]
     assert all(m["properties"]["priority"] == 0 for m in first)
-    assert [m["headers"]["id"] for m in _messages(clean_redis, keys[3])] == [young]
+    assert [m["headers"]["id"] for m in _messages(clean_redis, keys[1])] == [light]
+    assert [m["headers"]["id"] for m in _messages(clean_redis, keys[-1])] == [young]
     assert age_relaxed(clean_redis, aging_s=60) == 0
+
+
+def test_an_aged_job_of_the_shared_lane_goes_before_a_workers_own_fresh_jobs(clean_redis, app):
+    """A worker takes its own queue's jobs before the shared lane's of the same level
+    (kombu's BRPOP over its queues, level by level): an aged job is lifted above every
+    account's level, so a stream of fresh jobs routed to the worker never holds it."""
+    from kombu import Consumer, Exchange, Queue
+
+    from routing.names import worker_queue, worker_queues
+
+    node = "gpu0@aging"
+    taken: list[str] = []
+    with app.connection_for_read() as connection:
+        queues = [Queue(name, Exchange(name, "direct"), routing_key=name)
+                  for name in worker_queues(node)]
+        with Consumer(connection, queues, accept=["json"], prefetch_count=1,
+                      callbacks=[lambda _body, m: (taken.append(m.headers["id"]), m.ack())]):
+            own = [_publish("relaxed", worker_queue("relaxed", node), priority=1)
+                   for _ in range(2)]
+            aged = _publish("relaxed", "relaxed", priority=1, waited_s=100)
+            assert age_relaxed(clean_redis, aging_s=60) == 1
+            while len(taken) < 3:
+                connection.drain_events(timeout=10)
+    assert taken == [aged, *own]
 
 
 def test_moved_jobs_keep_their_order_and_block_nobody(clean_redis):

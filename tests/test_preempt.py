@@ -136,7 +136,9 @@ def test_a_job_is_preempted_at_most_the_set_times(cluster):
     for victim in victims:
         at_step(victim, 5)
     fasts = [submit("first fast", tier="fast", seed=33, **QUICK).get(timeout=60)]
-    first = next(v for v in victims if v.info.get("preempted"))
+    # the one that stepped aside (once resumed, its run reports STARTED before its steps)
+    first = wait_until(lambda: next((v for v in victims if v.state == "PROGRESS"
+                                     and v.info.get("preempted")), None), 60, "a preempted job")
     reported(first, lambda info: info["preempted"] == 1 and not info.get("paused"), "resumed")
     fasts.append(submit("second fast", tier="fast", seed=34, **QUICK).get(timeout=60))
     other = next(v for v in victims if v is not first)
