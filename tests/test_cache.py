@@ -18,7 +18,8 @@ import tasks.broker.enqueue as enqueue_module
 from routing.names import LANES, STATS_COMMAND
 from routing.policy import FAST_TIME_EXHAUSTED, RETRY, PolicyView
 from tasks import submit
-from tasks.broker.keys import CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key, run_key
+from tasks.broker.keys import (CACHE_LRU_KEY, PREFIX, attempts_key, cache_entry_key, lane_keys,
+                               run_key)
 from tasks.errors import ConfigError, JobFailed
 from tasks.jobs.cache import Sightings, digest
 from tasks.settings import load
@@ -68,7 +69,7 @@ def admit(prompt: str, seed: int = 1) -> dict:
 
 
 def lanes_empty(client) -> bool:
-    return all(client.llen(lane) == 0 for lane in LANES)
+    return all(client.llen(key) == 0 for lane in LANES for key in lane_keys(lane))
 
 
 # --- pure parts ------------------------------------------------------------------------

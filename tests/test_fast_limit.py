@@ -30,7 +30,7 @@ def worker(cluster_factory):
 
 
 def _lanes(client) -> list[int]:
-    return [client.llen(lane) for lane in LANES]
+    return [sum(client.llen(key) for key in lane_keys(lane)) for lane in LANES]
 
 
 def _route_queued(client, lane: str) -> dict:

@@ -5,6 +5,7 @@ import pytest
 
 from routing.names import LANES
 from tasks import submit
+from tasks.broker.keys import lane_keys
 from tasks.errors import InvalidJob
 from tasks.settings import settings
 
@@ -37,7 +38,7 @@ BAD = [
 
 
 def _lane_lengths(client) -> list[int]:
-    return [client.llen(lane) for lane in LANES]
+    return [sum(client.llen(key) for key in lane_keys(lane)) for lane in LANES]
 
 
 @pytest.mark.parametrize("field,change", BAD, ids=[f"{f}={c[f]!r}"[:40] for f, c in BAD])
