@@ -71,7 +71,7 @@ def one_round(connection: Any, client: Any, jobs: int, size: Any, lists: int = 1
 
 
 def _connection(url: str, transport: str) -> Any:
-    """A broker connection on ``transport`` (the URL's scheme would pick gpulanes')."""
+    """A broker connection on ``transport`` (a class path), whatever the URL names."""
     from kombu import Connection
     from kombu.utils.imports import symbol_by_name
 

@@ -10,14 +10,13 @@ import json
 import time
 
 from conftest import vary
-from kombu import Connection
 
 import celeryconfig as cfg
 from gpu_worker.lease import Lease, renew
 from tasks.broker import runs
 from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
 from tasks.broker.publish import PublishRefused, publishing
-from tasks.broker.transport import put_back_held, set_holder
+from tasks.broker.transport import Connection, put_back_held, set_holder
 from tasks.settings import settings
 from tasks.worker.generate import generate
 

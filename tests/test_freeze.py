@@ -140,10 +140,8 @@ def test_a_copy_is_kept_when_the_running_holder_lost_its_record(cluster, app, cl
     """A running job's message put back under it (kombu restores a channel's messages
     when the worker's connection is reset): the copy finds the job held. It is kept
     for later, not dropped, so the job survives its holder's death."""
-    from kombu import Connection
-
     from tasks.broker.app import redis_client
-    from tasks.broker.transport import put_back_held
+    from tasks.broker.transport import Connection, put_back_held
 
     gate, seed = new_gate(), 23
     prompt = f"gate:{gate} its message put back while it runs"

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import time
 
-from kombu import Connection
-
 import celeryconfig as cfg
 from tasks.broker.app import redis_client
 from tasks.broker.keys import HOLDERS_KEY, lease_key
-from tasks.broker.transport import put_back_held
+from tasks.broker.transport import Connection, put_back_held
 from tasks.settings import settings
 from tasks.worker.generate import generate
 

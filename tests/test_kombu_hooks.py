@@ -8,10 +8,12 @@ import inspect
 import kombu
 import pytest
 
+from tasks.broker import app as app_module
 from tasks.broker import guard, transport
 
-HOOKS = [(owner, name) for module in (transport, guard)
-         for owner, names in module.KOMBU_HOOKS.items() for name in names]
+HOOKS = [(owner, name) for hooks in (transport.KOMBU_HOOKS, guard.KOMBU_HOOKS,
+                                     app_module.CELERY_HOOKS)
+         for owner, names in hooks.items() for name in names]
 
 
 def _has(owner: type, name: str) -> bool:
@@ -26,8 +28,8 @@ def _has(owner: type, name: str) -> bool:
 def test_every_kombu_member_the_transport_relies_on_exists(owner, name):
     assert _has(owner, name), (
         f"kombu {kombu.__version__} has no {owner.__module__}.{owner.__name__}.{name}, which "
-        "gpulanes' transport (tasks/broker/transport.py, tasks/broker/guard.py) overrides or "
-        "wraps: install the kombu minor pinned in setup.cfg, or port the transport first")
+        "gpulanes' transport or app (tasks/broker/transport.py, guard.py, app.py) overrides or "
+        "wraps: install the kombu and Celery minors pinned in setup.cfg, or port them first")
 
 
 def test_the_check_itself_can_fail():
@@ -46,3 +48,29 @@ def test_overridden_methods_keep_kombus_signatures():
                 assert list(theirs)[:len(mine)] == list(mine)[:len(theirs)] or \
                     any(p.kind is p.VAR_KEYWORD for p in mine.values()), \
                     f"{subclass.__name__}.{name} no longer matches kombu's {list(theirs)}"
+
+
+def test_importing_tasks_leaves_every_other_celery_app_as_it_was(app, redis_server):
+    """gpulanes' app builds its own transport and result backend; a default Celery app of
+    the same process, on the same Redis, keeps kombu's and Celery's own."""
+    from celery import Celery
+    from celery.app.backends import BACKEND_ALIASES
+    from celery.backends.redis import RedisBackend
+    from kombu.transport import TRANSPORT_ALIASES
+
+    from tasks.broker.backend import ResultBackend
+
+    url = app.conf.broker_url
+    other = Celery("plain", broker=url, backend=url, set_as_current=False)
+    with other.connection_for_write() as theirs, app.connection_for_write() as mine:
+        assert type(theirs.default_channel) is transport.kombu_redis.Channel
+        assert type(mine.default_channel) is transport.LedgerChannel
+        assert type(mine.clone().default_channel) is transport.LedgerChannel
+        assert theirs.as_uri() == mine.as_uri()  # what Flower reads: the URL as given
+    # what a publish takes: a connection of kombu's pools
+    with other.producer_or_acquire() as theirs, app.producer_or_acquire() as mine:
+        assert type(theirs.connection.default_channel) is transport.kombu_redis.Channel
+        assert type(mine.connection.default_channel) is transport.LedgerChannel
+    assert type(other.backend) is RedisBackend and type(app.backend) is ResultBackend
+    assert TRANSPORT_ALIASES["redis"] == "kombu.transport.redis:Transport"
+    assert BACKEND_ALIASES["redis"] == "celery.backends.redis:RedisBackend"

@@ -6,17 +6,37 @@ a process that only submits never does."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import redis
 from celery import Celery
+from celery.app import backends
+from celery.app.amqp import AMQP
 
 from tasks.broker import backend, transport
 from tasks.broker.store import broker_client
 
-transport.install()  # before the app makes any broker connection
-backend.install()
-app = Celery("gpulanes", include=["tasks.worker.generate", "beat.heartbeat", "beat.movers"],
-             control="tasks.broker.control:LanesControl")  # revokes kept in Redis
+#: Celery members the app below overrides (pinned like kombu's: tests/test_kombu_hooks.py).
+CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"), AMQP: ("Connection",)}
+
+
+class LanesAMQP(AMQP):
+    """The app's broker connections: gpulanes' transport on a Redis URL."""
+    Connection = transport.Connection
+
+
+class LanesCelery(Celery):
+    """Celery, on gpulanes' transport and result backend for Redis URLs: this app only,
+    never another app of the process (kombu's and Celery's names are left alone)."""
+
+    def _get_backend(self) -> Any:
+        cls, url = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
+        return backend.ours(cls)(app=self, url=url)
+
+
+app = LanesCelery("gpulanes", include=["tasks.worker.generate", "beat.heartbeat",
+                                       "beat.movers"],
+                  amqp=LanesAMQP, control="tasks.broker.control:LanesControl")  # revokes in Redis
 app.config_from_object("celeryconfig")
 
 

@@ -16,7 +16,6 @@ from contextvars import ContextVar
 from typing import Any, Iterator
 
 from celery import states
-from celery.app.backends import BACKEND_ALIASES
 from celery.backends.redis import RedisBackend, SentinelBackend
 
 _skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
@@ -42,10 +41,14 @@ class SentinelResultBackend(ResultBackend, SentinelBackend):
     pass
 
 
-def install() -> None:
-    """Make Celery build this backend for every Redis result backend URL."""
-    BACKEND_ALIASES.update(redis=f"{__name__}:ResultBackend", rediss=f"{__name__}:ResultBackend",
-                           sentinel=f"{__name__}:SentinelResultBackend")
+#: What gpulanes' app builds in place of each of Celery's Redis result backends
+#: (``tasks.broker.app``); Celery's names for its backends are left as they are.
+BACKENDS: dict[type, type] = {RedisBackend: ResultBackend, SentinelBackend: SentinelResultBackend}
+
+
+def ours(backend: type) -> type:
+    """gpulanes' class in place of Celery's ``backend`` (the same, if not a Redis one)."""
+    return BACKENDS.get(backend, backend)
 
 
 def store_success(app: Any, job_id: str, result: dict[str, Any]) -> None:

@@ -25,8 +25,9 @@ reject or restore its own dead copy, never the new one. A worker records which
 process holds a message in the transaction that records it unacked, and an
 ack drops that record with kombu's.
 
-Installed for every ``redis://``, ``rediss://``, ``redis+socket://`` and
-``sentinel://`` broker URL by :func:`install` (``tasks.broker.app``).
+gpulanes' app builds it for its ``redis://``, ``rediss://``, ``redis+socket://`` and
+``sentinel://`` broker URLs through :class:`Connection` (``tasks.broker.app``); kombu's
+names for its own transports are left as they are, for any other app of the process.
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ import uuid
 from dataclasses import replace
 from typing import Any
 
+import kombu
+import kombu.connection
 import redis
-from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
@@ -255,6 +257,8 @@ KOMBU_HOOKS = {
                           "connection_errors"),
     kombu_redis.Transport: ("Channel",),
     kombu_redis.SentinelTransport: ("Channel",),
+    kombu.Connection: ("get_transport_cls", "Pool", "_info"),
+    kombu.connection.ConnectionPool: ("new",),
 }
 
 
@@ -270,7 +274,29 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelLedgerChannel
 
 
-def install() -> None:
-    """Make kombu build this transport for every Redis broker URL of this process."""
-    TRANSPORT_ALIASES.update(redis=f"{__name__}:Transport", rediss=f"{__name__}:Transport",
-                             sentinel=f"{__name__}:SentinelTransport")
+#: The transport gpulanes builds for each of kombu's Redis transport names.
+TRANSPORTS: dict[str, type] = {"redis": Transport, "rediss": Transport,
+                               "sentinel": SentinelTransport}
+
+
+class Connection(kombu.Connection):
+    """kombu's connection, building gpulanes' transport where kombu's URL names one of
+    its Redis transports (``TRANSPORTS``); its clones and its pool's connections too."""
+
+    def get_transport_cls(self) -> type:
+        name = self.transport_cls
+        if isinstance(name, str) and name in TRANSPORTS:
+            return TRANSPORTS[name]
+        return super().get_transport_cls()
+
+    def Pool(self, limit: int | None = None, **kwargs: Any) -> kombu.connection.ConnectionPool:
+        return _ConnectionPool(self, limit=limit, **kwargs)
+
+
+class _PooledConnection(kombu.connection.PooledConnection, Connection):
+    pass
+
+
+class _ConnectionPool(kombu.connection.ConnectionPool):
+    def new(self) -> _PooledConnection:
+        return _PooledConnection(self, **dict(self.connection._info(resolve=False)))
