@@ -74,3 +74,28 @@ def test_importing_tasks_leaves_every_other_celery_app_as_it_was(app, redis_serv
     assert type(other.backend) is RedisBackend and type(app.backend) is ResultBackend
     assert TRANSPORT_ALIASES["redis"] == "kombu.transport.redis:Transport"
     assert BACKEND_ALIASES["redis"] == "celery.backends.redis:RedisBackend"
+
+
+def _smembers(client) -> int:
+    return client.info("commandstats").get("cmdstat_smembers", {}).get("calls", 0)
+
+
+def test_a_lane_exchanges_bindings_are_read_once_and_a_bind_is_seen_at_once(app, clean_redis):
+    """kombu reads an exchange's bindings on every publish; gpulanes' channel keeps a
+    lane's for a few seconds, and forgets them when it binds a queue itself."""
+    from kombu import Exchange, Queue
+
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        own = "fast.gpu7@bindings"
+        Queue("fast", Exchange("fast", "direct"), routing_key="fast")(channel).declare()
+        before = _smembers(clean_redis)
+        assert list(channel._lookup("fast", "fast")) == ["fast"]
+        assert list(channel._lookup("fast", "fast")) == ["fast"]
+        assert _smembers(clean_redis) - before == 1  # read once, then kept
+        Queue(own, Exchange(own, "direct"), routing_key=own)(channel).declare()
+        assert list(channel._lookup(own, own)) == [own]  # its own bind: seen at once
+        before = _smembers(clean_redis)
+        for _ in range(2):  # not a lane: kombu's way, read every time
+            channel.get_table("reply.celery.pidbox")
+        assert _smembers(clean_redis) - before == 2
