@@ -7,7 +7,9 @@ the real publish script, so the ledger, depths and due indexes are real), jobs i
 the shared lanes, and the worker record of beat's previous round. Then it measures:
 
 - ``decide()`` p50/p99, the compact snapshot's bytes, applying a new snapshot, and a
-  new members version (``benchmarks.fleet_routing``, the real router);
+  new members version (``benchmarks.fleet_routing``, the real router; each figure the
+  median of three runs with different seeds: one run's p99 swings by half on this
+  shared machine, at any fleet size);
 - Redis' own time per publish in each lane (``INFO commandstats``, the publish
   script's microseconds per call over a few hundred publishes with the lane limit on;
   each size's Redis data kept in a database of its own so that the sizes take turns);
@@ -122,17 +124,24 @@ def _publishes_us(client: Any, lane: str) -> float:
     return usec
 
 
-def round_ms(client: Any) -> tuple[float, float]:
-    """(median, max) ms of a beat round (heartbeat and movers) run as the leader."""
+def round_ms(client: Any, size: int) -> tuple[float, float]:
+    """(median, max) ms of a beat round (heartbeat and movers) run as the leader, every
+    worker's stats pushed fresh before each (as live workers push theirs, off beat's
+    clock): the fleet's steady state, not its workers dying one round after another."""
     from beat.heartbeat import heartbeat
     from beat.lease import Leadership
     from beat.movers import move_queued
     from tasks.broker.leader import fenced
+    from tasks.broker.stats import push_stats
 
     lead = Leadership(client)
     epoch = lead.renew()
     times = []
     for _ in range(ROUNDS):
+        now = time.time()
+        for i in range(size):
+            stats = record(i, now)
+            push_stats(client, stats["hostname"], stats)
         began = time.perf_counter()
         with fenced(epoch):
             heartbeat()
@@ -176,7 +185,7 @@ def live_cluster(processes: int, state: Path) -> dict[str, Any]:
 
 
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    from benchmarks.fleet_routing import measure
+    from benchmarks.fleet_routing import median_of
     from gpu_worker.redis_server import EmbeddedRedis
     from tasks import app
 
@@ -185,8 +194,8 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         client, rows, kept = server.client(), [], {}
         for db, size in enumerate(args.sizes, start=1):
             populate(client, app, size)
-            median_ms, max_ms = round_ms(client)
-            rows.append({"workers": size, **measure(size), "round_ms": round(median_ms, 1),
+            median_ms, max_ms = round_ms(client, size)
+            rows.append({"workers": size, **median_of(3, size), "round_ms": round(median_ms, 1),
                          "round_max_ms": round(max_ms, 1)})
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             client.swapdb(0, db)  # kept aside: the publishes of all sizes take turns

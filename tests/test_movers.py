@@ -142,19 +142,18 @@ def test_aged_jobs_keep_their_order(clean_redis):
     assert order == [old, mid, young]
 
 
-def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_redis):
+def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_redis, app):
+    from kombu import Exchange, Queue
+
     from beat.shared import return_to_shared_lanes
     from routing.names import worker_queue
 
-    ghost, own = "gpu9@gone", lane_keys(worker_queue("fast", "gpu9@gone"))[0]
+    ghost, own = "gpu9@gone", worker_queue("fast", "gpu9@gone")
+    with app.connection_for_write() as conn:  # bound, as the worker did while it lived
+        Queue(own, Exchange(own, "direct"), routing_key=own)(conn.default_channel).declare()
     waiting = _publish("fast", "fast")
-    for job in (_publish("fast", "fast"), _publish("fast", "fast")):  # queued for the ghost
-        (raw,) = [r for r in clean_redis.lrange("fast", 0, -1)
-                  if json.loads(r)["headers"]["id"] == job]
-        clean_redis.lrem("fast", 1, raw)
-        message = json.loads(raw)
-        message["properties"]["delivery_info"] = {"exchange": own, "routing_key": own}
-        clean_redis.lpush(own, json.dumps(message))
+    for _ in range(2):  # queued for the ghost
+        _publish("fast", own)
     assert return_to_shared_lanes(clean_redis, ghost) == 2
     shared = _messages(clean_redis, "fast")
     assert shared[0]["headers"]["id"] == waiting  # the ghost's jobs are next, in order
