@@ -8,8 +8,8 @@ way of publishing, each publishing the same jobs on its own:
 every field, read the in-process lane snapshot, ``decide()`` the lane, publish
 through the lane script (limit, fast place and fast time, ledger: one round trip).
 *submit_seeded*: the same with ``seed=i``: a seeded job of a deterministic model is
-also claimed in the result cache first (one more Lua round trip; each job here is
-new, so each claim leads and is published).
+also claimed in the result cache, by the publish script itself (each job here is new,
+so each claim leads and its job is pushed).
 *submit_echo*: ``submit(model="echo", text=...)``: a class model, its input checked
 by pydantic.
 *plain*: what a plain Celery user runs: a default ``Celery("plain", broker=url,
@@ -323,7 +323,7 @@ def paired_ratio(seconds: dict[str, list[tuple[float, float]]], mode: str,
 
 
 LABELS = {"submit": "`submit()` without a seed (validate + route + publish)",
-          "submit_seeded": "`submit(seed=i)` (+ the result cache's claim)",
+          "submit_seeded": "`submit(seed=i)` (claimed in the result cache, same script)",
           "submit_echo": "`submit(model=\"echo\")` (a class model: pydantic)",
           "plain": "plain Celery: a default app's `apply_async(queue=tier)`, own process"}
 

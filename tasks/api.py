@@ -13,8 +13,9 @@ from celery.result import AsyncResult
 
 from tasks.broker.enqueue import enqueue
 from tasks.broker.outage import OUTAGE
+from tasks.broker.publish import ClaimAnswered
 from tasks.errors import BrokerUnavailable
-from tasks.jobs.cache import cacheable, claim, release
+from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.schema import validate
 from tasks.settings import settings
 
@@ -56,17 +57,24 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     try:
         if not shareable:  # no extra round trip
             return enqueue(job, job_id)
-        shared = claim(job.encode(), job_id)  # one round trip: a cached result, a run to join,
-        if isinstance(shared, AsyncResult):   # or ours
-            return shared
-        if shared is None:  # an identical run is being claimed right now: run alone
-            return enqueue(job, job_id)
+        # one round trip: the publish claims the digest first, and is answered with a
+        # cached result or a run to join, or pushes the job that leads a run of its own
+        found = claim_in_publish(job.encode(), job_id)
         try:
+            try:
+                return enqueue(job.leading(), job_id, run=(found.run.pointer, found.run.run),
+                               claim=found.publish)
+            except ClaimAnswered as answer:
+                shared = answered(found, answer.verdict, answer.value, job.encode())
+            if isinstance(shared, AsyncResult):
+                return shared
+            if shared is None:  # an identical run is being claimed right now: run alone
+                return enqueue(job, job_id)
             return enqueue(job.leading(), job_id, run=(shared.pointer, shared.run))
         except OUTAGE:
             raise  # Redis is away: asking it to drop the claim would wait again; it lapses
         except BaseException:
-            release(shared)  # refused (a full lane...): others need not wait for the lapse
+            release(found.run)  # refused (a full lane...): others need not wait for the lapse
             raise
     except BrokerUnavailable:
         raise

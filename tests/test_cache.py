@@ -359,3 +359,4 @@ def test_followers_of_a_failed_run_are_told_once(cluster, clean_redis, app):
     writes.close()
     assert sorted(told.values()) == [1, 1]
     blocker.get(timeout=30)
+

@@ -12,13 +12,14 @@ from collections import Counter
 
 from celery import signals
 from celery.result import AsyncResult
-from conftest import SMALL
+from conftest import SMALL, vary
 
 import tasks.broker.enqueue as enqueue_module
 import tasks.worker.coalesce as coalesce
 from beat.movers import enforce_deadlines
 from routing.names import GENERATE_TASK, LANES
 from routing.policy import PolicyView
+from tasks import submit
 from tasks.broker.app import app
 from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import attempts_key, lane_keys, lease_key, run_key
@@ -138,3 +139,35 @@ def test_followers_of_a_failed_run_are_failed_once(clean_redis, monkeypatch):
     assert all(AsyncResult(job_id, app=app).state == "FAILURE" for job_id in followers)
     # the same settle tried again after its reply was lost still names them
     assert coalesce.fail_followers(leader, what) == 2
+
+
+def _scripts_run(monkeypatch) -> list[str]:
+    """The names of the Lua scripts this process runs from now on."""
+    from tasks.broker import scripts
+
+    called, run = [], scripts.run
+    monkeypatch.setattr(scripts, "run", lambda client, name, *a: called.append(name)
+                        or run(client, name, *a))
+    return called
+
+
+def test_a_seeded_submit_claims_in_its_own_publish(clean_redis, monkeypatch):
+    """One script call a seeded submit: the publish claims the digest and pushes the job
+    that leads (confirmed); an identical submit is answered in its publish and pushes
+    nothing; a leader refused by a full lane after its claim confirms it below."""
+    vary(monkeypatch, cache=True, max_depth_standard=1)  # no worker here: lanes hold
+    called = _scripts_run(monkeypatch)
+    leader = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
+    assert called == ["put"]
+    run = clean_redis.hgetall(run_key(leader.id))
+    assert run[b"confirmed"] == b"1" and run[b"rank"] == b"1"
+    follower = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
+    assert called == ["put", "put"]  # answered in the publish: follow, nothing pushed
+    assert follower.id != leader.id and clean_redis.hexists(run_key(leader.id),
+                                                            f"f:{follower.id}")
+    # standard holds its one job now: the next leader's claim is made, its push refused,
+    # and its publish to relaxed confirms the claim
+    spilled = submit("full lane", tier="standard", seed=62, **SMALL)
+    run = clean_redis.hgetall(run_key(spilled.id))
+    assert run[b"confirmed"] == b"1" and run[b"rank"] == b"2"
+    assert [sum(clean_redis.llen(k) for k in lane_keys(lane)) for lane in LANES] == [0, 1, 1]

@@ -72,7 +72,8 @@ def snapshot_cache() -> SnapshotCache:
 
 
 def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
-            submitted_at: float | None = None, accepted: bool = False) -> AsyncResult:
+            submitted_at: float | None = None, accepted: bool = False,
+            claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None) -> AsyncResult:
     """Route a validated job with the cached view and publish it under ``job_id``.
 
     The view's lane depths are an estimate; the publish itself checks the lane's
@@ -84,7 +85,9 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     snapshot would route it once beat has seen the balance (exhausted).
 
     ``run``: the (pointer, hash) of the result-cache run this job leads, confirmed
-    by the publish. ``accepted``: a job accepted earlier (a coalesced run's heir):
+    by the publish. ``claim``: claim that run in the publish itself (``Conditions.claim``):
+    a digest already taken raises :class:`ClaimAnswered` with nothing pushed; a
+    publish refused after its claim led confirms the claim when it is tried again. ``accepted``: a job accepted earlier (a coalesced run's heir):
     no lane limit refuses it, a job once accepted is not dropped for want of room.
     """
     cache = snapshot_cache()
@@ -97,12 +100,13 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     while where is not None:
         try:
             result = _publish(job, job_id, where, run, over_fast_limit, submitted_at,
-                              accepted)
+                              accepted, claim)
         except LaneAtLimit:
             cache.note_full(where.lane)
-            view = replace(view, full=view.full | {where.lane})
+            view, claim = replace(view, full=view.full | {where.lane}), None  # it led
         except PublishRefused as refused:
             view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
+            claim = None  # the claim led (a refusal comes after it): confirm it next
         else:
             cache.note_sent(where.lane, where.node, job.model)
             return result
@@ -140,7 +144,8 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str,
 
 
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
-             over_fast_limit: bool, submitted_at: float | None, accepted: bool) -> AsyncResult:
+             over_fast_limit: bool, submitted_at: float | None, accepted: bool,
+             claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)
@@ -155,7 +160,7 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
     with publishing(limit=0 if accepted else settings.max_depth[where.lane],
                     **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
                     run=(*run, settings.result_ttl_s) if run else None,
-                    entered_at=message.lane_clock), \
+                    entered_at=message.lane_clock, claim=claim), \
             no_subscription():
         return app.send_task(GENERATE_TASK, task_id=job_id, retry=False, **options,
                              kwargs=message.kwargs())

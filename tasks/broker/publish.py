@@ -78,6 +78,10 @@ class Conditions:
     #: when the job's wait in its lane began (its due index's clock; 0: read from the
     #: message, ``tasks.broker.moves.lane_clock_of``)
     entered_at: float = 0.0
+    #: a claim of the result cache made in the same step (``run`` names its pointer and
+    #: run): the cache's (entry, LRU, metrics) keys and (admit flag, follower JSON, now,
+    #: tier rank, claim lifetime s, run keys' prefix); answered by :class:`ClaimAnswered`
+    claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None
 
 
 @dataclass
@@ -106,6 +110,16 @@ class PublishRefused(Exception):
     def __init__(self, why: str) -> None:
         super().__init__(f"publish refused: {why}")
         self.why = why
+
+
+class ClaimAnswered(Exception):
+    """A publish inside :func:`publishing` with a claim found the job's digest taken:
+    ``verdict`` ``hit`` (``value``: the stored result), ``follow`` (``value``: the
+    leader's id) or ``solo``; nothing was pushed."""
+
+    def __init__(self, verdict: str, value: str) -> None:
+        super().__init__(f"claim answered: {verdict}")
+        self.verdict, self.value = verdict, value
 
 
 _REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time"}
@@ -158,15 +172,20 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
     run_ttl_s = when.run[2] if when.run else 0
     lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
     balances, account, start_s = when.fast_time or ("", "", 0.0)
+    claim_keys, claim_args = when.claim or (("", "", ""), ("", "", 0, 0, 0, ""))
     return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances,
-             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY],
+             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY, *claim_keys],
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
              token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
              "1" if when.front else "0", FAST_NEWS_PREFIX,
-             repr(due_clock(key, when.entered_at)), DUE_PREFIX])
+             repr(due_clock(key, when.entered_at)), DUE_PREFIX, *claim_args])
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,
-         when: Conditions) -> int:
+         when: Conditions) -> int | ClaimAnswered:
+    """The publish script's verdict (see :func:`refusal`), or its claim's answer."""
     keys, args = _put_call(key, lane, payload, tag, job_id, when)
-    return int(scripts.run(client, "put", keys, args))
+    verdict = scripts.run(client, "put", keys, args)
+    if isinstance(verdict, list):
+        return ClaimAnswered(*(v.decode() if isinstance(v, bytes) else v for v in verdict))
+    return int(verdict)

@@ -56,7 +56,8 @@ from tasks.broker.keys import (
     lists_key,
 )
 from tasks.broker.moves import lane_clock_of
-from tasks.broker.publish import RELEASED, Conditions, _put, _put_call, current, refusal
+from tasks.broker.publish import (RELEASED, ClaimAnswered, Conditions, _put, _put_call, current,
+                                  refusal)
 from tasks.broker.store import ONE_RECONNECT
 from tasks.settings import settings
 
@@ -178,7 +179,9 @@ class LedgerChannel(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             verdict = _put(client, lane, key, payload, tag,
                            (message.get("headers") or {}).get("id") or "", when)
-        if verdict < 1:  # raised by ``publishing`` once the publish has left kombu
+        if isinstance(verdict, ClaimAnswered):  # nothing pushed: the cache answered
+            outcome.refusal = verdict
+        elif verdict < 1:  # raised by ``publishing`` once the publish has left kombu
             outcome.refusal = refusal(verdict, lane, when.limit)
 
     def _do_restore_message(self, payload: dict, exchange: str, routing_key: str,

@@ -1,8 +1,9 @@
-"""The result cache and in-flight coalescing, submit side: at most one Redis round trip.
+"""The result cache and in-flight coalescing, submit side: no round trip of their own.
 
 A seeded job is a pure function of (model, prompt, seed, steps, width,
 height): the same six give the same PNG bit for bit. ``submit()`` hashes them
-(:func:`digest`) and one Lua script, in one round trip, either
+(:func:`digest`) and the job's publish script (``lua/put.lua``, its claim first:
+``lua/claim.lua``), in the one round trip of the publish, either
 
 - finds a finished result under that digest (a *hit*): the caller gets a copy
   marked ``cached: true`` that names the same PNG (artifacts are files,
@@ -17,10 +18,10 @@ height): the same six give the same PNG bit for bit. ``submit()`` hashes them
   lane. The run's rank is the lane its leader was published to, not the tier it
   asked for (an account out of fast time, a full lane, sends a fast job lower), and
   it follows the leader down when a deadline move or a retry takes it lower; or
-- claims the digest for the caller's job, which is then published as usual;
-  the claim is provisional until that publish confirms it in the same step,
-  so a claim whose job never reached a lane (Redis stopped answering in
-  between) lapses by itself and no one ever waits on it.
+- claims the digest for the caller's job and pushes the job, which confirms
+  the claim in the same step. A publish refused after its claim (a full lane)
+  leaves it provisional until the job's next publish confirms it, so a claim
+  whose job never reached a lane lapses by itself and no one ever waits on it.
 
 Admission is LRU-K with K=2: a result enters the cache only when its digest
 was seen before. Sightings live in a pybloom-live ``ScalableBloomFilter`` in
@@ -173,21 +174,57 @@ def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncRes
     return EagerResult(job_id, result, states.SUCCESS, name=GENERATE_TASK)
 
 
-def claim(job: dict[str, Any], job_id: str) -> AsyncResult | RunClaim | None:
-    """Serve a seeded ``job`` from the cache or attach it to an identical run in
-    flight, returning the caller's result; a :class:`RunClaim`: ``job_id`` leads a
-    new run, publish it; None: an identical run is being claimed, run alone."""
+@dataclass(frozen=True)
+class Claim:
+    """A claim of a job's digest made by the job's own publish (one round trip): the
+    run it would lead, and what the publish script takes (``Conditions.claim``)."""
+
+    run: RunClaim
+    key: str
+    publish: tuple[tuple[str, str, str], tuple[Any, ...]]
+
+    @property
+    def admit(self) -> bool:
+        """Whether its digest was seen before (LRU-K: a result is stored only then)."""
+        return bool(self.publish[1][0])
+
+
+def claim_in_publish(job: dict[str, Any], job_id: str) -> Claim:
+    """What the publish of seeded ``job`` claims (counting its digest as seen)."""
     key = digest(job)
     admit = sightings().seen_before(key)
-    verdict, value = _claim(key, job, job_id, admit, drop=False)
+    follower = json.dumps({"job": job, "submitted_at": time.time(),
+                           "rank": LANES.index(job["tier"])})
+    return Claim(RunClaim(job_id, inflight_key(key), run_key(job_id)), key,
+                 ((cache_entry_key(key), CACHE_LRU_KEY, METRICS_KEY),
+                  ("a" if admit else "", follower, time.time(), LANES.index(job["tier"]),
+                   provisional_s(), RUN_KEY_PREFIX)))
+
+
+def answered(found: Claim, verdict: str, value: str,
+             job: dict[str, Any]) -> AsyncResult | RunClaim | None:
+    """The caller's result when its publish found the digest taken (``verdict``: hit,
+    follow or solo); a :class:`RunClaim` when a hit's artifacts are gone and the job
+    leads after all (publish it to confirm); None: run alone."""
+    job_id = found.run.job_id
     if verdict == "hit":
         cached = json.loads(value)
         if intact(cached):
             return _serve(cached, job, job_id)
-        verdict, value = _claim(key, job, job_id, admit, drop=True)  # a miss after all
+        verdict, value = _claim(found.key, job, job_id, found.admit, drop=True)  # a miss after all
     if verdict == "follow":
         return AsyncResult(job_id, app=app)
-    return RunClaim(job_id, inflight_key(key), run_key(job_id)) if verdict == "lead" else None
+    return found.run if verdict == "lead" else None
+
+
+def claim(job: dict[str, Any], job_id: str) -> AsyncResult | RunClaim | None:
+    """Claim seeded ``job``'s digest in a round trip of its own (``submit()`` claims in
+    the job's publish: :func:`claim_in_publish`): the caller's result from the cache or
+    an identical run in flight; a :class:`RunClaim`: ``job_id`` leads a new run,
+    publish it; None: an identical run is being claimed, run alone."""
+    found = claim_in_publish(job, job_id)
+    verdict, value = _claim(found.key, job, job_id, found.admit, drop=False)
+    return found.run if verdict == "lead" else answered(found, verdict, value, job)
 
 
 def intact(result: dict[str, Any]) -> bool:

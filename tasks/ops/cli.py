@@ -293,14 +293,18 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
 # --- prewarm ------------------------------------------------------------------
 
-def _live_workers(client: redis.Redis) -> dict[str, dict]:
-    """The workers that pushed their stats within a heartbeat, as live records (none
-    yet: waits up to two heartbeats, each worker pushes once per heartbeat)."""
+def _live_workers(client: redis.Redis, wanted: int) -> dict[str, dict]:
+    """The workers that pushed their stats within a heartbeat, as live records. Fewer
+    than ``wanted`` found: every worker seen over up to two heartbeats (each pushes once
+    per heartbeat; a push late on a busy host misses one reading, not two)."""
     from beat.heartbeat import ask_workers
     from tasks.settings import settings
 
-    deadline = time.monotonic() + 2 * settings.heartbeat_s
-    while not (replies := ask_workers(client)) and time.monotonic() < deadline:
+    deadline, replies = time.monotonic() + 2 * settings.heartbeat_s, {}
+    while True:
+        replies.update(ask_workers(client))
+        if len(replies) >= wanted or time.monotonic() >= deadline:
+            break
         time.sleep(0.1)
     return {host: {**reply, "alive": True} for host, reply in replies.items()}
 
@@ -322,7 +326,7 @@ def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> Non
         raise click.ClickException(f"model: unknown model {model!r}; GPULANES_MODELS knows "
                                    f"{', '.join(sorted(settings.models))}")
     app = ctx.obj.app
-    workers = _live_workers(_client(ctx))
+    workers = _live_workers(_client(ctx), replicas)
     targets = prewarm_targets(workers, model, replicas)
     if len(holders(workers, model)) + len(targets) < replicas:
         raise click.ClickException(f"only {len(workers)} worker(s) answered; "
@@ -336,7 +340,7 @@ def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> Non
 def _wait_warm(client: redis.Redis, model: str, replicas: int, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
-        warm = [h for h, w in _live_workers(client).items()
+        warm = [h for h, w in _live_workers(client, replicas).items()
                 if model in w.get("warm_models", ())]
         if len(warm) >= replicas or time.monotonic() >= deadline:
             break

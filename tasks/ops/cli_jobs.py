@@ -40,8 +40,9 @@ def follow(result: Any, timeout_s: float, tty: bool) -> dict:
     while True:
         done = result.ready()
         state = "done" if done else STATES.get(result.state, result.state.lower())
-        info = result.info if result.state == "PROGRESS" and isinstance(result.info, dict) \
-            else None
+        info = result.info if result.state == "PROGRESS" else None
+        if not isinstance(info, dict) or "step" not in info:
+            info = None  # read apart from its state: a run that began anew says STARTED
         if info and info.get("paused"):
             state = "preempted"
         text = f"{state} {running_line(info)}" if info else state

@@ -1,47 +1,5 @@
--- KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash
--- (cache_hits / cache_joins / cache_misses counted there). ARGV: caller id,
--- 'a' (admit) and/or 'd' (drop the entry: its PNG is gone or changed), follower JSON,
--- now, tier rank, seconds an unpublished claim lives, the run keys' prefix.
--- A caller joins a run only if the run's rank, the lane its leader's message is in (set
--- by the publish and raised by every move down a lane: ``put.lua``, ``move.lua``), is as
--- fast as the caller's tier: a fast job never waits in a relaxed run, whatever sent that
--- run's leader there (its tier, its account's spent fast time, a deadline, a retry); it
--- leads its own, and later callers join the faster one. Until its publish, a claim's
--- rank is its leader's tier.
--- A claim is provisional until the publish of its job confirms it (``tasks.broker.transport``):
--- nobody joins it before, and one whose job was never published lapses by itself.
--- A caller finding such a claim runs alone ('solo').
-if string.find(ARGV[2], 'd', 1, true) then
-  redis.call('DEL', KEYS[1])
-  redis.call('ZREM', KEYS[2], KEYS[1])
-  redis.call('HINCRBY', KEYS[5], 'cache_hits', -1)  -- the first call's hit was none
-else
-  local hit = redis.call('GET', KEYS[1])
-  if hit then
-    redis.call('ZADD', KEYS[2], 'XX', ARGV[4], KEYS[1])
-    redis.call('HINCRBY', KEYS[5], 'cache_hits', 1)
-    return {'hit', hit}
-  end
-end
-local admit = string.find(ARGV[2], 'a', 1, true) and '1' or '0'
-local leader = redis.call('GET', KEYS[3])
-if leader then
-  local run = ARGV[7] .. leader
-  local rank = redis.call('HGET', run, 'rank')
-  if rank and tonumber(rank) <= tonumber(ARGV[5]) then
-    if redis.call('HGET', run, 'confirmed') ~= '1' then
-      redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
-      return {'solo', ''}
-    end
-    redis.call('HSET', run, 'f:' .. ARGV[1], ARGV[3])
-    if admit == '1' then redis.call('HSET', run, 'admit', '1') end
-    redis.call('HINCRBY', KEYS[5], 'cache_joins', 1)
-    return {'follow', leader}
-  end
-end
-redis.call('SET', KEYS[3], ARGV[1], 'EX', ARGV[6])
-redis.call('HSET', KEYS[4], 'pointer', KEYS[3], 'entry', KEYS[1], 'admit', admit,
-           'rank', ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[6])
-redis.call('HINCRBY', KEYS[5], 'cache_misses', 1)
-return {'lead', ''}
+-- KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash.
+-- ARGV: caller id, 'a' (admit) and/or 'd' (drop the entry), follower JSON, now, tier
+-- rank, seconds an unpublished claim lives, the run keys' prefix (lua/claim.lua).
+-- include: claim
+return claim_run(KEYS, ARGV)

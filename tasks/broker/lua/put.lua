@@ -1,17 +1,25 @@
 -- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
 -- places, a claimed run's pointer, the run the job leads, the job's lease and run
 -- counter, the fast-time balances hash; then the depths per lane and per list, the
--- preemptible runs.
+-- preemptible runs, then (or '' when no claim is made) the result cache's entry, LRU set
+-- and metrics hash.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
 -- s, fence token ('' : none), the fenced run's number, how long a released lease is
 -- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
 -- account, an uncharged account's fast seconds, '1' to push at the front (the end
 -- taken next), the fast-news channels' prefix, the job's lane clock (unix s:
--- when it entered its lane; 0: not indexed), the due indexes' key prefix.
+-- when it entered its lane; 0: not indexed), the due indexes' key prefix; then the
+-- claim's admit flag, follower JSON, now, tier rank, claim lifetime s and run keys'
+-- prefix (lua/claim.lua).
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
 -- -4 the account's fast time is spent (its balance is at or below zero).
+-- With a claim (a seeded job: ``tasks.jobs.cache``), the digest is claimed first, in
+-- the same step: a stored result ({'hit', result}), a run to follow ({'follow',
+-- leader}) or one being claimed ({'solo', ''}) is answered and nothing is pushed; a
+-- claim it leads goes on as a publish that confirms it (a refusal after it leaves the
+-- claim provisional, for the next publish of the job to confirm, or to lapse).
 -- The run the job leads, if it exists, takes the lane's rank unless it is slower
 -- already: callers join only runs waiting in a lane as fast as their own tier.
 -- The lane's depth is one counter (lua/ledger.lua), whatever the number of its lists.
@@ -24,12 +32,18 @@
 -- include: holds
 -- include: ledger
 -- include: fast_news
+-- include: claim
 local book = {KEYS[2], KEYS[10], KEYS[11], ARGV[19]}
 if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if tonumber(ARGV[4]) > 0 and now > tonumber(ARGV[4]) then return -1 end
 if ARGV[9] ~= '' and not holds(KEYS[7], KEYS[8], ARGV[9], ARGV[10]) then return -3 end
+if KEYS[13] ~= '' then
+  local answer = claim_run({KEYS[13], KEYS[14], KEYS[5], KEYS[6], KEYS[15]},
+                           {ARGV[7], ARGV[20], ARGV[21], ARGV[22], ARGV[23], ARGV[24], ARGV[25]})
+  if answer[1] ~= 'lead' then return answer end
+end
 if KEYS[9] ~= '' then
   local left = redis.call('HGET', KEYS[9], ARGV[14]) or ARGV[15]
   if tonumber(left) <= 0 then return -4 end
