@@ -124,10 +124,11 @@ def _publishes_us(client: Any, lane: str) -> float:
     return usec
 
 
-def round_ms(client: Any, size: int) -> tuple[float, float]:
-    """(median, max) ms of a beat round (heartbeat and movers) run as the leader, every
-    worker's stats pushed fresh before each (as live workers push theirs, off beat's
-    clock): the fleet's steady state, not its workers dying one round after another."""
+def round_ms(client: Any, size: int = 0) -> tuple[float, float]:
+    """(median, max) ms of a beat round (heartbeat and movers) run as the leader, the
+    ``size`` built workers' stats pushed fresh before each (as live workers push theirs,
+    off beat's clock): the fleet's steady state, not its workers dying one round after
+    another. 0: live workers push their own."""
     from beat.heartbeat import heartbeat
     from beat.lease import Leadership
     from beat.movers import move_queued
