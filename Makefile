@@ -45,6 +45,7 @@ browser:
 bench: $(STAMP)
 	$(PY) benchmarks/lanes.py
 	$(PY) benchmarks/submit.py
+	$(PY) benchmarks/perjob.py
 	$(PY) benchmarks/fairness.py
 	$(PY) benchmarks/overload.py
 	$(PY) benchmarks/coldstart.py
