@@ -42,11 +42,18 @@ def settings_here(monkeypatch):
     vary(monkeypatch, cache=False, max_preemptions=1)
 
 
+def progress(result) -> dict | None:
+    """``result``'s progress info, None unless it reports progress: state and info in
+    one read (read apart, the info may be a newer run's STARTED)."""
+    meta = result.backend.get_task_meta(result.id)
+    return meta.get("result") if meta.get("status") == "PROGRESS" else None
+
+
 def reported(result, predicate, what: str, timeout_s: float = 60.0) -> dict:
     """Wait until ``result``'s progress info satisfies ``predicate``; that info."""
     def found():
-        info = result.info
-        return info if result.state == "PROGRESS" and predicate(info) else None
+        info = progress(result)
+        return info if info is not None and predicate(info) else None
     return wait_until(found, timeout_s, f"job {result.id}: {what}")
 
 
@@ -57,8 +64,8 @@ def at_step(result, step: int) -> dict:
 
 def paused(results: list) -> object:
     """The one of ``results`` that stepped aside and waits to resume."""
-    return wait_until(lambda: next((r for r in results if r.state == "PROGRESS"
-                                    and r.info.get("paused")), None), 60, "a preempted job")
+    return wait_until(lambda: next((r for r in results if (progress(r) or {}).get("paused")),
+                                   None), 60, "a preempted job")
 
 
 def _log(cluster) -> str:
@@ -137,8 +144,8 @@ def test_a_job_is_preempted_at_most_the_set_times(cluster):
         at_step(victim, 5)
     fasts = [submit("first fast", tier="fast", seed=33, **QUICK).get(timeout=60)]
     # the one that stepped aside (once resumed, its run reports STARTED before its steps)
-    first = wait_until(lambda: next((v for v in victims if v.state == "PROGRESS"
-                                     and v.info.get("preempted")), None), 60, "a preempted job")
+    first = wait_until(lambda: next((v for v in victims if (progress(v) or {}).get("preempted")),
+                                    None), 60, "a preempted job")
     reported(first, lambda info: info["preempted"] == 1 and not info.get("paused"), "resumed")
     fasts.append(submit("second fast", tier="fast", seed=34, **QUICK).get(timeout=60))
     other = next(v for v in victims if v is not first)
