@@ -36,10 +36,10 @@ if not __package__:  # run as a script: make the project importable
 from benchmarks.common import (  # noqa: E402
     JobSize,
     check_size,
+    finish,
     markdown_table,
     percentile,
     run_private,
-    write_json,
 )
 
 ACCOUNT = "bench"
@@ -200,11 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figures = run_private("gl-cache-", lambda state: benchmark(args, state),
                           "the cluster is stopped", CACHE="on")
-    if figures is None:
-        return 130
-    report(figures, args)
-    write_json(args.json, figures)
-    return 0
+    return finish(figures, lambda found: report(found, args), args.json)
 
 
 if __name__ == "__main__":

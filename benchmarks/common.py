@@ -88,6 +88,17 @@ def write_json(path: Path | None, report: dict[str, Any]) -> None:
         path.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
+def finish(figures: dict[str, Any] | None, report: Callable[[dict[str, Any]], None],
+           path: Path | None) -> int:
+    """A benchmark's exit status: ``figures`` printed by ``report`` and written to
+    ``path`` (when given), 0; 130 when :func:`run_private` was interrupted (None)."""
+    if figures is None:
+        return 130
+    report(figures)
+    write_json(path, figures)
+    return 0
+
+
 # --- jobs ----------------------------------------------------------------------------
 def plain_kwargs(prompt: str, tier: str, account: str, seed: int, size: JobSize,
                  model: str = "demo") -> dict[str, Any]:

@@ -31,7 +31,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private, write_json  # noqa: E402
+from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
 
 #: (steps, side) of the job sizes: small, the default (cost 1.0), big.
 SIZES = {"small": (4, 64), "default": (20, 256), "big": (40, 384)}
@@ -152,11 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     figures = run_private("gl-est-", lambda state: benchmark(args, state),
                           "the cluster is stopped", HEARTBEAT_S=1)
-    if figures is None:
-        return 130
-    report(figures)
-    write_json(args.json, figures)
-    return 0
+    return finish(figures, report, args.json)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 
-from benchmarks.common import markdown_table, run_private, write_json  # noqa: E402
+from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
 
 SIZES = (10, 100, 1000)
 #: Publishes timed per lane and size.
@@ -248,11 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = run_private("gl-fleet-", lambda state: benchmark(args, state),
                           "Redis is stopped", HEARTBEAT_S=1, MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",
                           WARM_MODELS="echo")
-    if figures is None:
-        return 130
-    report(figures)
-    write_json(args.json, figures)
-    return 0
+    return finish(figures, report, args.json)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private, write_json  # noqa: E402
+from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_COMMANDS = 1.5
@@ -169,11 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                           "Redis is stopped", HEARTBEAT_S=1,
                           MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",
                           WARM_MODELS="echo")
-    if figures is None:
-        return 130
-    report(figures)
-    write_json(args.json, figures)
-    return 0
+    return finish(figures, report, args.json)
 
 
 if __name__ == "__main__":

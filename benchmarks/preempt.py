@@ -32,7 +32,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, percentile, run_private, write_json  # noqa: E402
+from benchmarks.common import finish, markdown_table, percentile, run_private  # noqa: E402
 
 MODES = ("preempt", "no preempt")
 WAIT_GOAL_STEPS = 2.0
@@ -187,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     figures = run_private("gl-pre-", lambda state: benchmark(args, state),
                           "the cluster is stopped", HEARTBEAT_S=1)
-    if figures is None:
-        return 130
-    report(figures, args)
-    write_json(args.json, figures)
-    return 0
+    return finish(figures, lambda found: report(found, args), args.json)
 
 
 if __name__ == "__main__":

@@ -154,15 +154,12 @@ def copy_for(result: dict[str, Any], job: dict[str, Any], job_id: str,
     return Result.decode(result).copied_for(job["tier"], job_id, **fields).encode()
 
 
-def _claim(key: str, job: dict[str, Any], job_id: str, admit: bool,
-           drop: bool) -> tuple[str, str]:
-    now, rank = time.time(), LANES.index(job["tier"])
-    follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
-    return scripts.run(
-        redis_client(), "cache_claim",
-        [cache_entry_key(key), CACHE_LRU_KEY, inflight_key(key), run_key(job_id), METRICS_KEY],
-        [job_id, ("a" if admit else "") + ("d" if drop else ""), follower, now, rank,
-         provisional_s(), RUN_KEY_PREFIX])
+def _claim(found: Claim, drop: bool) -> tuple[str, str]:
+    """``found``'s claim in a script call of its own (``drop``: its entry first)."""
+    (entry, lru, metrics), (admit, *rest) = found.publish
+    return scripts.run(redis_client(), "cache_claim",
+                       [entry, lru, found.run.pointer, found.run.run, metrics],
+                       [found.run.job_id, admit + ("d" if drop else ""), *rest])
 
 
 def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncResult:
@@ -180,25 +177,17 @@ class Claim:
     run it would lead, and what the publish script takes (``Conditions.claim``)."""
 
     run: RunClaim
-    key: str
     publish: tuple[tuple[str, str, str], tuple[Any, ...]]
-
-    @property
-    def admit(self) -> bool:
-        """Whether its digest was seen before (LRU-K: a result is stored only then)."""
-        return bool(self.publish[1][0])
 
 
 def claim_in_publish(job: dict[str, Any], job_id: str) -> Claim:
     """What the publish of seeded ``job`` claims (counting its digest as seen)."""
-    key = digest(job)
+    key, now, rank = digest(job), time.time(), LANES.index(job["tier"])
     admit = sightings().seen_before(key)
-    follower = json.dumps({"job": job, "submitted_at": time.time(),
-                           "rank": LANES.index(job["tier"])})
-    return Claim(RunClaim(job_id, inflight_key(key), run_key(job_id)), key,
+    follower = json.dumps({"job": job, "submitted_at": now, "rank": rank})
+    return Claim(RunClaim(job_id, inflight_key(key), run_key(job_id)),
                  ((cache_entry_key(key), CACHE_LRU_KEY, METRICS_KEY),
-                  ("a" if admit else "", follower, time.time(), LANES.index(job["tier"]),
-                   provisional_s(), RUN_KEY_PREFIX)))
+                  ("a" if admit else "", follower, now, rank, provisional_s(), RUN_KEY_PREFIX)))
 
 
 def answered(found: Claim, verdict: str, value: str,
@@ -211,7 +200,7 @@ def answered(found: Claim, verdict: str, value: str,
         cached = json.loads(value)
         if intact(cached):
             return _serve(cached, job, job_id)
-        verdict, value = _claim(found.key, job, job_id, found.admit, drop=True)  # a miss after all
+        verdict, value = _claim(found, drop=True)  # a miss after all
     if verdict == "follow":
         return AsyncResult(job_id, app=app)
     return found.run if verdict == "lead" else None
@@ -223,7 +212,7 @@ def claim(job: dict[str, Any], job_id: str) -> AsyncResult | RunClaim | None:
     an identical run in flight; a :class:`RunClaim`: ``job_id`` leads a new run,
     publish it; None: an identical run is being claimed, run alone."""
     found = claim_in_publish(job, job_id)
-    verdict, value = _claim(found.key, job, job_id, found.admit, drop=False)
+    verdict, value = _claim(found, drop=False)
     return found.run if verdict == "lead" else answered(found, verdict, value, job)
 
 
