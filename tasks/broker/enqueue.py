@@ -22,7 +22,7 @@ from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
 from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, members_key
 from tasks.broker.message import Job, JobMessage, JobRoute
-from tasks.broker.publish import LaneAtLimit, PublishRefused, publishing
+from tasks.broker.publish import ClaimArgs, LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import broker_client
 from tasks.errors import BrokerUnavailable, LaneFull
 from tasks.settings import settings
@@ -73,7 +73,7 @@ def snapshot_cache() -> SnapshotCache:
 
 def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             submitted_at: float | None = None, accepted: bool = False,
-            claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None) -> AsyncResult:
+            claim: ClaimArgs | None = None) -> AsyncResult:
     """Route a validated job with the cached view and publish it under ``job_id``.
 
     The view's lane depths are an estimate; the publish itself checks the lane's
@@ -87,8 +87,9 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     ``run``: the (pointer, hash) of the result-cache run this job leads, confirmed
     by the publish. ``claim``: claim that run in the publish itself (``Conditions.claim``):
     a digest already taken raises :class:`ClaimAnswered` with nothing pushed; a
-    publish refused after its claim led confirms the claim when it is tried again. ``accepted``: a job accepted earlier (a coalesced run's heir):
-    no lane limit refuses it, a job once accepted is not dropped for want of room.
+    publish refused after its claim led confirms the claim when it is tried again.
+    ``accepted``: a job accepted earlier (a coalesced run's heir): no lane limit
+    refuses it, a job once accepted is not dropped for want of room.
     """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
@@ -145,7 +146,7 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str,
 
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
-             claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None) -> AsyncResult:
+             claim: ClaimArgs | None = None) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)

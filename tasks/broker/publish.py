@@ -61,6 +61,12 @@ from tasks.broker.keys import (
 RELEASED = "released#"
 
 
+#: A result-cache claim the publish makes first (``Conditions.claim``): the cache's
+#: (entry, LRU, metrics) keys and (admit flag, follower JSON, now, tier rank, claim
+#: lifetime s, run keys' prefix).
+ClaimArgs = tuple[tuple[str, str, str], tuple[Any, ...]]
+
+
 @dataclass(frozen=True)
 class Conditions:
     """What a publish must satisfy, checked in the same step as the push."""
@@ -79,9 +85,8 @@ class Conditions:
     #: message, ``tasks.broker.moves.lane_clock_of``)
     entered_at: float = 0.0
     #: a claim of the result cache made in the same step (``run`` names its pointer and
-    #: run): the cache's (entry, LRU, metrics) keys and (admit flag, follower JSON, now,
-    #: tier rank, claim lifetime s, run keys' prefix); answered by :class:`ClaimAnswered`
-    claim: tuple[tuple[str, str, str], tuple[Any, ...]] | None = None
+    #: run); answered by :class:`ClaimAnswered`
+    claim: ClaimArgs | None = None
 
 
 @dataclass

@@ -69,6 +69,7 @@ from tasks.broker.keys import (
 )
 from tasks.broker.message import BOOKKEEPING, ROUTING, Job, Result
 from tasks.broker.outage import OUTAGE
+from tasks.broker.publish import ClaimArgs
 from tasks.jobs import catalog
 from tasks.jobs.artifacts import is_intact, references
 from tasks.settings import settings
@@ -177,7 +178,7 @@ class Claim:
     run it would lead, and what the publish script takes (``Conditions.claim``)."""
 
     run: RunClaim
-    publish: tuple[tuple[str, str, str], tuple[Any, ...]]
+    publish: ClaimArgs
 
 
 def claim_in_publish(job: dict[str, Any], job_id: str) -> Claim:
