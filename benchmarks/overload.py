@@ -1,15 +1,17 @@
 """One worker pool driven at 2x its capacity: gpulanes against plain Celery lanes.
 
-``python benchmarks/overload.py`` starts one local cluster (an embedded Redis,
-``--workers`` CPU workers consuming ``fast,standard,relaxed`` in that order, no
-beat) and then:
+``python benchmarks/overload.py`` starts an embedded Redis and, on it, two pools of
+``--workers`` CPU worker processes each, both reading ``fast,standard,relaxed`` in
+that order: gpulanes' (``LocalCluster``, no beat yet) and a plain Celery user's
+(``benchmarks/plain_app.py``, in a Redis database of its own). Then:
 
-1. **capacity**: bursts through all three lanes of jobs of one size
+1. **capacity** of each pool: bursts through all three lanes of jobs of one size
    (``--steps``, ``--size``); a burst's jobs/s is the sum over workers of one
-   over their start-to-start time; capacity is the best of three bursts (other
-   load on the machine only lowers it); one *job-time* is ``workers / capacity``.
-   The gpulanes budgets follow from it (fast 10, standard 60 job-times) and are
-   printed; heartbeat 1 s (``GPULANES_HEARTBEAT_S=1``; it was 0.5, but beat
+   over their start-to-start time; a pool's capacity is the best of its three
+   bursts, the two pools' taking turns (other load on the machine only lowers a
+   burst's rate). The higher of the two is *the* capacity, so each pool is
+   offered at least 2x its own; one *job-time* is ``workers / capacity``. The gpulanes budgets follow from it (fast 10, standard
+   60 job-times) and are printed; heartbeat 1 s (``GPULANES_HEARTBEAT_S=1``: beat
    works in whole seconds, where a setting below 1 acts as 1).
 2. **a trial per mode** (``--repeats`` each, the order alternating): an open
    loop offers evenly spaced jobs at 2x capacity for ``--duration`` s, by
@@ -21,25 +23,30 @@ beat) and then:
 
 *gpulanes*: ``submit()`` with its defaults (standard may move down, fast may
 not), beat running heartbeats, the overload policy and the deadline mover;
-``LaneFull`` refusals are counted apart (the caller is told). *plain*:
-``generate.apply_async(kwargs=..., queue=tier)`` into the same three queues,
-read in the same order by the same workers, with no policy. Beat's movers
-would move plain jobs too, and budgets "too high to matter" would still leave
-beat's CPU in the plain trial, so the cluster has no beat: this script starts
-one (fresh snapshot, fresh hysteresis) for each gpulanes trial only and stops
-it once that trial's jobs are done. In both modes accounts have ample fast
-seconds and fair-relax levels stay 0 (relaxed is FIFO): those features answer
-other questions.
+``LaneFull`` refusals are counted apart (the caller is told). Beat (fresh
+snapshot, fresh hysteresis) runs for each gpulanes trial only and stops once that
+trial's jobs are done. Accounts have ample fast seconds and fair-relax levels stay
+0 (relaxed is FIFO): those features answer other questions.
+*plain*: what a careful plain Celery user runs: a default Celery app (kombu's stock
+Redis transport, Celery's stock result backend; late acks, prefetch 1, JSON, queues
+``fast,standard,relaxed`` read in that order by ``queue_order_strategy="priority"``),
+its own ``celery worker --pool threads -c 1 -E`` processes, as many as gpulanes',
+running the same demo model at the same size; its jobs published by
+``apply_async(queue=tier)`` from a process of its own that never imports gpulanes'
+client, app or transport (``benchmarks.plain_run``). No policy, no beat. While one
+pool serves a trial the other sits idle.
 
 Reading the tables: one row per (requested tier, mode). Latency is what the
-worker measures, ``queued_ms + run_ms``, from publishing. ``within budget``:
+worker measures, ``queued_ms + run_ms``, from publishing (the plain task stamps the
+same fields). ``within budget``:
 share of the tier's jobs whose latency met its lane budget. ``moved down``:
 ``downgrade_reason`` counts, with those jobs' median latency; ``ran in``: the
 lanes they really ran in; ``no result``: accepted jobs with no result when the
 wait ended (must be 0). Per mode: the rate really offered, jobs served per
 second over window + drain, the mean latency of all jobs (scheduling moves
 waiting between jobs, it adds no capacity), the drain time, the client's CPU
-per job and beat's CPU as a share of one core. The lines below compare the
+per job (the publishing process's: this one for gpulanes, the plain publisher's for
+plain) and beat's CPU as a share of one core. The lines below compare the
 modes; the first says how hard the pool was really driven, against what it
 served in plain mode.
 """
@@ -48,36 +55,37 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import random
-import statistics
 import subprocess
 import sys
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import (  # noqa: E402
-    PROMPT,
-    TIERS,
-    JobSize,
-    check_size,
-    plain_kwargs,
-    run_private,
-    write_json,
-)
+from benchmarks.common import PROMPT, TIERS, JobSize, check_size, run_private, write_json  # noqa: E402
 from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
+from benchmarks.overload_trial import (  # noqa: E402
+    ACCOUNTS,
+    Send,
+    Trial,
+    capacity_burst,
+    drain,
+    offer,
+    plain_burst,
+    plain_trial,
+    plain_warm_up,
+    warm_up,
+    workload,
+)
+from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
 DEFAULT_MIX = "20,30,50"
-ACCOUNTS = ("acme", "globex", "initech", "umbrella")
 LOAD_FACTOR = 2.0
 FAST_BUDGET_JOBS, STANDARD_BUDGET_JOBS = 10, 60
 HEARTBEAT_S = 1  # beat works in whole seconds; below 1 acts as 1
-CAPACITY_JOBS, CAPACITY_BURSTS = 60, 3
-WARMUP_JOBS = 12
+CAPACITY_BURSTS = 3
 # fast-time accounting never interferes; every account stays at relax level 0 (FIFO)
 CLUSTER_ENV = {"HEARTBEAT_S": HEARTBEAT_S, "HEARTBEAT_REPLY_S": "0.3",
             "FAST_SECONDS_DEFAULT": "1e9", "FAIR_UNIT_S": "1e9"}
@@ -104,43 +112,13 @@ class Budgets:
                 "GPULANES_DEFAULT_SERVICE_S": f"{self.job_s:.4f}"}
 
 
-# --- publishing ----------------------------------------------------------------------
-def send(mode: str, tier: str, account: str, seed: int, size: JobSize) -> Any:
-    """Publish one job; in gpulanes mode this may raise ``LaneFull``."""
+def gpulanes_send(size: JobSize) -> Send:
+    """gpulanes' publish of one job: ``submit()`` with its defaults (may raise ``LaneFull``)."""
     from tasks.api import submit
-    from tasks.worker.generate import generate
 
-    if mode == "gpulanes":
-        return submit(PROMPT, tier=tier, account=account, seed=seed, steps=size.steps,
-                      width=size.size, height=size.size)
-    return generate.apply_async(kwargs=plain_kwargs(PROMPT, tier, account, seed, size),
-                                queue=tier)
-
-
-# --- capacity ------------------------------------------------------------------------
-def start_to_start_rate(done: list[dict]) -> float:
-    """Jobs/s of the pool: per worker, one over its mean start-to-start time, summed."""
-    starts: dict[str, list[float]] = {}
-    for result in done:
-        starts.setdefault(result["worker"], []).append(result["started_at"])
-    rates = [(len(s) - 1) / (max(s) - min(s)) for s in starts.values() if len(s) > 1]
-    return sum(rates)
-
-
-def measure_capacity(size: JobSize) -> tuple[float, float]:
-    """(jobs/s of the pool, mean run_ms): the best of a few bursts through all lanes,
-    after a warm-up (load from outside this benchmark can only lower a burst's rate)."""
-    from celery.result import ResultSet
-
-    warm = [send("plain", TIERS[i % 3], ACCOUNTS[0], i, size) for i in range(WARMUP_JOBS)]
-    ResultSet(warm).get(timeout=120)
-    bursts = []
-    for _ in range(CAPACITY_BURSTS):
-        jobs = [send("plain", TIERS[i % 3], ACCOUNTS[i % 4], i, size)
-                for i in range(CAPACITY_JOBS)]
-        bursts.append(ResultSet(jobs).get(timeout=300))
-    best = max(bursts, key=start_to_start_rate)
-    return start_to_start_rate(best), statistics.fmean(r["run_ms"] for r in best)
+    return lambda tier, account, seed: submit(PROMPT, tier=tier, account=account, seed=seed,
+                                              steps=size.steps, width=size.size,
+                                              height=size.size)
 
 
 # --- beat, for the gpulanes trials only ------------------------------------------------
@@ -200,49 +178,6 @@ def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
         time.sleep(0.1)
 
 
-# --- one trial ------------------------------------------------------------------------
-@dataclass
-class Trial:
-    """What one trial offered, what was accepted or refused, and what each job became."""
-
-    mode: str
-    offered: int = 0
-    accepted: list[tuple[str, Any]] = field(default_factory=list)
-    refused: Counter = field(default_factory=Counter)
-    submit_s: float = 0.0
-    drain_s: float = 0.0
-    outcomes: list[dict[str, Any]] = field(default_factory=list)
-    queued_at_deadline: int = 0
-    client_cpu_s: float = 0.0
-    beat_cpu_s: float = 0.0
-
-
-def workload(rate: float, duration_s: float, mix: dict[str, float],
-             seed: int) -> list[tuple[float, str, str]]:
-    """(offset s, tier, account) of every job: evenly spaced, tiers and accounts drawn."""
-    rng = random.Random(seed)
-    tiers, weights = list(mix), list(mix.values())
-    return [(i / rate, rng.choices(tiers, weights)[0], rng.choice(ACCOUNTS))
-            for i in range(int(rate * duration_s))]
-
-
-def offer(trial: Trial, plan: list[tuple[float, str, str]], size: JobSize) -> None:
-    """Open loop: each job at its time (at once when late), whatever the backlog."""
-    from tasks.errors import LaneFull
-
-    began, cpu = time.monotonic(), time.process_time()
-    for seed, (offset, tier, account) in enumerate(plan):
-        pause = began + offset - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-        try:
-            trial.accepted.append((tier, send(trial.mode, tier, account, seed, size)))
-        except LaneFull:
-            trial.refused[tier] += 1
-    trial.offered, trial.submit_s = len(plan), time.monotonic() - began
-    trial.client_cpu_s = time.process_time() - cpu  # this process, its threads included
-
-
 def lanes_depth(client: Any) -> int:
     """Jobs waiting in all lanes together."""
     from beat.heartbeat import lane_depths
@@ -250,37 +185,35 @@ def lanes_depth(client: Any) -> int:
     return sum(lane_depths(client).values())
 
 
-def drain(trial: Trial, limit_s: float, client: Any) -> None:
-    """Wait (at most ``limit_s``) for every accepted job; record what each became."""
-    from celery.exceptions import TimeoutError as CeleryTimeout
-    from celery.result import ResultSet
+@dataclass
+class Sides:
+    """What drives each side's trials: gpulanes' beat, the plain publisher's process."""
 
-    began = time.monotonic()
-    try:
-        ResultSet([r for _, r in trial.accepted]).join_native(timeout=limit_s, propagate=False)
-    except CeleryTimeout:
-        trial.queued_at_deadline = lanes_depth(client)
-    trial.drain_s = time.monotonic() - began
-    for tier, result in trial.accepted:
-        state = "done" if result.successful() else "failed" if result.failed() else "missing"
-        trial.outcomes.append({"tier": tier, "state": state,
-                               "result": result.result if state == "done" else None})
+    beat: Beat
+    plain: PlainClient
+    size: JobSize
+    drain_s: float
 
+    def trial(self, mode: str, plan: list[tuple[float, str, str]]) -> Trial:
+        """Offer ``plan`` on ``mode``'s side and drain it."""
+        if mode == "plain":
+            return self.plain.call(plain_trial, plan, self.size, self.drain_s)
+        return self.gpulanes_trial(plan)
 
-def run_trial(mode: str, beat: Beat, plan: list[tuple[float, str, str]], size: JobSize,
-              drain_s: float) -> Trial:
-    """Offer ``plan`` in ``mode`` and drain it; beat runs for the gpulanes mode only."""
-    trial = Trial(mode)
-    try:
-        if mode == "gpulanes":
-            beat.start()
-        beat_cpu_s = beat.cpu_s()  # beat's start-up is not the trial's cost
-        offer(trial, plan, size)
-        drain(trial, drain_s, beat.client)
-        trial.beat_cpu_s = beat.cpu_s() - beat_cpu_s
-    finally:
-        beat.stop()
-    return trial
+    def gpulanes_trial(self, plan: list[tuple[float, str, str]]) -> Trial:
+        """One gpulanes trial, beat running for it alone."""
+        from tasks.errors import LaneFull
+
+        trial = Trial("gpulanes")
+        try:
+            self.beat.start()
+            beat_cpu_s = self.beat.cpu_s()  # beat's start-up is not the trial's cost
+            offer(trial, plan, gpulanes_send(self.size), (LaneFull,))
+            drain(trial, self.drain_s, lambda: lanes_depth(self.beat.client))
+            trial.beat_cpu_s = self.beat.cpu_s() - beat_cpu_s
+        finally:
+            self.beat.stop()
+        return trial
 
 
 # --- driver ------------------------------------------------------------------------------
@@ -297,29 +230,45 @@ class Settings:
     seed: int
 
 
-def run_all(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:
+def capacities(plain: PlainClient, size: JobSize) -> dict[str, tuple[float, float]]:
+    """Each pool's (jobs/s, mean run_ms): its best burst, the pools' bursts taking turns
+    so that other load on the machine hits both alike."""
+    gpulanes = gpulanes_send(size)
+    warm_up(gpulanes)
+    plain.call(plain_warm_up, size)
+    bursts: dict[str, list[tuple[float, float]]] = {"gpulanes": [], "plain": []}
+    for _ in range(CAPACITY_BURSTS):
+        bursts["gpulanes"].append(capacity_burst(gpulanes))
+        bursts["plain"].append(plain.call(plain_burst, size))
+    return {side: max(rates) for side, rates in bursts.items()}
+
+
+def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path) -> dict[str, Any]:
     """Capacity first, then every trial, the mode order alternating per repeat."""
-    capacity, run_ms = measure_capacity(settings.size)
+    by_side = capacities(plain, settings.size)
+    capacity, run_ms = max(by_side.values())
     budgets = Budgets.from_capacity(capacity, settings.workers)
     rate = LOAD_FACTOR * capacity
-    print(f"capacity {capacity:.1f} jobs/s (run {run_ms:.1f} ms, job-time "
-          f"{budgets.job_s * 1000:.1f} ms); offering {rate:.1f} jobs/s; budgets fast "
-          f"{budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s", file=sys.stderr, flush=True)
-    beat = Beat(cluster, budgets, state / "logs")
+    print("capacity " + ", ".join(f"{side} {c:.1f} jobs/s (run {ms:.1f} ms)"
+                                  for side, (c, ms) in by_side.items())
+          + f"; job-time {budgets.job_s * 1000:.1f} ms; offering {rate:.1f} jobs/s; budgets "
+          f"fast {budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s",
+          file=sys.stderr, flush=True)
+    sides = Sides(Beat(cluster, budgets, state / "logs"), plain, settings.size, settings.drain_s)
     plan, trials = workload(rate, settings.duration_s, settings.mix, settings.seed), []
     for repeat in range(settings.repeats):
         for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
-            trials.append(run_trial(mode, beat, plan, settings.size, settings.drain_s))
-            t = trials[-1]
+            trials.append(t := sides.trial(mode, plan))
             print(f"  repeat {repeat} {mode:<8} offered {t.offered} in {t.submit_s:.1f}s, "
                   f"refused {sum(t.refused.values())}, drained in {t.drain_s:.1f}s",
                   file=sys.stderr, flush=True)
-    return {"capacity_jobs_s": capacity, "run_ms": run_ms, "offered_jobs_s": rate,
-            "mix": settings.mix, "budgets": asdict(budgets), "summary": summary(trials, budgets)}
+    return {"capacity_jobs_s": capacity, "run_ms": run_ms, "capacity_by_side": by_side,
+            "offered_jobs_s": rate, "mix": settings.mix, "budgets": asdict(budgets),
+            "summary": summary(trials, budgets)}
 
 
 def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
-    """Start the cluster (no beat), run everything, stop the cluster."""
+    """Start both pools (gpulanes' without beat), run everything, stop them."""
     from tasks import app
     from tasks.dev.cluster import LocalCluster
 
@@ -328,10 +277,12 @@ def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
                            log_dir=state / "logs")
     interrupted = False
     try:
-        print(f"starting embedded Redis and {settings.workers} CPU workers ...",
+        print(f"starting embedded Redis and {settings.workers} CPU workers per side ...",
               file=sys.stderr, flush=True)
         cluster.start(app, fresh=True)
-        return run_all(cluster, settings, state)
+        env = plain_env(plain_url(cluster.url), state)
+        with PlainWorkers(settings.workers, env, state / "logs"), PlainClient(env) as plain:
+            return run_all(cluster, plain, settings, state)
     except KeyboardInterrupt:
         # Re-raised only below: leaving this block drops the traceback, so the frames
         # holding AsyncResults go while Redis still answers (their __del__ unsubscribes;

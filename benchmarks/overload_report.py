@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import TIERS, markdown_table, percentile
 
 if TYPE_CHECKING:
-    from benchmarks.overload import Budgets, Settings, Trial
+    from benchmarks.overload import Budgets, Settings
+    from benchmarks.overload_trial import Trial
 
 MODES = ("gpulanes", "plain")  # the two modes compared, in the order the tables list them
 
@@ -156,6 +157,11 @@ def verdict(report: dict[str, Any]) -> list[str]:
             f"jobs without a result: {lost} (must be 0)"]
 
 
+def capacity_words(report: dict[str, Any]) -> str:
+    """``"gpulanes 41.0, plain 44.2"``: each pool's measured jobs/s."""
+    return ", ".join(f"{side} {rate:.1f}" for side, (rate, _) in report["capacity_by_side"].items())
+
+
 def print_report(report: dict[str, Any], settings: Settings) -> None:
     """Both tables, the verdict lines and one line on the run's settings."""
     print(tier_table(report["summary"]["tiers"]))
@@ -168,7 +174,8 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     mix = "/".join(f"{settings.mix[t]:.0%}" for t in TIERS)
     print(f"mix fast/standard/relaxed {mix}; {settings.workers} CPU workers, "
           f"{settings.size.steps} steps at {settings.size.size}px: capacity "
-          f"{report['capacity_jobs_s']:.1f} jobs/s, offered {report['offered_jobs_s']:.1f} "
+          f"{report['capacity_jobs_s']:.1f} jobs/s ({capacity_words(report)}), offered "
+          f"{report['offered_jobs_s']:.1f} "
           f"jobs/s for {settings.duration_s:g}s per trial, {settings.repeats} repeat(s); "
           f"budgets fast {b['fast_s']:.2f}s, standard "
           f"{b['standard_s']:.2f}s; total wall time {report['wall_s']:.1f}s")
