@@ -1,9 +1,10 @@
 """How long a fast job waits behind a backlog of relaxed jobs: gpulanes vs plain Celery.
 
-``python benchmarks/lanes.py`` (or ``make bench``) starts one local cluster (an
-embedded Redis and ONE worker, CPU, no beat) and runs, for each backlog size
-and repeat, the same experiment in two modes, interleaved so that machine
-noise hits both alike:
+``python benchmarks/lanes.py`` (or ``make bench``) starts an embedded Redis and on it
+ONE gpulanes worker (CPU, no beat) and ONE plain Celery worker
+(``benchmarks/plain_app.py``, its own process, in a Redis database of its own), and
+runs, for each backlog size and repeat, the same experiment in three modes,
+interleaved so that machine noise hits all alike:
 
 1. a *blocker* job occupies the worker; we wait until it is STARTED. It holds
    at a gate (a file it polls for) so the backlog really queues however long
@@ -13,17 +14,23 @@ noise hits both alike:
    start, stamped by the worker) and its position in start order.
 
 *gpulanes*: ``submit(..., tier=...)``, so the fast job goes to the fast lane,
-which the worker always reads first. *plain Celery FIFO*: the same jobs,
-published in arrival order to one queue (``standard``), which is what plain
-Celery with a single default queue does.
+which the worker always reads first. The two plain modes run on a default Celery
+app as a careful plain user writes it (kombu's stock Redis transport, Celery's stock
+result backend, late acks, prefetch 1, JSON; its worker ``--pool threads -c 1 -E -Q
+fast,standard,relaxed`` with ``queue_order_strategy="priority"``), running the same
+demo model at the same size, its jobs published by ``apply_async`` from a process of
+its own that never imports gpulanes' client, app or transport
+(``benchmarks.plain_run``). *plain Celery FIFO*: every job in arrival order to one
+queue (``standard``), what plain Celery with a single default queue does. *plain
+Celery lanes*: each job to its tier's queue, which that worker reads in order.
 
 Reading the table: the FIFO wait grows with the backlog (about backlog x the
-per-job service time); the gpulanes wait stays at about one in-flight job (the
-blocker) plus Redis round trips, whatever the backlog. ``position`` is the
-fast job's place in start order after the blocker (0 = next). ``run ms`` is
-the model time of one job; ``service ms`` is start-to-start time of
-consecutive jobs, model time plus Celery/Redis overhead. One unrecorded
-warm-up trial per mode runs first.
+per-job service time); the gpulanes wait, and the plain lanes one, stays at about
+one in-flight job (the blocker) plus Redis round trips, whatever the backlog.
+``position`` is the fast job's place in start order after the blocker (0 = next).
+``run ms`` is the model time of one job; ``service ms`` is start-to-start time of
+consecutive jobs, model time plus Celery/Redis overhead, per side (plain /
+gpulanes). One unrecorded warm-up trial per mode runs first.
 """
 from __future__ import annotations
 
@@ -31,7 +38,6 @@ import argparse
 import statistics
 import sys
 import time
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -43,13 +49,13 @@ from benchmarks.common import (  # noqa: E402
     JobSize,
     check_size,
     markdown_table,
-    plain_kwargs,
     run_private,
     write_json,
 )
+from benchmarks.lanes_trial import Send, plain_trial, trial  # noqa: E402
+from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
-MODES = ("fifo", "gpulanes")
-FIFO_QUEUE = "standard"
+MODES = ("fifo", "plain_lanes", "gpulanes")
 GATE_MODEL = "gate"
 GATE_TIMEOUT_S = 60.0
 ACCOUNT = "bench"
@@ -88,75 +94,37 @@ def load_gate(*, name: str, device: str, model_dir: Path) -> GatedModel:
 
 
 # --- client side ---------------------------------------------------------------
-def send(mode: str, tier: str, size: JobSize, seed: int, *, model: str = "demo",
-         prompt: str = PROMPT) -> Any:
-    """Publish one job: through gpulanes' ``submit``, or to the one FIFO queue."""
+def gpulanes_send(size: JobSize) -> Send:
+    """gpulanes' publish: ``submit()``; a gated job runs the gate model."""
     from tasks.api import submit
-    from tasks.worker.generate import generate
 
-    if mode == "gpulanes":
+    def send(tier: str, seed: int, gate: Path | None) -> Any:
+        model, prompt = (GATE_MODEL, f"held at gate {gate.name}") if gate else ("demo", PROMPT)
         return submit(prompt, tier=tier, account=ACCOUNT, model=model, seed=seed,
                       steps=size.steps, width=size.size, height=size.size)
-    return generate.apply_async(kwargs=plain_kwargs(prompt, tier, ACCOUNT, seed, size, model),
-                                queue=FIFO_QUEUE, task_id=str(uuid.uuid4()))
+    return send
 
 
-def wait_started(result: Any, timeout_s: float = 60.0) -> None:
-    """Block until the worker has picked ``result``'s job up."""
-    deadline = time.monotonic() + timeout_s
-    while result.state not in ("STARTED", "SUCCESS"):
-        if result.state in ("FAILURE", "REVOKED") or time.monotonic() > deadline:
-            raise RuntimeError(f"blocker job {result.id} did not start: {result.state}")
-        time.sleep(0.002)
+def one_trial(plain: PlainClient, mode: str, backlog: int, size: JobSize,
+              gate_dir: Path) -> dict[str, Any]:
+    """``mode``'s trial: the plain ones in the plain publisher's process."""
+    if mode == "gpulanes":
+        return trial(gpulanes_send(size), mode, backlog, gate_dir)
+    return plain.call(plain_trial, mode, backlog, size, gate_dir)
 
 
-def start_blocker(mode: str, size: JobSize, gate: Path) -> Any:
-    """Occupy the worker with a job held until ``gate`` exists; return it once STARTED."""
-    blocker = send(mode, "relaxed", size, seed=0, model=GATE_MODEL,
-                   prompt=f"held at gate {gate.name}")
-    wait_started(blocker)
-    return blocker
-
-
-def trial(mode: str, backlog: int, size: JobSize, gate_dir: Path) -> dict[str, Any]:
-    """One run of the experiment; the fast job's wait and position in start order."""
-    from celery.result import ResultSet
-
-    gate = gate_dir / uuid.uuid4().hex
-    try:
-        blocker = start_blocker(mode, size, gate)
-        jobs = [send(mode, "relaxed", size, seed=i + 1) for i in range(backlog)]
-        fast = send(mode, "fast", size, seed=backlog + 1)
-    finally:
-        gate.touch()  # also on error or Ctrl-C, so the worker can stop
-    done = ResultSet([blocker, *jobs, fast]).get(timeout=300 + backlog)
-    return summarize(mode, backlog, done)
-
-
-def summarize(mode: str, backlog: int, done: list[dict]) -> dict[str, Any]:
-    """Reduce one trial's result dicts (blocker first, fast job last) to its figures."""
-    fast, after_blocker = done[-1], sorted(done[1:], key=lambda r: r["started_at"])
-    starts = [r["started_at"] for r in after_blocker]
-    service_ms = ((starts[-1] - starts[0]) * 1000 / (len(starts) - 1)
-                  if len(starts) > 1 else None)
-    return {
-        "mode": mode, "backlog": backlog, "fast_wait_ms": fast["queued_ms"],
-        "fast_position": [r["job_id"] for r in after_blocker].index(fast["job_id"]),
-        "fast_lane": fast["lane"], "service_ms": service_ms,
-        "run_ms": statistics.fmean(r["run_ms"] for r in done[1:]),
-    }
-
-
-def run_all(backlogs: list[int], repeats: int, size: JobSize, gate_dir: Path) -> list[dict]:
-    """Every (repeat, backlog), both modes back to back; who goes first alternates."""
+def run_all(plain: PlainClient, backlogs: list[int], repeats: int, size: JobSize,
+            gate_dir: Path) -> list[dict]:
+    """Every (repeat, backlog), every mode back to back; the order alternates."""
     for mode in MODES:  # warm-up, not recorded: first connections, first queue reads
-        trial(mode, 0, size, gate_dir)
+        one_trial(plain, mode, 0, size, gate_dir)
     trials = []
     for repeat in range(repeats):
         for backlog in backlogs:
             order = MODES if (repeat + backlog) % 2 == 0 else MODES[::-1]
             for mode in order:
-                result = {**trial(mode, backlog, size, gate_dir), "repeat": repeat}
+                result = {**one_trial(plain, mode, backlog, size, gate_dir),
+                          "repeat": repeat}
                 trials.append(result)
                 print(f"  repeat {repeat} backlog {backlog:>4} {mode:<8} fast job waited "
                       f"{result['fast_wait_ms']:8.1f} ms, started "
@@ -170,8 +138,13 @@ def median_of(rows: list[dict], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def side_of(mode: str) -> str:
+    """Whose worker ran ``mode``'s jobs."""
+    return "gpulanes" if mode == "gpulanes" else "plain"
+
+
 def summary(trials: list[dict], backlogs: list[int]) -> list[dict[str, Any]]:
-    """Medians per (mode, backlog), one row per backlog."""
+    """Medians per (mode, backlog), one row per backlog; run and service times per side."""
     rows = []
     for backlog in backlogs:
         row: dict[str, Any] = {"backlog": backlog}
@@ -180,37 +153,49 @@ def summary(trials: list[dict], backlogs: list[int]) -> list[dict[str, Any]]:
             row[f"{mode}_wait_ms"] = median_of(mine, "fast_wait_ms")
             row[f"{mode}_position"] = median_of(mine, "fast_position")
             row[f"{mode}_lanes"] = sorted({t["fast_lane"] for t in mine})
-        same = [t for t in trials if t["backlog"] == backlog]
-        row["run_ms"] = statistics.fmean(t["run_ms"] for t in same)
-        row["service_ms"] = median_of(same, "service_ms")
+        for side in ("plain", "gpulanes"):
+            same = [t for t in trials if t["backlog"] == backlog and side_of(t["mode"]) == side]
+            row[f"{side}_run_ms"] = statistics.fmean(t["run_ms"] for t in same)
+            row[f"{side}_service_ms"] = median_of(same, "service_ms")
         row["ratio"] = row["fifo_wait_ms"] / max(row["gpulanes_wait_ms"], 1e-3)
+        row["lanes_ratio"] = row["plain_lanes_wait_ms"] / max(row["gpulanes_wait_ms"], 1e-3)
         rows.append(row)
     return rows
+
+
+def ms(value: float | None) -> str:
+    """A table cell in ms, "-" for none."""
+    return "-" if value is None else f"{value:.1f}"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table printed at the end."""
     return markdown_table(
-        ["backlog", "plain Celery FIFO wait (ms, median)", "gpulanes wait (ms, median)",
-         "ratio FIFO/gpulanes", "fast job position (FIFO / gpulanes)", "mean job run ms",
-         "service ms/job"],
-        [[r["backlog"], f"{r['fifo_wait_ms']:.1f}", f"{r['gpulanes_wait_ms']:.1f}",
-          f"{r['ratio']:.1f}x", f"{r['fifo_position']:g} / {r['gpulanes_position']:g}",
-          f"{r['run_ms']:.1f}", "-" if r["service_ms"] is None else f"{r['service_ms']:.1f}"]
-         for r in rows], align="r" * 7)
+        ["backlog", "plain Celery FIFO wait (ms, median)", "plain Celery lanes wait (ms)",
+         "gpulanes wait (ms)", "ratio FIFO/gpulanes", "ratio plain lanes/gpulanes",
+         "fast job position (FIFO / plain lanes / gpulanes)",
+         "mean job run ms (plain / gpulanes)", "service ms/job (plain / gpulanes)"],
+        [[r["backlog"], ms(r["fifo_wait_ms"]), ms(r["plain_lanes_wait_ms"]),
+          ms(r["gpulanes_wait_ms"]), f"{r['ratio']:.1f}x", f"{r['lanes_ratio']:.2f}x",
+          " / ".join(f"{r[f'{mode}_position']:g}" for mode in MODES),
+          f"{ms(r['plain_run_ms'])} / {ms(r['gpulanes_run_ms'])}",
+          f"{ms(r['plain_service_ms'])} / {ms(r['gpulanes_service_ms'])}"]
+         for r in rows], align="r" * 9)
 
 
 def verdict(rows: list[dict[str, Any]]) -> str:
     """One line on the project's goal, stated for the largest backlog measured."""
     last = rows[-1]
     met = "met" if last["ratio"] >= GOAL_RATIO else "NOT met"
-    lanes = f"fast job ran in {last['gpulanes_lanes']} (gpulanes), {last['fifo_lanes']} (FIFO)"
+    lanes = ", ".join(f"{last[f'{mode}_lanes']} ({mode})" for mode in MODES)
     return (f"At a {last['backlog']}-job backlog the fast job waits {last['ratio']:.1f}x less "
-            f"with gpulanes (goal >= {GOAL_RATIO:g}x: {met}); {lanes}.")
+            f"with gpulanes than plain FIFO (goal >= {GOAL_RATIO:g}x: {met}), and "
+            f"{last['lanes_ratio']:.2f}x as long with plain Celery lanes as with gpulanes; "
+            f"fast job ran in {lanes}.")
 
 
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    """Start the cluster, run every trial, stop the cluster; the JSON report."""
+    """Start both workers, run every trial, stop them; the JSON report."""
     from tasks import app
     from tasks.dev.cluster import LocalCluster
 
@@ -219,9 +204,12 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     (state / "gates").mkdir(parents=True, exist_ok=True)
     cluster = LocalCluster(state, workers=1, device="cpu", beat=False, log_dir=state / "logs")
     try:
-        print("starting embedded Redis and one worker (cpu) ...", file=sys.stderr, flush=True)
+        print("starting embedded Redis, one gpulanes and one plain worker (cpu) ...",
+              file=sys.stderr, flush=True)
         cluster.start(app)
-        trials = run_all(args.backlogs, args.repeats, size, state / "gates")
+        env = plain_env(plain_url(cluster.url), state)
+        with PlainWorkers(1, env, state / "logs"), PlainClient(env) as plain:
+            trials = run_all(plain, args.backlogs, args.repeats, size, state / "gates")
     finally:
         cluster.stop()
     return {"config": {"backlogs": args.backlogs, "repeats": args.repeats, **asdict(size),
@@ -261,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(report["summary"]))
     print(verdict(report["summary"]))
     print(f"{args.steps} steps at {args.size}x{args.size}, {args.repeats} repeat(s), "
-          f"one CPU worker; total wall time {report['wall_s']:.1f}s")
+          f"one CPU worker per side; total wall time {report['wall_s']:.1f}s")
     write_json(args.json, report)
     return 0
 
