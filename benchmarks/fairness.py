@@ -1,14 +1,20 @@
 """Fair relax: how long light and heavy users wait in the relaxed lane.
 
 ``python benchmarks/fairness.py`` starts one local cluster (embedded Redis,
-ONE CPU worker, beat) and, for each mode, lets a *heavy* account that has
+ONE gpulanes CPU worker, beat) and ONE plain Celery worker in its own process (a
+Redis database of its own), and, for each mode, lets a *heavy* account that has
 already used the cluster in this window queue a burst of relaxed jobs, with
 a few *light* accounts' jobs arriving right behind it:
 
 - *gpulanes*: ``submit(..., tier="relaxed")``; the heavy account's recent
   GPU seconds put its jobs in a later priority level of the relaxed lane.
-- *plain Celery*: the same jobs published to the ``relaxed`` queue in
-  arrival order, one FIFO list, as plain Celery does.
+- *plain Celery*: the same jobs (same demo model, same size) published by
+  ``apply_async(queue="relaxed")`` on a default Celery app as a careful plain user
+  writes it (``benchmarks/plain_app.py``: kombu's stock Redis transport, Celery's
+  stock result backend, late acks, prefetch 1, JSON; its worker ``--pool threads
+  -c 1 -E -Q fast,standard,relaxed``), from a process of its own that never imports
+  gpulanes' client, app or transport: one FIFO list in arrival order, as plain
+  Celery does. Plain Celery has no accounts; the account only names the group.
 
 Then a starvation check: the heavy account queues one job right after a
 stream of newcomers' jobs that takes longer than ``GPULANES_FAIR_AGING_S`` to
@@ -26,11 +32,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import JobSize, markdown_table, plain_kwargs, private_env, state_dir  # noqa: E402
+from benchmarks.common import JobSize, markdown_table, private_env, state_dir  # noqa: E402
+from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
 AGING_S = 3.0
 UNIT_S = 0.05
@@ -39,23 +46,32 @@ SIZE = JobSize(steps=8, size=128)
 MODES = ("plain", "gpulanes")
 
 
-def send(mode: str, account: str, seed: int) -> Any:
-    """One relaxed job through gpulanes, or straight onto the FIFO relaxed queue."""
-    from tasks.api import submit
-    from tasks.worker.generate import generate
+#: (account, seed) -> the relaxed job's AsyncResult.
+Send = Callable[[str, int], Any]
 
-    if mode == "gpulanes":
-        return submit(f"job {seed}", tier="relaxed", account=account, seed=seed,
-                      steps=SIZE.steps, width=SIZE.size, height=SIZE.size)
-    return generate.apply_async(kwargs=plain_kwargs(f"job {seed}", "relaxed", account, seed,
-                                                    SIZE), queue="relaxed")
+
+def send(account: str, seed: int) -> Any:
+    """One relaxed job through gpulanes' ``submit()``."""
+    from tasks.api import submit
+
+    return submit(f"job {seed}", tier="relaxed", account=account, seed=seed,
+                  steps=SIZE.steps, width=SIZE.size, height=SIZE.size)
+
+
+def plain_burst(heavy: int, light: int, tag: str) -> dict[str, list[float]]:
+    """:func:`burst` on the plain side, in the plain publisher's process: the same jobs
+    straight onto the FIFO ``relaxed`` queue."""
+    from benchmarks import plain_app
+
+    return burst(lambda account, seed: plain_app.send("relaxed", f"job {seed}", seed, SIZE),
+                 heavy, light, tag)
 
 
 def make_heavy(account: str, jobs: int) -> None:
     """Give ``account`` recent usage and wait until routers rank it as heavy."""
     from tasks.broker.enqueue import snapshot_cache
 
-    for result in [send("gpulanes", account, i) for i in range(jobs)]:
+    for result in [send(account, i) for i in range(jobs)]:
         result.get(timeout=120)
     deadline = time.monotonic() + 30
     while (view := snapshot_cache().view()) is None or not view.levels.get(account):
@@ -64,11 +80,11 @@ def make_heavy(account: str, jobs: int) -> None:
         time.sleep(0.1)
 
 
-def burst(mode: str, heavy: int, light: int, tag: str) -> dict[str, list[float]]:
+def burst(publish: Send, heavy: int, light: int, tag: str) -> dict[str, list[float]]:
     """Heavy account's burst, then light accounts' jobs; waits in ms per group."""
-    heavy_jobs = [send(mode, "heavy", 1000 + i) for i in range(heavy)]
+    heavy_jobs = [publish("heavy", 1000 + i) for i in range(heavy)]
     # fresh light accounts each time: a light user has not used the cluster yet
-    light_jobs = [send(mode, f"light-{tag}-{i}", 2000 + i) for i in range(light)]
+    light_jobs = [publish(f"light-{tag}-{i}", 2000 + i) for i in range(light)]
     waits = {"heavy": [r.get(timeout=300)["queued_ms"] for r in heavy_jobs],
              "light": [r.get(timeout=300)["queued_ms"] for r in light_jobs]}
     return waits
@@ -76,31 +92,42 @@ def burst(mode: str, heavy: int, light: int, tag: str) -> dict[str, list[float]]
 
 def starvation(jobs: int) -> tuple[float, float]:
     """(heavy job's wait, stream length) in seconds, under a newcomers' stream."""
-    stream = [send("gpulanes", f"new{i}", 9001 + i) for i in range(jobs)]
-    heavy = send("gpulanes", "heavy", 9000)  # behind the whole stream, at a later level
+    stream = [send(f"new{i}", 9001 + i) for i in range(jobs)]
+    heavy = send("heavy", 9000)  # behind the whole stream, at a later level
     waited_s = heavy.get(timeout=300)["queued_ms"] / 1000
     last = max(r.get(timeout=300)["started_at"] for r in stream)
     return waited_s, last - stream[0].get(timeout=300)["started_at"]
 
 
 def run(state: Path, repeats: int, heavy: int, light: int) -> None:
-    """Start the cluster, make one account heavy, run the bursts and the starvation check."""
+    """Start both workers, make one account heavy, run the bursts and the starvation check."""
     from tasks import app
     from tasks.dev.cluster import LocalCluster
 
     cluster = LocalCluster(state, workers=1, device="cpu", beat=True)
     try:
         cluster.start(app)
-        make_heavy("heavy", 20)
-        waits: dict[str, dict[str, list[float]]] = {m: {"heavy": [], "light": []} for m in MODES}
-        for rep in range(repeats):
-            for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
-                for group, values in burst(mode, heavy, light, f"{mode}{rep}").items():
-                    waits[mode][group] += values
-        report(waits, heavy, light)
+        env = plain_env(plain_url(cluster.url), state)
+        with PlainWorkers(1, env, state / "logs"), PlainClient(env) as plain:
+            make_heavy("heavy", 20)
+            report(bursts(plain, repeats, heavy, light), heavy, light)
         report_starvation(*starvation(jobs=250))
     finally:
         cluster.stop()
+
+
+def bursts(plain: PlainClient, repeats: int, heavy: int,
+           light: int) -> dict[str, dict[str, list[float]]]:
+    """Every mode's bursts, the order alternating per repeat; waits per mode and group."""
+    waits: dict[str, dict[str, list[float]]] = {m: {"heavy": [], "light": []} for m in MODES}
+    for rep in range(repeats):
+        for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
+            tag = f"{mode}{rep}"
+            got = (burst(send, heavy, light, tag) if mode == "gpulanes"
+                   else plain.call(plain_burst, heavy, light, tag))
+            for group, values in got.items():
+                waits[mode][group] += values
+    return waits
 
 
 def report(waits: dict[str, dict[str, list[float]]], heavy: int, light: int) -> None:
