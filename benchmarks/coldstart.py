@@ -19,6 +19,10 @@ already holds the shards) shows what a worker pays on a second start.
 
 Goal: parallel <= 1.3x the slowest shard, i.e. <= 0.2x serial (that ratio
 holds only where no manifest read comes first: on another host).
+
+No Celery on either side: this compares two ways of loading a checkpoint (one shard
+after another, and in parallel) with gpulanes' own store and loader, not gpulanes
+against plain Celery.
 """
 from __future__ import annotations
 

@@ -17,6 +17,11 @@ with ``--lists`` lists (a lane spread over that many workers' queues and
 priority levels, each holding a job). For every mode the table also gives
 Redis' own time per publish (``INFO commandstats``, reset before each round):
 the cost the one Redis of a cluster pays, free of this process' noise.
+
+This compares two transports under one app and one process, everything else held
+equal (no workers): the kombu side is kombu's transport alone, not a plain Celery
+user's app; ``benchmarks/submit.py`` sets the whole publish against a default Celery
+app in its own process.
 """
 from __future__ import annotations
 
