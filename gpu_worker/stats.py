@@ -19,6 +19,7 @@ from gpu_worker.control import stats_of
 from gpu_worker.hook import Hook
 from gpu_worker.runtime import RUNTIME
 from tasks.broker.stats import push_stats
+from tasks.jobs.usage import COUNTS
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ class StatsPush(Hook):
     """Push :func:`gpu_worker.control.stats_of` every ``GPULANES_HEARTBEAT_S``."""
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
-        return {signals.worker_ready: self.on_ready}
+        return {signals.worker_ready: self.on_ready,
+                signals.worker_shutdown: self.on_shutdown}
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:
         from tasks.broker.store import broker_client
@@ -39,9 +41,24 @@ class StatsPush(Hook):
                          daemon=True).start()
 
     def _loop(self, client: Any, consumer: Any) -> None:
+        self._client, self._consumer = client, consumer
         while True:
-            try:
-                push_stats(client, RUNTIME.hostname, stats_of(consumer))
-            except Exception:  # noqa: BLE001  Redis away: beat counts the missed round
-                log.debug("could not push this worker's stats", exc_info=True)
+            self.push()
             time.sleep(settings.heartbeat_s)
+
+    def push(self) -> None:
+        """This worker's stats, and its finished jobs' counts since the last push."""
+        batch = COUNTS.batch()
+        try:
+            push_stats(self._client, RUNTIME.hostname, stats_of(self._consumer),
+                       (RUNTIME.incarnation, *batch) if batch else None)
+        except Exception:  # noqa: BLE001  Redis away: beat counts the missed round
+            log.debug("could not push this worker's stats", exc_info=True)
+            return
+        if batch:
+            COUNTS.pushed(batch[0])
+
+    def on_shutdown(self, **_: Any) -> None:
+        """The counts of the last jobs, before the process ends."""
+        if getattr(self, "_client", None) is not None:
+            self.push()

@@ -76,7 +76,7 @@ def test_a_stale_run_writes_nothing(clean_redis):
     clean_redis.delete(lease_key("j5"))  # A froze: its lease lapsed
     new = _lease("j5", B, "t2")  # and a newer run began
     assert runs.finish("j5", old.token, old.attempt, {"attempts": 1, "run_ms": 5.0},
-                       "acct", {}, charge_fast=True) == ("stale", "")
+                       "acct", charge_fast=True) == ("stale", "")
     assert not runs.give_up("j5", old.token, old.attempt, "{}", "failures|fast")
     assert renew([old], tags=()) == [0] and old._lost
     assert clean_redis.get(lease_key("j5")).decode() == new.token
@@ -89,9 +89,9 @@ def test_a_lapsed_lease_is_taken_again_while_no_newer_run_began(clean_redis):
     assert renew([lease], tags=()) == [1]
     assert clean_redis.get(lease_key("j6")).decode() == lease.token
     assert runs.finish("j6", lease.token, lease.attempt, {"attempts": 1, "run_ms": 5.0},
-                       "acct", {}, charge_fast=False) == ("stored", "")
+                       "acct", charge_fast=False) == ("stored", "")
     again = runs.finish("j6", lease.token, lease.attempt, {"attempts": 1, "run_ms": 5.0},
-                        "acct", {}, charge_fast=False)  # the reply was lost: no double count
+                        "acct", charge_fast=False)  # the reply was lost: no double count
     assert again[0] == "earlier" and json.loads(again[1])["attempts"] == 1
 
 
@@ -176,3 +176,48 @@ def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatc
     assert json.loads(raw)["properties"]["delivery_tag"] != tag
     with pytest.raises(LeaseLost):
         lease.check()
+
+
+def test_a_run_stores_its_started_and_success_entries_in_its_own_steps(clean_redis):
+    """Where the result backend is the broker's Redis, begin stores the STARTED entry
+    and finish the SUCCESS entry (and announces it) in their scripts; a finish retried
+    after a lost reply, or a stale one, writes no entry."""
+    from tasks.broker.backend import Entry
+
+    entry_key = "celery-task-meta-j10"
+    started = Entry(entry_key, json.dumps({"status": "STARTED", "task_id": "j10"}))
+    assert runs.begin("j10", A, "t1", None, started=started) == ("run", "1")
+    assert json.loads(clean_redis.get(entry_key))["status"] == "STARTED"
+    assert 0 < clean_redis.ttl(entry_key) <= settings.result_ttl_s
+    lease = Lease("j10", 1, runs.token(A, 1, "t1"), time.monotonic())
+    listener = clean_redis.pubsub()
+    listener.subscribe(entry_key)
+    listener.get_message(timeout=1)  # the subscription's own reply
+    success = Entry(entry_key, json.dumps({"status": "SUCCESS", "task_id": "j10"}))
+    assert runs.finish("j10", lease.token, 1, {"attempts": 1, "run_ms": 5.0}, "acct",
+                       charge_fast=False, stored=success) == ("stored", "")
+    assert json.loads(clean_redis.get(entry_key))["status"] == "SUCCESS"
+    told = listener.get_message(timeout=2)
+    assert told and json.loads(told["data"])["status"] == "SUCCESS"
+    clean_redis.set(entry_key, "untouched")
+    assert runs.finish("j10", lease.token, 1, {"attempts": 1, "run_ms": 5.0}, "acct",
+                       charge_fast=False, stored=success)[0] == "earlier"
+    assert runs.begin("j10", B, "t2", None, started=started)[0] == "done"
+    assert clean_redis.get(entry_key) == b"untouched"
+
+
+def test_a_revoked_job_is_not_begun(clean_redis):
+    from tasks.broker.control import record_revokes
+
+    assert record_revokes(["j11"]) == 1
+    assert _begin("j11", A, "t1") == ("revoked", "")
+    assert not clean_redis.exists(lease_key("j11"))
+    assert _begin("j12", A, "t1") == ("run", "1")  # another job is not
+
+
+def test_a_first_run_sets_its_counter_and_a_later_one_counts_on(clean_redis):
+    lease = _lease("j13", A, "t1")
+    assert lease.attempt == 1 and 0 < clean_redis.ttl(attempts_key("j13")) <= settings.runs_kept_s
+    runs.release("j13", lease.token, lease.attempt)
+    assert _lease("j13", B, "t2").attempt == 2
+    assert int(clean_redis.get(attempts_key("j13"))) == 2

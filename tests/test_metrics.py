@@ -78,6 +78,12 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     wait_until(lambda: clean_redis.get(SNAPSHOT_KEY) and json.loads(
         clean_redis.hget(WORKERS_KEY, host) or "{}").get("alive"),
         what="a snapshot with the worker in it")
+
+    def counted() -> float:  # the worker adds its jobs' counts with its next stats push
+        m = _scrape(exporter)
+        return sum(m.get(("gpulanes_jobs_total", (("lane", lane),)), 0)
+                   for lane in ("fast", "standard", "relaxed"))
+    wait_until(lambda: counted() == len(ran), what="the worker's pushed job counts")
     m = _scrape(exporter)
 
     for lane in ("fast", "standard", "relaxed"):
@@ -165,3 +171,26 @@ def test_the_exporter_serves_ipv6_negotiates_openmetrics_and_logs_no_scrapes(cle
         server.shutdown()
         server.server_close()
     assert "GET /metrics" not in capfd.readouterr().err  # scrapes are not access-logged
+
+
+def test_a_workers_counts_are_added_once_per_batch(clean_redis):
+    """A worker adds its jobs' counts with its stats push; a batch sent again (its
+    reply lost) is not added twice, and counts that came meanwhile wait for the next."""
+    from tasks.broker.keys import METRICS_KEY
+    from tasks.broker.stats import push_stats
+    from tasks.jobs.usage import PendingCounts
+
+    counts = PendingCounts()
+    assert counts.batch() is None  # nothing finished: nothing to add
+    counts.add({"run_sum|fast": 0.5, "jobs|fast": 1})
+    counts.add({"run_sum|fast": 0.25})
+    batch = counts.batch()
+    assert batch == (1, {"run_sum|fast": 0.75, "jobs|fast": 1})
+    counts.add({"run_sum|fast": 1.0})  # finished while the push is out
+    for _ in range(2):  # the first reply was lost: the same batch again
+        push_stats(clean_redis, "gpu0@h", {}, ("gpu0@h/1/1.0", *counts.batch()))
+    assert float(clean_redis.hget(METRICS_KEY, "run_sum|fast")) == 0.75
+    counts.pushed(batch[0])
+    assert counts.batch() == (2, {"run_sum|fast": 1.0})
+    push_stats(clean_redis, "gpu0@h", {}, ("gpu0@h/1/1.0", *counts.batch()))
+    assert float(clean_redis.hget(METRICS_KEY, "run_sum|fast")) == 1.75

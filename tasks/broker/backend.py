@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
@@ -31,10 +31,48 @@ def no_subscription() -> Iterator[None]:
         _skip.reset(token)
 
 
+class Entry(NamedTuple):
+    """A job's entry in the result backend (its key, and the value as the backend
+    encodes it), for a script of the run to write in its own step."""
+    key: str
+    value: str
+
+
+#: Jobs whose SUCCESS entry their run's own script stored (``lua/run_finish.lua``):
+#: Celery's store after the task returns would only read it back to leave it.
+_stored: set[str] = set()
+
+
 class ResultBackend(RedisBackend):
     def on_task_call(self, producer: Any, task_id: str) -> None:
         if not _skip.get():
             super().on_task_call(producer, task_id)
+
+    def mark_as_done(self, task_id: str, result: Any, request: Any = None,
+                     store_result: bool = True, state: str = states.SUCCESS) -> None:
+        if task_id in _stored:
+            _stored.discard(task_id)
+            store_result = False
+        super().mark_as_done(task_id, result, request, store_result, state)
+
+    def entry(self, task_id: str, result: Any, state: str, request: Any) -> Entry:
+        """The entry Celery's own store would write for ``result`` in ``state``."""
+        meta = self._get_result_meta(result=self.encode_result(result, state), state=state,
+                                     traceback=None, request=request)
+        meta["task_id"] = task_id
+        return Entry(self.get_key_for_task(task_id).decode(), self.encode(meta))
+
+
+def run_entries(app: Any) -> bool:
+    """Whether a run's scripts store its STARTED and SUCCESS entries themselves: the
+    result backend is gpulanes' own on the broker's Redis (one server, one step)."""
+    return (isinstance(app.backend, ResultBackend)
+            and app.conf.result_backend == app.conf.broker_url)
+
+
+def stored_by_run(task_id: str) -> None:
+    """The run's script stored ``task_id``'s SUCCESS entry: Celery's store skips it."""
+    _stored.add(task_id)
 
 
 class SentinelResultBackend(ResultBackend, SentinelBackend):

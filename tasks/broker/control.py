@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from celery.app.control import Control
 from celery.worker import state as worker_state
 
-from tasks.broker.keys import REVOKED_KEY
+from tasks.broker.keys import REVOKED_KEY, revoked_key
 from tasks.settings import settings
 
 #: The most revokes a worker loads when it starts (Celery keeps 50,000 in memory);
@@ -35,6 +35,8 @@ def record_revokes(job_ids: Iterable[str]) -> int:
         pipe.zadd(REVOKED_KEY, dict.fromkeys(ids, now))
         pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - settings.revoke_ttl_s)
         pipe.expire(REVOKED_KEY, settings.revoke_ttl_s)
+        for job_id in ids:
+            pipe.set(revoked_key(job_id), 1, ex=settings.revoke_ttl_s)
         pipe.execute()
     return len(ids)
 

@@ -107,6 +107,12 @@ DEAD_INDEX_KEY = f"{PREFIX}:dead:index"
 DUPLICATES_KEY = f"{PREFIX}:duplicates"
 #: Sorted set: revoked job id -> when it was revoked (unix s); kept GPULANES_REVOKE_TTL_S.
 REVOKED_KEY = f"{PREFIX}:revoked"
+
+
+def revoked_key(job_id: str) -> str:
+    """Present while job ``job_id`` is revoked (``REVOKED_KEY`` lists them all): a run's
+    begin reads it with the job's other records, in one read."""
+    return f"{PREFIX}:revoked:{job_id}"
 #: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
 HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.
@@ -162,6 +168,12 @@ def run_key(job_id: str) -> str:
 #: Hash of cumulative job counters the workers and submitters add to and the
 #: Prometheus exporter reads: fields from ``metric_field``.
 METRICS_KEY = f"{PREFIX}:metrics"
+
+
+def counts_pushed_key(holder: str) -> str:
+    """The number of the last batch of job counts worker process ``holder`` added to
+    ``METRICS_KEY`` (``tasks.broker.stats.push_stats``)."""
+    return f"{PREFIX}:counts-pushed:{holder}"
 
 
 def metric_field(name: str, *labels: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
+from tasks.broker.backend import Entry
 from tasks.broker.keys import (
     DEAD_INDEX_KEY,
     DEAD_KEY,
@@ -28,12 +29,12 @@ from tasks.broker.keys import (
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
     METRICS_KEY,
-    REVOKED_KEY,
     USAGE_BUCKET_S,
     attempts_key,
     done_key,
     fast_queued_key,
     lease_key,
+    revoked_key,
     usage_key,
 )
 from tasks.broker.publish import RELEASED
@@ -52,32 +53,37 @@ def token(holder: str, attempt: int, tag: str) -> str:
 
 
 def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
-          deferred: bool = False) -> tuple[str, str]:
+          deferred: bool = False, started: Entry | None = None) -> tuple[str, str]:
     """(``run``, its number) | (``done``, the result JSON) | (``dead``, the dead letter)
     | (``revoked``|``busy``|``defer``|``superseded``, '').
 
-    A fast job gives back its account's fast place (``tasks.jobs.fastlimit``) here."""
-    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), REVOKED_KEY, DEAD_KEY,
-            HOLDERS_KEY]
+    A fast job gives back its account's fast place (``tasks.jobs.fastlimit``) here; a
+    run that begins stores ``started`` (its STARTED entry in the result backend) in the
+    same step."""
+    key, entry = started or (done_key(job_id), "")  # no entry: a key unused
+    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id), DEAD_KEY,
+            HOLDERS_KEY, key]
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
     return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
-                                          job_id, tag, "1" if deferred else "", RELEASED]))
+                                          job_id, tag, "1" if deferred else "", RELEASED,
+                                          entry, settings.result_ttl_s]))
 
 
 def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,
-           counts: dict[str, float], charge_fast: bool) -> tuple[str, str]:
-    """Store ``result`` as the job's, count it, add its GPU time to ``account``'s usage
-    and (``charge_fast``) charge it fast seconds, if the run still holds the job:
+           charge_fast: bool, stored: Entry | None = None) -> tuple[str, str]:
+    """Store ``result`` as the job's, add its GPU time to ``account``'s usage and
+    (``charge_fast``) charge it fast seconds, if the run still holds the job, and store
+    and announce ``stored`` (its SUCCESS entry in the result backend) in the same step:
     (``stored``|``stale``, '') or (``earlier``, the result stored before)."""
     run_s = result["run_ms"] / 1000
     bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
-    keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), bucket, METRICS_KEY]
+    key, entry = stored or (done_key(job_id), "")
+    keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), bucket, key]
     if charge_fast:
         keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
     args = [token, attempt, json.dumps(result), settings.result_ttl_s, account, repr(run_s),
-            settings.fair_window_s + USAGE_BUCKET_S, repr(settings.fast_seconds_default),
-            *(item for field, amount in counts.items() for item in (field, repr(amount)))]
+            settings.fair_window_s + USAGE_BUCKET_S, repr(settings.fast_seconds_default), entry]
     return tuple(_run("run_finish", keys, args))
 
 

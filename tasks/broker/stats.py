@@ -15,15 +15,30 @@ from typing import Any
 import redis
 
 from tasks.broker import scripts
-from tasks.broker.keys import WORKER_STATS_AT_KEY, WORKER_STATS_KEY
+from tasks.broker.keys import (
+    METRICS_KEY,
+    WORKER_STATS_AT_KEY,
+    WORKER_STATS_KEY,
+    counts_pushed_key,
+)
 
 log = logging.getLogger(__name__)
+#: How long Redis remembers a worker process's last batch of counts (a push retried
+#: within it is not added twice).
+COUNTS_NUMBER_KEPT_S = 86400
 
 
-def push_stats(client: redis.Redis, host: str, stats: dict[str, Any]) -> None:
-    """Store ``host``'s stats, stamped now."""
-    scripts.run(client, "stats_push", [WORKER_STATS_KEY, WORKER_STATS_AT_KEY],
-                [host, json.dumps(stats)])
+def push_stats(client: redis.Redis, host: str, stats: dict[str, Any],
+               counts: tuple[str, int, dict[str, float]] | None = None) -> None:
+    """Store ``host``'s stats, stamped now, and add ``counts`` (the worker process, the
+    batch's number, {counter: amount}) to ``METRICS_KEY`` unless that batch is in."""
+    keys, args = [WORKER_STATS_KEY, WORKER_STATS_AT_KEY], [host, json.dumps(stats)]
+    if counts:
+        holder, number, amounts = counts
+        keys += [METRICS_KEY, counts_pushed_key(holder)]
+        args += [number, COUNTS_NUMBER_KEPT_S,
+                 *(item for field, amount in amounts.items() for item in (field, repr(amount)))]
+    scripts.run(client, "stats_push", keys, args)
 
 
 def fresh_stats(client: redis.Redis, fresh_s: float, forget_s: float) -> dict[str, dict]:

@@ -1,8 +1,10 @@
 """What one finished job adds to the cluster's counters (``METRICS_KEY``), which
-the Prometheus exporter (``tasks.ops.metrics``) reads."""
+the Prometheus exporter (``tasks.ops.metrics``) reads; a worker adds its jobs'
+counts with its stats push, every heartbeat."""
 from __future__ import annotations
 
 import bisect
+import threading
 from typing import Any
 
 from tasks.broker.keys import metric_field
@@ -29,3 +31,42 @@ def job_counts(result: dict[str, Any]) -> dict[str, float]:
     if result.get("downgrade_reason"):
         counts[metric_field("downgrades", result["downgrade_reason"])] = 1
     return counts
+
+
+class PendingCounts:
+    """What this process's finished jobs add to ``METRICS_KEY``, until a stats push
+    adds it (``tasks.broker.stats.push_stats``): the per-job path writes no counter.
+
+    A batch taken for a push keeps its number until a push of it is answered: a push
+    retried after a lost reply carries the same number and Redis adds it once. A
+    process that dies loses what it had not pushed (at most one heartbeat's jobs).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._new: dict[str, float] = {}
+        self._batch: tuple[int, dict[str, float]] | None = None
+        self._number = 0
+
+    def add(self, counts: dict[str, float]) -> None:
+        with self._lock:
+            for field, amount in counts.items():
+                self._new[field] = self._new.get(field, 0) + amount
+
+    def batch(self) -> tuple[int, dict[str, float]] | None:
+        """(number, counts) to push: the unanswered batch, else what came since."""
+        with self._lock:
+            if self._batch is None and self._new:
+                self._number += 1
+                self._batch, self._new = (self._number, self._new), {}
+            return self._batch
+
+    def pushed(self, number: int) -> None:
+        """Batch ``number`` is in Redis."""
+        with self._lock:
+            if self._batch is not None and self._batch[0] == number:
+                self._batch = None
+
+
+#: This worker process's counts not yet pushed.
+COUNTS = PendingCounts()

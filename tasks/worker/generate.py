@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any, NoReturn
 
-from celery import signals
+from celery import signals, states
 from celery.exceptions import Ignore, Retry
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
@@ -45,6 +46,7 @@ from routing.names import FAST, GENERATE_TASK, lane_of, worker_queue
 from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
+from tasks.broker.backend import Entry, run_entries, stored_by_run
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
@@ -52,7 +54,7 @@ from tasks.broker.publish import PublishRefused, publishing
 from tasks.errors import JobFailed, JobRevoked, LeaseLost
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
-from tasks.jobs.usage import job_counts
+from tasks.jobs.usage import COUNTS, job_counts
 from tasks.settings import settings
 from tasks.worker.coalesce import close_run, fail_followers
 from tasks.worker.execute import kept, run_job
@@ -64,6 +66,16 @@ log = logging.getLogger(__name__)
 hooks.install()  # this module loads in workers (and beat) only: wire their hooks
 #: ``METRICS_KEY`` field: runs stopped because a newer run had taken their job over.
 STALE_FIELD = metric_field("stale_runs")
+#: The result backend is on the broker's Redis: a run's begin and finish scripts store
+#: its STARTED and SUCCESS entries in their own step (no read, transaction and publish
+#: of Celery's store for each).
+RUN_ENTRIES = run_entries(app)
+
+
+def _entry(task: Any, result: Any, state: str) -> Entry | None:
+    """The job's ``state`` entry for a run's script to store; None: Celery stores it."""
+    return app.backend.entry(task.request.id, result, state, task.request) \
+        if RUN_ENTRIES else None
 
 
 def _begin(task: Any, message: JobMessage) -> Lease | dict:
@@ -75,7 +87,10 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
         return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast,
-                                   deferred=route.deferred)
+                                   deferred=route.deferred, started=started)
+
+    started = _entry(task, {"pid": os.getpid(), "hostname": task.request.hostname},
+                     states.STARTED)
 
     sent_at, (verdict, value) = persist(call, f"the start of job {job_id}")
     if verdict == "done":  # a redelivery of a job that already finished
@@ -266,16 +281,21 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
     raise Ignore()
 
 
-def _finish(task: Any, lease: Lease, result: dict, job: Job) -> dict:
-    """Record the run's result (fenced, counted and charged in one step) and return the
-    job's result: this one, or the one recorded first."""
+def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dict:
+    """Record the run's result (fenced and charged in one step, with its SUCCESS entry
+    where ``entry``) and return the job's result: this one, or the one recorded first."""
     job_id = task.request.id
+    stored = _entry(task, result, states.SUCCESS) if entry else None
     verdict, value = persist(
         lambda: runs.finish(job_id, lease.token, lease.attempt, result, job.account,
-                            job_counts(result), result["lane"] == FAST),
+                            result["lane"] == FAST, stored=stored),
         f"the result of job {job_id}")
     if verdict == "stale":
         _stale(task, lease)
+    if verdict == "stored":
+        COUNTS.add(job_counts(result))  # pushed with the worker's stats
+    if stored is not None:  # stored by this run's script, or by the earlier one's
+        stored_by_run(job_id)
     recorded = result if verdict == "stored" else json.loads(value)
     if recorded.get("attempts") != lease.attempt:  # another run finished first: never meant
         log.warning("job %s finished again after its first result was stored", job_id)
@@ -290,7 +310,8 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job) -> dict:
 
 # max_retries=None: gpulanes counts attempts itself (redeliveries included).
 # CheckedTask: a message whose call, job or route breaks the schema never runs.
-@app.task(bind=True, name=GENERATE_TASK, max_retries=None, base=CheckedTask)
+@app.task(bind=True, name=GENERATE_TASK, max_retries=None, base=CheckedTask,
+          track_started=not RUN_ENTRIES)
 def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one job (see ``tasks.api.submit``) and describe the result."""
     started_at = time.time()
@@ -320,8 +341,9 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message, guard)
+    # a run its caller revoked (it went on for others) leaves its entry to the revoke
     recorded = _finish(self, lease, _result(self, message, lane, started_at, lease, ran,
-                                            made), message.job)
+                                            made), message.job, not guard.for_followers)
     if guard.for_followers:  # its own caller revoked it: the run went on for the others
         app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
         _tell_revoked(self)

@@ -1,18 +1,19 @@
--- KEYS: done, lease, run counter, revoked set, dead letters, holders[, the account's
--- fast places]. ARGV: holder, lease ttl, counter ttl, job id, delivery tag, '1' for a
--- copy deferred earlier (it steps aside from a released lease: another copy exists),
--- the prefix of a released lease.
+-- KEYS: done, lease, run counter, the job's revoked mark, dead letters, holders, the job's result
+-- entry (Celery's backend)[, the account's fast places]. ARGV: holder, lease ttl,
+-- counter ttl, job id, delivery tag, '1' for a copy deferred earlier (it steps aside
+-- from a released lease: another copy exists), the prefix of a released lease, the
+-- STARTED entry to store for a run that begins ('': none), how long entries are kept.
 -- The lease is "<holder>#<run number>#<delivery tag>"; one marked released is free.
 -- A call retried after a lost reply finds its own lease and carries on as that run.
 -- A lease held by another run: 'busy' while that run's own message is recorded as
 -- held (it comes back if that run dies), else 'defer': this copy may be the last one.
-if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
-local done = redis.call('GET', KEYS[1])
+if KEYS[8] then redis.call('ZREM', KEYS[8], ARGV[4]) end
+local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4])
+local done, lease = found[1], found[2]
 if done then return {'done', done} end
 local letter = redis.call('HGET', KEYS[5], ARGV[4])
 if letter then return {'dead', letter} end
-if redis.call('ZSCORE', KEYS[4], ARGV[4]) then return {'revoked', ''} end
-local lease = redis.call('GET', KEYS[2])
+if found[3] then return {'revoked', ''} end
 local released = lease and string.sub(lease, 1, #ARGV[7]) == ARGV[7]
 if released and ARGV[6] == '1' then return {'superseded', ''} end
 if lease and not released then
@@ -27,7 +28,12 @@ if lease and not released then
   end
   return {'defer', ''}
 end
-local n = redis.call('INCR', KEYS[3])
-redis.call('EXPIRE', KEYS[3], ARGV[3])
+-- a job's first run sets its counter in one write; a later one counts up and keeps it
+local n = 1
+if not redis.call('SET', KEYS[3], 1, 'NX', 'EX', ARGV[3]) then
+  n = redis.call('INCR', KEYS[3])
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
+end
 redis.call('SET', KEYS[2], ARGV[1] .. '#' .. n .. '#' .. ARGV[5], 'EX', ARGV[2])
+if ARGV[8] ~= '' then redis.call('SET', KEYS[7], ARGV[8], 'EX', ARGV[9]) end
 return {'run', tostring(n)}
