@@ -1,14 +1,18 @@
-"""Affinity: cold model loads with route hashing vs plain shared lanes.
+"""Affinity: cold model loads with route hashing vs plain Celery's shared queues.
 
-``python benchmarks/affinity.py`` runs, for each mode, a fresh local cluster
-(embedded Redis, 4 CPU workers with 2 model slots each, beat) and a skewed
-stream of jobs over 8 models (Zipf, s = 1.1), keeping a fixed number of jobs
-in flight:
+``python benchmarks/affinity.py`` starts an embedded Redis and runs, for each mode,
+fresh workers (4 CPU worker processes with 2 model slots each) and a skewed stream
+of jobs over 8 models (Zipf, s = 1.1), keeping a fixed number of jobs in flight:
 
-- *route hashing*: ``submit()`` sends each job to its model's worker on the
-  consistent-hash ring (bounded loads);
-- *shared lanes*: the same ``submit()`` with ``GPULANES_ROUTE_HASHING`` off,
-  so any free worker takes any job, as plain Celery does.
+- *route hashing*: a gpulanes cluster (beat included); ``submit()`` sends each job
+  to its model's worker on the consistent-hash ring (bounded loads);
+- *plain Celery*: a default Celery app as a careful plain user writes it
+  (``benchmarks/plain_app.py``: kombu's stock Redis transport, Celery's stock result
+  backend, late acks, prefetch 1, JSON) in a Redis database of its own, as many
+  ``celery worker --pool threads -c 1 -E`` processes, each keeping the same number
+  of models loaded (least recently used evicted, the same loader and warm-up);
+  ``apply_async(queue="standard")`` from a process of its own that never imports
+  gpulanes' client, app or transport. Any free worker takes any job.
 
 The table shows cold loads per 1,000 jobs (a job that had to load its model
 first: ``cold_start`` in its result), the same less each model's first load
@@ -28,12 +32,13 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import markdown_table, percentile, run_private  # noqa: E402
+from benchmarks.common import JobSize, markdown_table, percentile, run_private  # noqa: E402
+from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
 MODELS = [f"demo-{i}" for i in range(8)]
 
@@ -44,36 +49,51 @@ def zipf_stream(jobs: int, seed: int, s: float = 1.1) -> list[str]:
     return random.Random(seed).choices(MODELS, weights=weights, k=jobs)
 
 
-def drive(stream: list[str], in_flight: int, steps: int, size: int) -> list[dict]:
-    """Submit the stream keeping ``in_flight`` jobs outstanding; every result."""
-    from tasks import submit
-
+def drive(send: Callable[[int, str], Any], stream: list[str],
+          in_flight: int) -> tuple[list[dict], float]:
+    """Publish the stream (``send(i, model)``) keeping ``in_flight`` jobs outstanding;
+    every result, and the seconds it took."""
+    began = time.monotonic()
     pending, done = [], []
     for i, model in enumerate(stream):
-        pending.append(submit(f"job {i}", model=model, seed=i, steps=steps,
-                              width=size, height=size))
+        pending.append(send(i, model))
         while len(pending) >= in_flight:
             done.append(pending.pop(0).get(timeout=300))
     done += [result.get(timeout=300) for result in pending]
-    return done
+    return done, time.monotonic() - began
 
 
-def one_mode(hashing: bool, args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    """A fresh cluster, the stream, the figures."""
-    from tasks import app
+def plain_drive(stream: list[str], in_flight: int, size: JobSize) -> tuple[list[dict], float]:
+    """:func:`drive` in the plain publisher's process, through the plain app only."""
+    from benchmarks import plain_app
+
+    return drive(lambda i, model: plain_app.send("standard", f"job {i}", i, size, model=model),
+                 stream, in_flight)
+
+
+def plain_mode(args: argparse.Namespace, state: Path, url: str) -> dict[str, Any]:
+    """Fresh plain workers, the stream from the plain publisher, the figures."""
+    env = plain_env(plain_url(url), state, MODEL_SLOTS=args.slots, WARM_MODELS="demo")
+    with PlainWorkers(args.workers, env, state / "plain"), PlainClient(env) as plain:
+        return summarize(*plain.call(plain_drive, zipf_stream(args.jobs, seed=1),
+                                     args.in_flight, JobSize(args.steps, args.size)))
+
+
+def hashing_mode(args: argparse.Namespace, state: Path) -> dict[str, Any]:
+    """A fresh gpulanes cluster, the stream through ``submit()``, the figures."""
+    from tasks import app, submit
     from tasks.dev.cluster import LocalCluster
-    from tasks.settings import settings
 
-    settings.route_hashing = hashing  # read by submit() on every call
-    mode = "hashing" if hashing else "shared"
-    cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / mode,
+    def send(i: int, model: str) -> Any:
+        return submit(f"job {i}", model=model, seed=i, steps=args.steps, width=args.size,
+                      height=args.size)
+
+    cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / "hashing",
                            env={"GPULANES_MODEL_SLOTS": str(args.slots)})
     try:
-        cluster.start(app)  # on the Redis bench() started: it stays up between modes
+        cluster.start(app)  # on the Redis bench() started
         _wait_routable(args.workers)
-        began = time.monotonic()
-        results = drive(zipf_stream(args.jobs, seed=1), args.in_flight, args.steps, args.size)
-        return summarize(results, time.monotonic() - began)
+        return summarize(*drive(send, zipf_stream(args.jobs, seed=1), args.in_flight))
     finally:
         cluster.stop()
 
@@ -110,9 +130,9 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
 
     redis = EmbeddedRedis(state).start()
     try:
-        shared = one_mode(False, args, state)
-        redis.client().flushall()  # the second cluster starts from nothing, like the first
-        return {"shared lanes": shared, "route hashing": one_mode(True, args, state)}
+        plain = plain_mode(args, state, redis.url)
+        redis.client().flushall()  # the gpulanes cluster starts from nothing, like the plain one
+        return {"plain Celery": plain, "route hashing": hashing_mode(args, state)}
     finally:
         redis.stop()
 
