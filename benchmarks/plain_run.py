@@ -42,7 +42,8 @@ class PlainWorkers:
     def __init__(self, count: int, env: dict[str, str], log_dir: Path) -> None:
         self.count, self.log_dir = count, log_dir
         self.env = {**os.environ, **env,
-                    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                os.environ.get("PYTHONPATH")]))}
         self.processes: list[subprocess.Popen] = []
 
     def start(self, timeout_s: float = 180.0) -> "PlainWorkers":
