@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/estimate.py
 	$(PY) benchmarks/preempt.py
 	$(PY) benchmarks/fleet.py --processes 64
+	$(PY) -m benchmarks.simulate
 
 # The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
 # and frozen, with the default visibility timeout; then jobs longer than a short one),

@@ -1,0 +1,190 @@
+"""Simulated GPU workers: each reads its lists in kombu's order, one job at a time
+(threads pool, concurrency 1, prefetch 1, late acks: it holds the job it runs and
+nothing more), keeps its models in slots (least recently used out), pays a cold load
+for a model it does not hold, and reports itself through the real worker runtime
+(``gpu_worker.runtime.Runtime``: the service-time moving average, the cost lines).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+from typing import Callable, Mapping
+
+from gpu_worker.runtime import Runtime
+from routing.names import FAST, LANES
+from routing.snapshot import touched
+from tasks.broker.keys import PRIORITY_SEP
+
+from benchmarks.simulate.engine import Clock
+from benchmarks.simulate.preempt import Preemptor
+from benchmarks.simulate.queues import Lists, SimJob, node_of_key, read_order
+from benchmarks.simulate.workload import ModelSpec
+
+
+class SimWorker:
+    """One GPU's worker process; a restart is a new incarnation with no warm model."""
+
+    def __init__(self, host: str, index: int, slots: int, queues: list[str] | None) -> None:
+        self.host, self.index, self.slots = host, index, slots
+        self.queues = queues
+        self.order = read_order(host, queues)
+        self.alive = False
+        self.running: SimJob | None = None
+        self.died_at: float | None = None
+        self.runtime = Runtime()
+        self.warm: tuple[str, ...] = ()
+        self.incarnation = ""
+        #: Told of a fast job (own: in its own queue) for the run of this job token.
+        self.told_own, self.told_token = False, -1
+        # the last stats built, until a job or a load changes them (most pushes of a
+        # worker running a job of several seconds repeat the last one)
+        self._stats: dict | None = None
+
+    def start(self, now: float) -> None:
+        """A fresh process: new incarnation, models cold."""
+        runtime = self.runtime = Runtime()
+        runtime.configure(self.host, f"cuda:{self.index % 8}", {}, Path("."), self.slots)
+        runtime.started_at = now
+        self.alive, self.running, self.warm, self.died_at = True, None, (), None
+        self.told_own, self.told_token = False, -1
+        self.incarnation, self._stats = runtime.incarnation, None
+
+    def changed(self) -> None:
+        """A job started or finished here: the next push builds its stats afresh."""
+        self._stats = None
+
+    def load(self, model: str, load_s: float) -> None:
+        """``model`` runs here now: warm (loaded if it was not), least recently used out."""
+        before, self.warm = self.warm, touched(self.warm, model, self.slots)
+        runtime = self.runtime
+        for gone in set(before) - set(self.warm):
+            runtime.load_ms.pop(gone, None)
+        if load_s:
+            runtime.load_ms[model] = load_s * 1000
+        runtime.models = OrderedDict((name, None) for name in self.warm)
+        self._stats = None
+
+    def stats(self, now: float) -> dict:
+        """What it pushes each heartbeat (``gpu_worker.control.stats_of``)."""
+        reply = self._stats
+        if reply is None:
+            reply = self._stats = self.runtime.stats()
+            queues = self.queues or [q for q in self.order if PRIORITY_SEP not in q]
+            reply.update(queues=queues, lanes=list(LANES), concurrency=1, batching={},
+                         sick=None)
+        reply["at"] = now
+        return reply
+
+
+class Cluster:
+    """The workers, the lists they read, and the jobs they hold (unacked)."""
+
+    def __init__(self, clock: Clock, lists: Lists, specs: Mapping[str, ModelSpec],
+                 workers: list[SimWorker], overhead_s: float,
+                 on_done: Callable[[SimJob], None], pickup_s: float = 0.0) -> None:
+        self.clock, self.lists, self.specs = clock, lists, specs
+        self.workers = {w.host: w for w in workers}
+        self.overhead_s, self.pickup_s, self.on_done = overhead_s, pickup_s, on_done
+        self.idle: OrderedDict[str, None] = OrderedDict()  # BRPOP-blocked, longest first
+        #: job id -> (job, incarnation holding it, when taken, the list it came from)
+        self.held: dict[int, tuple[SimJob, str, float, str]] = {}
+        self.cold_loads = 0
+        #: incarnation -> when it died (its runs' leases lapse from then).
+        self.died: dict[str, float] = {}
+        #: gpulanes' preemption (None: plain workers run every job to its end).
+        self.preemptor: Preemptor | None = None
+
+    def start_all(self) -> None:
+        """Every (started) worker asks for its first job."""
+        for worker in self.workers.values():
+            self.take(worker)
+
+    def push(self, job: SimJob, key: str, front: bool = False) -> None:
+        """Publish or move ``job`` into list ``key``; a worker blocked on it takes it."""
+        self.lists.push(job, key, front)
+        node = node_of_key(key)
+        if node is not None:
+            if node in self.idle:
+                self.take(self.workers[node])
+        elif self.idle:
+            self.take(self.workers[next(iter(self.idle))])
+        if self.preemptor is not None and job.lane == FAST and job.key is not None:
+            self.preemptor.pushed(key)  # still waiting: one worker is told of it
+
+    def take(self, worker: SimWorker) -> None:
+        """``worker`` is free: it takes the first job of its lists, or blocks."""
+        lists, depth = self.lists, self.lists.list_depth
+        for key in worker.order:
+            if key in depth:
+                woken = self.idle.pop(worker.host, False) is None
+                self._start(worker, lists.pop(key), key, self.pickup_s if woken else 0.0)
+                return
+        self.idle[worker.host] = None
+
+    def _start(self, worker: SimWorker, job: SimJob, key: str, pickup_s: float) -> None:
+        now, spec = self.clock.now + pickup_s, self.specs[job.arrival.model]
+        job.token += 1
+        job.attempts += 1
+        job.started_at, job.worker = now, worker.host
+        job.cold = job.arrival.model not in worker.warm
+        load_s = spec.load_s if job.cold else 0.0
+        self.cold_loads += job.cold
+        worker.load(job.arrival.model, load_s)
+        worker.runtime.job_started(job.lane)
+        worker.changed()
+        worker.running = job
+        self.held[job.id] = (job, worker.incarnation, now, key)
+        job.run_began_at = now + load_s
+        run_s = job.arrival.run_s * (1 - job.steps_done / job.arrival.steps)
+        self.clock.at(now + load_s + run_s + self.overhead_s, self._finish, worker, job,
+                      job.token, worker.incarnation, load_s + run_s)
+        if self.preemptor is not None:
+            self.preemptor.offer(worker, job)
+
+    def _finish(self, worker: SimWorker, job: SimJob, token: int, incarnation: str,
+                busy_s: float) -> None:
+        if token != job.token or not worker.alive or worker.incarnation != incarnation:
+            return  # that run died with its worker or stepped aside: the job runs again
+        job.finished_at, job.served = self.clock.now, job.served + 1
+        worker.runtime.job_finished(job.lane, busy_s * 1000, job.arrival.model,
+                                    job.arrival.cost)
+        worker.changed()
+        del self.held[job.id]
+        worker.running = None
+        self.on_done(job)
+        self.take(worker)
+
+    def step_aside(self, worker: SimWorker, job: SimJob, own_queue: str) -> None:
+        """The run stops at a step boundary (preempted): its job to the front of
+        ``own_queue`` (the worker's own queue of its lane), the worker takes the next."""
+        job.token += 1  # the run's finish event is void
+        worker.runtime.job_finished(job.lane, None)
+        worker.changed()
+        del self.held[job.id]
+        worker.running = None
+        self.push(job, own_queue, front=True)
+        self.clock.after(self.overhead_s, self._next, worker, worker.incarnation)
+
+    def _next(self, worker: SimWorker, incarnation: str) -> None:
+        """After a stopped run's teardown: the next job, unless the worker died."""
+        if worker.alive and worker.incarnation == incarnation and worker.running is None:
+            self.take(worker)
+
+    def kill(self, host: str) -> None:
+        """The worker dies: it stops pushing stats and taking jobs; what it runs stays
+        held by its incarnation until someone puts it back."""
+        worker = self.workers[host]
+        worker.alive, worker.died_at, worker.running = False, self.clock.now, None
+        self.died[worker.incarnation] = self.clock.now
+        self.idle.pop(host, None)
+
+    def restart(self, host: str) -> None:
+        """A new process under the same name."""
+        worker = self.workers[host]
+        worker.start(self.clock.now)
+        self.take(worker)
+
+    def put_back(self, job_id: int) -> None:
+        """A held job of a dead incarnation goes back to the front of its list."""
+        job, _, _, key = self.held.pop(job_id)
+        self.push(job, key, front=True)

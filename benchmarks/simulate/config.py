@@ -1,0 +1,62 @@
+"""The settings a simulated run uses: the real ones (``tasks.settings``), so that the
+simulator and a cluster started in the same environment run the same policy."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from tasks.settings import settings
+
+#: Start of the virtual clock: a unix time, as the real code's clocks are (a due index
+#: treats 0 as "not indexed").
+EPOCH_S = 1_700_000_000.0
+
+
+def _max_wait() -> dict[str, float]:
+    return dict(settings.max_wait_s)
+
+
+def _max_depth() -> dict[str, int]:
+    return dict(settings.max_depth)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Beat's and the router's settings, and what only the simulator needs."""
+
+    heartbeat_s: float = settings.heartbeat_s
+    heartbeat_reply_s: float = settings.heartbeat_reply_s
+    budgets_s: Mapping[str, float] = field(default_factory=_max_wait)
+    release_ratio: float = settings.release_ratio
+    release_samples: int = settings.release_samples
+    max_depth: Mapping[str, int] = field(default_factory=_max_depth)
+    default_service_s: float = settings.default_service_s
+    misses_allowed: int = settings.misses_allowed
+    stale_s: float = settings.snapshot_stale_s
+    epsilon: float = settings.hash_epsilon
+    route_hashing: bool = settings.route_hashing
+    fast_jobs_per_account: int = settings.fast_jobs_per_account
+    fast_seconds: float = settings.fast_seconds_default
+    fair_window_s: float = settings.fair_window_s
+    fair_unit_s: float = settings.fair_unit_s
+    fair_aging_s: float = settings.fair_aging_s
+    preempt: bool = settings.preempt
+    max_preemptions: int = settings.max_preemptions
+    #: A dead runner's lease lapses after this (``Settings.lease_ttl_s``): only then
+    #: does the health check put its job back.
+    lease_s: float = float(settings.lease_ttl_s)
+    visibility_s: float = float(settings.visibility_timeout_s)
+    #: The relaxed tier has no lane budget; "within budget" is counted against this.
+    relaxed_budget_s: float = 600.0
+    #: Seconds a worker spends per job beyond its run (ack, result write, next fetch);
+    #: a run that steps aside for a fast job costs it too.
+    overhead_s: float = 0.0
+    #: Seconds from a publish to the start of the job on an idle worker (the BRPOP
+    #: wake-up, the task's set-up): part of ``overhead_s`` when jobs run back to back.
+    pickup_s: float = 0.0
+    #: Workers push their stats at this many different phases of a heartbeat.
+    push_phases: int = 10
+
+    def budget_of(self, tier: str) -> float:
+        """The wait a job of ``tier`` should not exceed."""
+        return self.budgets_s.get(tier, self.relaxed_budget_s)

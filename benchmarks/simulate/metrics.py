@@ -1,0 +1,114 @@
+"""What a run is judged by, from every finished job and every beat round.
+
+Waits are ``queued_ms`` as a result reports it: from submission to the start of the
+run that finished (a job put back after its worker died waits on from its first
+submission). "Per lane" is the lane a job ran in; "within budget" is per requested
+tier, against the tier's lane budget (relaxed: ``SimConfig.relaxed_budget_s``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from routing.names import LANES, RELAXED
+
+from benchmarks.common import percentile
+from benchmarks.simulate.config import SimConfig
+from benchmarks.simulate.queues import SimJob
+
+#: Width of the time bins of the waits-over-time series.
+BIN_S = 10.0
+
+
+@dataclass
+class Recorder:
+    """Collects finished jobs and beat rounds as the run goes."""
+
+    start: float
+    done: list[SimJob] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+
+    def job_done(self, job: SimJob) -> None:
+        self.done.append(job)
+
+    def round_done(self, summary: dict) -> None:
+        self.rounds.append({"t": summary["at"] - self.start,
+                            "overloaded": [lane for lane, state in summary["policy"].items()
+                                           if state["overloaded"]],
+                            "expected_wait_s": {lane: load["expected_wait_s"]
+                                                for lane, load in summary["lanes"].items()},
+                            "depth": {lane: load["depth"] for lane, load in
+                                      summary["lanes"].items()}})
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float | None]:
+    """p50/p95/p99 (nearest rank, as every benchmark here), seconds to 3 decimals."""
+    return {name: None if (v := percentile(values, q)) is None else round(v, 3)
+            for name, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99))}
+
+
+def mode_changes(rounds: Iterable[dict]) -> dict[str, int]:
+    """Per lane, how many times the policy switched it between normal and overloaded."""
+    changes, before = Counter(), set()
+    for entry in rounds:
+        now = set(entry["overloaded"])
+        changes.update(now ^ before)
+        before = now
+    return {lane: changes.get(lane, 0) for lane in ("fast", "standard")}
+
+
+def _within(jobs: list[SimJob], config: SimConfig) -> dict[str, float | None]:
+    share = {}
+    for tier in LANES:
+        mine = [job for job in jobs if job.arrival.tier == tier]
+        share[tier] = round(sum(job.wait_s <= config.budget_of(tier) for job in mine)
+                            / len(mine), 4) if mine else None
+    return share
+
+
+def _relaxed_accounts(jobs: list[SimJob]) -> dict[str, dict]:
+    """Waits of the jobs that ran in relaxed, heavy accounts apart from light ones."""
+    out = {}
+    for name, heavy in (("heavy", True), ("light", False)):
+        waits = [job.wait_s for job in jobs if job.lane == RELAXED and job.arrival.heavy == heavy]
+        out[name] = {"jobs": len(waits), **quantiles(waits)}
+    return out
+
+
+def figures(recorder: Recorder, config: SimConfig, window_s: float, offered: int,
+            refused: int, cold_loads: int) -> dict[str, Any]:
+    """Every figure of one run (see the module's docstring)."""
+    jobs, start = recorder.done, recorder.start
+    waits = [job.wait_s for job in jobs]
+    minutes = window_s / 60
+    changes = mode_changes(r for r in recorder.rounds if r["t"] <= window_s)
+    last = max((job.finished_at for job in jobs), default=start)
+    return {
+        "offered": offered, "served": len(jobs), "refused": refused,
+        "served_jobs_s": round(sum(job.finished_at - start <= window_s for job in jobs)
+                               / window_s, 2),
+        "drain_s": round(max(0.0, last - start - window_s), 1),
+        "lanes": {lane: {"jobs": sum(job.lane == lane for job in jobs),
+                         **quantiles([job.wait_s for job in jobs if job.lane == lane])}
+                  for lane in LANES},
+        "tiers": {tier: {"jobs": sum(job.arrival.tier == tier for job in jobs),
+                         **quantiles([j.wait_s for j in jobs if j.arrival.tier == tier])}
+                  for tier in LANES},
+        "within_budget": _within(jobs, config),
+        "all": quantiles(waits), "worst_wait_s": round(max(waits, default=0.0), 3),
+        "mode_changes": changes,
+        "mode_changes_per_min": round(sum(changes.values()) / minutes, 3),
+        "cold_loads": cold_loads,
+        "downgrades": dict(Counter(job.reason for job in jobs if job.reason)),
+        "relaxed_accounts": _relaxed_accounts(jobs),
+    }
+
+
+def waits_over_time(jobs: Iterable[SimJob]) -> dict[str, list[list[float]]]:
+    """Per lane, [bin start s, p50, p95] of the waits of jobs submitted in each bin."""
+    bins: dict[str, dict[int, list[float]]] = {lane: {} for lane in LANES}
+    for job in jobs:
+        bins[job.lane].setdefault(int(job.arrival.at // BIN_S), []).append(job.wait_s)
+    return {lane: [[k * BIN_S, round(percentile(v, 0.5), 3), round(percentile(v, 0.95), 3)]
+                   for k, v in sorted(per.items())] for lane, per in bins.items()}

@@ -1,0 +1,110 @@
+"""Preemption as gpulanes' workers do it (``gpu_worker.preempt``), on the virtual clock.
+
+A fast job pushed to a list tells ONE worker (``lua/fast_news.lua``): the worker whose
+own queue it is, else the best preemptible run of the index (relaxed runs before
+standard ones, the latest begun first: ``ZPOPMAX``), taken off the index. The told
+run looks at its next step boundary (``Preemption.wanted``): a fast run, or one
+preempted ``max_preemptions`` times, may not stop, and hands the fast jobs of its
+worker's own queue to the front of the shared fast lane, telling another; else, if a
+fast job it could take still waits (``lua/preempt_claim.lua``), it stops, its job's
+next copy goes to the front of its worker's own queue of its lane (a resumable model:
+it resumes at that step) and the worker takes the fast job. The decisions live in
+Redis scripts and the worker's threads: none is a pure function to call.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING
+
+from routing.names import FAST, LANES, worker_queue
+
+from benchmarks.simulate.queues import SimJob, node_of_key
+
+if TYPE_CHECKING:
+    from benchmarks.simulate.cluster import Cluster, SimWorker
+
+
+class Preemptor:
+    """The index of preemptible runs, and each told run's step-boundary check."""
+
+    def __init__(self, cluster: Cluster, max_preemptions: int) -> None:
+        self.cluster, self.max_preemptions = cluster, max_preemptions
+        # (-lane rank, -begun, host, job token): ZPOPMAX order; stale entries skipped
+        self._index: list[tuple[int, float, str, int]] = []
+        self.preempted = 0
+        self.handed_over = 0
+
+    def may_stop(self, job: SimJob) -> bool:
+        return job.lane != FAST and job.preemptions < self.max_preemptions
+
+    def offer(self, worker: SimWorker, job: SimJob) -> None:
+        """A run began: index it if it may step aside (``Preemption.offer``)."""
+        if self.may_stop(job):
+            heapq.heappush(self._index, (-LANES.index(job.lane), -self.cluster.clock.now,
+                                         worker.host, job.token))
+
+    def pushed(self, key: str) -> None:
+        """A fast job was pushed to ``key``: tell one worker."""
+        node = node_of_key(key)
+        if node is not None:
+            self._tell(self.cluster.workers[node], own=True)
+            return
+        workers = self.cluster.workers
+        while self._index:
+            _, _, host, token = heapq.heappop(self._index)
+            worker = workers[host]
+            if worker.alive and worker.running is not None and worker.running.token == token:
+                self._tell(worker, own=False)
+                return
+
+    def _tell(self, worker: SimWorker, own: bool) -> None:
+        job = worker.running
+        if job is None or not worker.alive:
+            return
+        worker.told_own = worker.told_own or own
+        if worker.told_token == job.token:
+            return  # its next boundary is already due to look
+        worker.told_token = job.token
+        at = self._next_boundary(job)
+        if at is not None:
+            self.cluster.clock.at(at, self._boundary, worker, job, job.token)
+
+    def _next_boundary(self, job: SimJob) -> float | None:
+        """The next step boundary of ``job``'s run; None when its last step runs."""
+        now, step_s = self.cluster.clock.now, job.arrival.run_s / job.arrival.steps
+        begun = job.run_began_at
+        done = max(0, math.floor((now - begun) / step_s) + 1) if now >= begun else 1
+        if job.steps_done + done >= job.arrival.steps:
+            return None
+        return begun + done * step_s
+
+    def _boundary(self, worker: SimWorker, job: SimJob, token: int) -> None:
+        if not worker.alive or worker.running is not job or job.token != token:
+            return
+        own, worker.told_own, worker.told_token = worker.told_own, False, -1
+        if not self.may_stop(job):
+            if own:
+                self._hand_over(worker)
+            return
+        fast_keys = (worker_queue(FAST, worker.host), FAST)
+        if any(key in self.cluster.lists.list_depth for key in fast_keys):
+            self._stop(worker, job)
+
+    def _hand_over(self, worker: SimWorker) -> None:
+        """The worker's own fast jobs to the front of the shared fast lane, told again."""
+        lists, own = self.cluster.lists, worker_queue(FAST, worker.host)
+        jobs = lists.front_of(own, len(lists.lists.get(own, ())))
+        for job in reversed(jobs):
+            lists.remove(job)
+            job.node = None
+            self.cluster.push(job, FAST, front=True)
+        self.handed_over += len(jobs)
+
+    def _stop(self, worker: SimWorker, job: SimJob) -> None:
+        """The run steps aside at this boundary; its job resumes later at this step."""
+        now, step_s = self.cluster.clock.now, job.arrival.run_s / job.arrival.steps
+        job.steps_done += round((now - job.run_began_at) / step_s)
+        job.preemptions += 1
+        self.preempted += 1
+        self.cluster.step_aside(worker, job, worker_queue(job.lane, worker.host))

@@ -1,0 +1,114 @@
+"""The submitting side: ``submit()``'s routing on the real snapshot cache, or plain lanes.
+
+gpulanes: a real :class:`routing.snapshot.SnapshotCache` on the virtual clock reads
+what the simulated beat wrote (refreshed every half heartbeat, as
+``tasks.broker.enqueue.snapshot_cache`` is), and ``routing.policy.decide`` places each
+job. The publish's conditions are the ones ``tasks.broker.enqueue.enqueue`` reacts to
+(a lane at its maximum depth, an account out of fast places or fast seconds): that
+loop has no pure function under its publish, so it is followed here step by step.
+
+Plain lanes: each job to the shared list of its tier, nothing else.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from routing.lanes import Route
+from routing.names import FAST, STANDARD
+from routing.policy import PolicyView, decide
+from routing.snapshot import SnapshotCache
+
+from benchmarks.simulate.cluster import Cluster
+from benchmarks.simulate.config import SimConfig
+from benchmarks.simulate.control import Accounts, Store
+from benchmarks.simulate.engine import Clock
+from benchmarks.simulate.queues import SimJob, list_key
+from benchmarks.simulate.workload import Arrival
+
+#: ``enqueue.TIER_LANES_ONLY``: the view without a fresh snapshot.
+TIER_LANES_ONLY = PolicyView()
+
+
+def new_job(job_id: int, arrival: Arrival, now: float) -> SimJob:
+    """A job as ``submit()`` validates it at ``now``: standard may move down, fast may not."""
+    return SimJob(job_id, arrival, arrival.tier, arrival.tier == STANDARD, now, now)
+
+
+class Router:
+    """One submitting process routing every job (``submit()`` -> ``enqueue``)."""
+
+    def __init__(self, clock: Clock, cluster: Cluster, config: SimConfig, store: Store,
+                 accounts: Accounts) -> None:
+        self.clock, self.cluster, self.lists = clock, cluster, cluster.lists
+        self.config, self.accounts = config, accounts
+        self.cache = SnapshotCache(lambda: store.compact, refresh_s=config.heartbeat_s / 2,
+                                   stale_s=config.stale_s, max_depth=config.max_depth,
+                                   clock=clock.time, epsilon=config.epsilon,
+                                   fetch_members=store.members.get)
+        self.cache._thread = object()  # refreshed by the clock's events, not a thread
+        self.refused = 0
+
+    def schedule(self, until: Callable[[], bool]) -> None:
+        """The cache's background refresh, every half heartbeat."""
+        period = self.config.heartbeat_s / 2
+        self.clock.every(period, self.cache.refresh, self.clock.now + period * 0.37, until)
+
+    def submit(self, job: SimJob) -> bool:
+        """Route and publish ``job``; False when every lane refused it (``LaneFull``)."""
+        view = self.cache.view() or TIER_LANES_ONLY
+        refused = self.cache.refused()
+        if refused:
+            view = replace(view, full=view.full | refused)
+        over_fast_limit, arrival = False, job.arrival
+        model = arrival.model if self.config.route_hashing else None
+        where = decide(arrival.tier, arrival.account, job.downgradable, view, model)
+        while where is not None:
+            why = self._refusal(where.lane, arrival.account, over_fast_limit)
+            if why is None:
+                self._publish(job, where)
+                return True
+            if why == "full":
+                self.cache.note_full(where.lane)
+                view = replace(view, full=view.full | {where.lane})
+            elif why == "fast_time":
+                view = replace(view, exhausted=view.exhausted | {arrival.account})
+            else:
+                over_fast_limit = True
+            where = decide(arrival.tier, arrival.account, job.downgradable, view, model,
+                           over_fast_limit)
+        self.refused += 1
+        return False
+
+    def _refusal(self, lane: str, account: str, over_fast_limit: bool) -> str | None:
+        """Why the publish script refuses a job in ``lane`` (``tasks.broker.publish``)."""
+        if self.lists.lane_depth[lane] >= self.config.max_depth[lane]:
+            return "full"
+        if lane != FAST:
+            return None
+        if account in self.accounts.exhausted:
+            return "fast_time"
+        limit = self.config.fast_jobs_per_account
+        if limit and not over_fast_limit and self.lists.fast_queued[account] >= limit:
+            return "fast_places"
+        return None
+
+    def _publish(self, job: SimJob, where: Route) -> None:
+        job.priority, job.node = where.priority, where.node
+        job.downgraded_from, job.reason = where.downgraded_from, where.downgrade_reason
+        self.cluster.push(job, list_key(where.queue, where.priority))
+        self.cache.note_sent(where.lane, where.node, job.arrival.model)
+
+
+class PlainRouter:
+    """Plain lanes: ``apply_async(queue=tier)``, no limit, no routing."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster, self.refused = cluster, 0
+
+    def schedule(self, until: Callable[[], bool]) -> None:
+        """Nothing to refresh."""
+
+    def submit(self, job: SimJob) -> bool:
+        self.cluster.push(job, job.arrival.tier)
+        return True

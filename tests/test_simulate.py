@@ -1,0 +1,131 @@
+"""The scheduling simulator (``benchmarks.simulate``): small runs, a few seconds in all."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.simulate.__main__ import main
+from benchmarks.simulate.config import SimConfig
+from benchmarks.simulate.metrics import mode_changes
+from benchmarks.simulate.queues import read_order
+from benchmarks.simulate.run import Fleet, Run
+from benchmarks.simulate.scenarios import SCENARIOS, Scenario, run_scenario
+from benchmarks.simulate.workload import Arrival, ModelSpec, Profile, constant
+from routing.names import RELAX_PRIORITIES, worker_queues
+
+SMALL = Profile(models=12, heavy_accounts=3, light_accounts=40)
+
+
+def _run(name: str = "load-1x", gpus: int = 12, window_s: float = 60.0, seed: int = 3,
+         modes: tuple[str, ...] = ("gpulanes", "plain")) -> dict:
+    return run_scenario(SCENARIOS[name], gpus, window_s, seed, profile=SMALL, modes=modes)
+
+
+def _trace(outcome) -> list[tuple]:
+    return [(job.id, job.worker, job.started_at, job.lane, job.reason)
+            for job in outcome.recorder.done]
+
+
+def test_a_run_is_the_same_for_the_same_seed() -> None:
+    first, again = _run(), _run()
+    for mode in ("gpulanes", "plain"):
+        a, b = first["outcomes"][mode], again["outcomes"][mode]
+        assert _trace(a) == _trace(b)
+        assert {**a.figures, "sim_cpu_s": 0} == {**b.figures, "sim_cpu_s": 0}
+    assert _trace(_run(seed=4)["outcomes"]["gpulanes"]) != _trace(first["outcomes"]["gpulanes"])
+
+
+def _served_once(outcome) -> None:
+    done = outcome.recorder.done
+    ids = [job.id for job in done]
+    assert len(ids) == len(set(ids)) == outcome.accepted
+    assert all(job.served == 1 and job.finished_at >= job.started_at for job in done)
+    assert outcome.figures["served"] + outcome.figures["refused"] == outcome.figures["offered"]
+
+
+@pytest.mark.parametrize("mode", ["gpulanes", "plain"])
+def test_every_job_is_served_exactly_once_even_when_workers_die(mode: str) -> None:
+    # a third of the workers die mid-run while running jobs, and come back
+    deaths = Scenario("deaths", lambda _w, _s: constant(1.2), 1.2, faults=((0.34, 0.3, 20.0),))
+    found = run_scenario(deaths, 12, 60.0, 5, profile=SMALL, modes=(mode,))
+    outcome = found["outcomes"][mode]
+    _served_once(outcome)
+    assert any(job.attempts > 1 for job in outcome.recorder.done), "no run was cut short"
+    _served_once(_run()["outcomes"][mode])
+
+
+def test_plain_lanes_serve_each_tier_first_in_first_out() -> None:
+    outcome = _run("load-2x", modes=("plain",))["outcomes"]["plain"]
+    for tier in ("fast", "standard", "relaxed"):
+        jobs = sorted((j for j in outcome.recorder.done if j.arrival.tier == tier),
+                      key=lambda j: j.started_at)
+        assert [j.id for j in jobs] == sorted(j.id for j in jobs)
+        assert all(j.lane == tier and j.reason is None for j in jobs)
+
+
+def test_mode_changes_under_noisy_load_are_counted() -> None:
+    # budgets a small fleet's noisy load keeps crossing: the hysteresis must act
+    config = SimConfig(budgets_s={"fast": 2.0, "standard": 10.0})
+    found = run_scenario(SCENARIOS["noisy"], 12, 240.0, 3, config, SMALL, ("gpulanes",))
+    outcome = found["outcomes"]["gpulanes"]
+    rounds = [r for r in outcome.recorder.rounds if r["t"] <= 240.0]
+    switches = {lane: sum((lane in a["overloaded"]) != (lane in b["overloaded"])
+                          for a, b in zip([{"overloaded": []}, *rounds], rounds))
+                for lane in ("fast", "standard")}
+    assert switches["standard"] >= 4, switches
+    assert outcome.figures["mode_changes"] == switches
+    assert outcome.figures["mode_changes_per_min"] == round(sum(switches.values()) / 4, 3)
+    # and the policy did move standard jobs down while standard was overloaded
+    assert outcome.figures["downgrades"].get("standard_overloaded", 0) > 0
+
+
+def test_mode_changes_count_each_switch_of_each_lane() -> None:
+    states = [[], ["fast"], ["fast"], ["fast", "standard"], [], ["standard"]]
+    assert mode_changes({"overloaded": s} for s in states) == {"fast": 2, "standard": 3}
+
+
+def test_workers_read_their_lists_in_kombus_order() -> None:
+    # kombu's BRPOP: every queue at one priority step, then the next step
+    # (kombu.transport.redis.Channel._brpop_start); fast and standard use step 0 only
+    node, sep = "gpu0@h", "\x06\x16"
+    kombu = [q if pri == 0 else f"{q}{sep}{pri}" for pri in RELAX_PRIORITIES
+             for q in worker_queues(node)]
+    assert read_order(node) == [k for k in kombu if k.startswith("relaxed") or sep not in k]
+    assert read_order(node)[:2] == [f"fast.{node}", "fast"]
+
+
+def test_json_has_the_figures(tmp_path) -> None:
+    path = tmp_path / "sim.json"
+    assert main(["--gpus", "10", "--minutes", "0.5", "--scenarios", "load-1x,load-2x",
+                 "--no-plots", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    for name in ("load-1x", "load-2x"):
+        result = report["scenarios"][name]
+        for mode in ("gpulanes", "plain"):
+            figures = result["modes"][mode]
+            assert set(figures["lanes"]["fast"]) == {"jobs", "p50", "p95", "p99"}
+            assert set(figures["within_budget"]) == {"fast", "standard", "relaxed"}
+            for key in ("mode_changes_per_min", "cold_loads", "served_jobs_s", "relaxed_accounts"):
+                assert key in figures
+        assert {"served_jobs_s", "standard_within_budget", "fast_within_budget",
+                "worst_wait_s", "plain_p99_wait_s"} <= set(result["versus"])
+
+
+def _one_worker(arrivals: list[Arrival], mode: str) -> tuple[Run, object]:
+    spec = ModelSpec("m", 0.0, 0.0, 0.0)
+    run = Run(arrivals, [spec], Fleet(1, slots=(1,)), mode, SimConfig(), window_s=30.0)
+    return run, run.go()
+
+
+def test_a_fast_job_preempts_a_relaxed_run_at_its_next_step() -> None:
+    jobs = [Arrival(0.0, "relaxed", "a", False, "m", 1.0, 9.0, steps=30),
+            Arrival(2.05, "fast", "b", False, "m", 1.0, 1.0, steps=30)]
+    run, outcome = _one_worker(jobs, "gpulanes")
+    relaxed, fast = sorted(outcome.recorder.done, key=lambda job: job.id)
+    assert outcome.figures["preempted"] == 1 and relaxed.preemptions == 1
+    assert 0 < fast.wait_s <= 9.0 / 30 + 1e-9  # the relaxed run's next step boundary
+    # it resumed where it stopped: 9 s of steps in all, the fast job's second between
+    assert relaxed.finished_at == pytest.approx(run.start + 9.0 + 1.0)
+    _, plain = _one_worker(jobs, "plain")
+    assert max(job.wait_s for job in plain.recorder.done) == pytest.approx(9.0 - 2.05)
