@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     preempt: bool = True
     #: Times one job may be preempted; then it runs to its end (relaxed work never starves).
     max_preemptions: Annotated[int, Field(ge=0)] = 2
+    #: A run steps aside only while it expects at least this long still to run: one that
+    #: ends sooner finishes first (the fast job waits less than this, and no work is set
+    #: aside and resumed). Unset: a tenth of GPULANES_MAX_WAIT_FAST_S.
+    preempt_min_left_s: Annotated[float, Field(ge=0)] | None = None
 
     # --- lane policy (routing.policy) ------------------------------------------
     max_wait_fast_s: Positive = 10.0
@@ -230,6 +234,8 @@ class Settings(BaseSettings):
                                  or 3 * self.heartbeat_s + self.beat_lease_s + 2)
         self.revoke_ttl_s = self.revoke_ttl_s or self.result_ttl_s
         self.run_hung_s = self.run_hung_s or 2 * self.max_job_s
+        if self.preempt_min_left_s is None:
+            self.preempt_min_left_s = self.max_wait_fast_s / 10
         self.visibility_timeout_s = self.visibility_timeout_s or int(
             2 * self.max_job_s + self.retry_cap_s)
         _check_across(self)

@@ -51,8 +51,17 @@ class StepGuard:
                 raise JobRevoked(f"job {self.job_id} was revoked at step {step}")
             self.for_followers = True
         self.lease.check()
-        if (steps is None or step < steps) \
+        if (steps is None or step < steps) and self._long_left(step, steps) \
                 and PREEMPTION.wanted(self.lane, self.preempted, self.preemptible):
             kept = self.state if self.state and self.state[0] == step else None
             raise Preempted(step, steps, kept)
         self.report(step, steps)
+
+    def _long_left(self, step: int, steps: int | None) -> bool:
+        """Whether the run expects ``GPULANES_PREEMPT_MIN_LEFT_S`` or more still to run
+        (from its pace so far); unknown (no total, no step done yet) counts as long."""
+        done = step - self.report.from_step
+        if steps is None or done <= 0:
+            return True
+        pace_s = (time.monotonic() - self.began) / done
+        return pace_s * (steps - step) >= settings.preempt_min_left_s

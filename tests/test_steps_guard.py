@@ -1,0 +1,63 @@
+"""A run's step guard decides at each boundary whether to step aside for a fast job:
+only while the run expects to go on for ``GPULANES_PREEMPT_MIN_LEFT_S`` or more."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import vary
+
+from gpu_worker.lease import Lease
+from gpu_worker.preempt import PREEMPTION, Preempted
+from tasks.settings import settings
+from tasks.worker.steps import StepGuard
+
+
+class Reports:
+    """Stands in for the run's ``Progress`` (ours): the steps it was told of."""
+
+    def __init__(self, from_step: int = 0) -> None:
+        self.from_step, self.steps = from_step, []
+
+    def __call__(self, step: int, steps: int | None) -> None:
+        self.steps.append(step)
+
+
+def _guard(monkeypatch, pace_s: float, from_step: int = 0) -> tuple[StepGuard, list]:
+    """A guard of a preemptible relaxed run that went ``pace_s`` per step so far, with
+    a fast job waiting; the claims it makes."""
+    claims: list[int] = []
+    monkeypatch.setattr(PREEMPTION, "_claim", lambda: claims.append(1) or 1)
+    monkeypatch.setattr(PREEMPTION, "told_at", time.monotonic() + 1)
+    monkeypatch.setattr(PREEMPTION, "asked_for", 0.0)
+    guard = StepGuard("j1", Lease("j1", 1, "h#1#t", time.monotonic()), "relaxed", 0,
+                      Reports(from_step))
+    guard.preemptible = True
+    guard.began = time.monotonic() - pace_s * 4
+    return guard, claims
+
+
+def test_a_run_with_long_left_steps_aside(monkeypatch):
+    vary(monkeypatch, preempt_min_left_s=1.0)
+    guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=0)
+    with pytest.raises(Preempted):
+        guard(4, 100)  # 96 steps of 0.1 s left
+    assert claims == [1]
+
+
+def test_a_run_about_to_end_runs_on_and_claims_nothing(monkeypatch):
+    vary(monkeypatch, preempt_min_left_s=1.0)
+    guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=0)
+    guard(4, 10)  # 6 steps of 0.1 s: 0.6 s left
+    assert claims == [] and guard.report.steps == [4]
+
+
+def test_a_resumed_run_paces_from_where_it_resumed(monkeypatch):
+    vary(monkeypatch, preempt_min_left_s=1.0)
+    guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=90)
+    guard(94, 100)  # 4 steps since resuming at 90, 6 left
+    assert claims == []
+
+
+def test_the_default_is_a_tenth_of_the_fast_budget():
+    assert settings.preempt_min_left_s == pytest.approx(settings.max_wait_fast_s / 10)
