@@ -267,6 +267,13 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path) -
             "summary": summary(trials, budgets)}
 
 
+def run_both(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:
+    """Start the plain pool and its publisher beside gpulanes' cluster; run everything."""
+    env = plain_env(plain_url(cluster.url), state)
+    with PlainWorkers(settings.workers, env, state / "logs"), PlainClient(env) as plain:
+        return run_all(cluster, plain, settings, state)
+
+
 def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
     """Start both pools (gpulanes' without beat), run everything, stop them."""
     from tasks import app
@@ -280,9 +287,7 @@ def benchmark(settings: Settings, state: Path) -> dict[str, Any]:
         print(f"starting embedded Redis and {settings.workers} CPU workers per side ...",
               file=sys.stderr, flush=True)
         cluster.start(app, fresh=True)
-        env = plain_env(plain_url(cluster.url), state)
-        with PlainWorkers(settings.workers, env, state / "logs"), PlainClient(env) as plain:
-            return run_all(cluster, plain, settings, state)
+        return run_both(cluster, settings, state)
     except KeyboardInterrupt:
         # Re-raised only below: leaving this block drops the traceback, so the frames
         # holding AsyncResults go while Redis still answers (their __del__ unsubscribes;
