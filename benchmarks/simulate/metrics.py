@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from routing.names import LANES, RELAXED
 
@@ -76,6 +76,14 @@ def _relaxed_accounts(jobs: list[SimJob]) -> dict[str, dict]:
     return out
 
 
+def _waits_by(jobs: list[SimJob], lane_of: Callable[[SimJob], str]) -> dict[str, dict]:
+    """Per lane (the one it ran in, or its tier): jobs and wait quantiles."""
+    waits: dict[str, list[float]] = {lane: [] for lane in LANES}
+    for job in jobs:
+        waits[lane_of(job)].append(job.wait_s)
+    return {lane: {"jobs": len(found), **quantiles(found)} for lane, found in waits.items()}
+
+
 def figures(recorder: Recorder, config: SimConfig, window_s: float, offered: int,
             refused: int, cold_loads: int) -> dict[str, Any]:
     """Every figure of one run (see the module's docstring)."""
@@ -89,12 +97,8 @@ def figures(recorder: Recorder, config: SimConfig, window_s: float, offered: int
         "served_jobs_s": round(sum(job.finished_at - start <= window_s for job in jobs)
                                / window_s, 2),
         "drain_s": round(max(0.0, last - start - window_s), 1),
-        "lanes": {lane: {"jobs": sum(job.lane == lane for job in jobs),
-                         **quantiles([job.wait_s for job in jobs if job.lane == lane])}
-                  for lane in LANES},
-        "tiers": {tier: {"jobs": sum(job.arrival.tier == tier for job in jobs),
-                         **quantiles([j.wait_s for j in jobs if j.arrival.tier == tier])}
-                  for tier in LANES},
+        "lanes": _waits_by(jobs, lambda job: job.lane),
+        "tiers": _waits_by(jobs, lambda job: job.arrival.tier),
         "within_budget": _within(jobs, config),
         "all": quantiles(waits), "worst_wait_s": round(max(waits, default=0.0), 3),
         "mode_changes": changes,

@@ -54,20 +54,21 @@ def real_jobs(trial: Any) -> list[dict[str, Any]]:
 
 
 def busy_s(jobs: list[dict[str, Any]]) -> tuple[float, float]:
-    """(overhead, pickup) seconds of this trial's workers. Overhead: a worker's time per
-    job beyond its run, the median over jobs run back to back (the next was submitted
-    before the last one's run ended: no idling between) of start-to-start minus the run.
-    Pickup: from publish to start on an idle worker, the median wait of the jobs that
-    found their worker idle (submitted after its last job's run and overhead)."""
-    gaps, pickups = [], []
-    for mine in _by_worker(jobs).values():
-        pairs = _pairs(mine)
-        gaps += [b["started_at"] - a["started_at"] - a["run_s"] for a, b in pairs
-                 if b["submitted"] <= a["started_at"] + a["run_s"]]
-    extra_s = statistics.median(gaps) if gaps else 0.0
-    for mine in _by_worker(jobs).values():
-        pickups += [b["wait_s"] for a, b in _pairs(mine)
-                    if b["submitted"] > a["started_at"] + a["run_s"] + extra_s]
+    """(overhead, pickup) seconds of this trial's workers, and each job's own overhead
+    (``extra_s``) where it was measured. Overhead: a worker's time per job beyond its
+    run, start-to-start minus the run of jobs run back to back (the next was submitted
+    before the last one's run ended: no idling between); the mean of those stands for
+    the others. Pickup: from publish to start on an idle worker, the median wait of
+    the jobs that found their worker idle (submitted after its last job's run and
+    overhead)."""
+    pairs = [pair for mine in _by_worker(jobs).values() for pair in _pairs(mine)]
+    for a, b in pairs:
+        if b["submitted"] <= a["started_at"] + a["run_s"]:
+            a["extra_s"] = b["started_at"] - a["started_at"] - a["run_s"]
+    gaps = [job["extra_s"] for job in jobs if "extra_s" in job]
+    extra_s = statistics.fmean(gaps) if gaps else 0.0
+    pickups = [b["wait_s"] for a, b in pairs
+               if b["submitted"] > a["started_at"] + a["run_s"] + extra_s]
     return extra_s, statistics.median(pickups) if pickups else 0.0
 
 
@@ -92,14 +93,17 @@ def simulated(jobs: list[dict[str, Any]], trial: dict[str, Any]) -> list[dict[st
 
     first = jobs[0]["submitted"]
     whole = statistics.median([j["run_s"] for j in jobs if not j["preempted"]] or [0.0])
+    # each job busies its worker for its run and its own overhead where measured (a
+    # resumed job's run_ms is its last part only: it counts as a median job)
     arrivals = [Arrival(j["submitted"] - first, j["tier"], "a", False, "demo", 1.0,
-                        whole if j["preempted"] else j["run_s"], trial["steps"])
-                for j in jobs]  # a resumed job's run_ms is its last part only
+                        (whole if j["preempted"] else j["run_s"])
+                        + j.get("extra_s", trial["overhead_s"]), trial["steps"])
+                for j in jobs]
     budgets = trial["budgets_s"]
     config = SimConfig(budgets_s=dict(budgets), default_service_s=trial["job_s"],
                        heartbeat_s=trial["heartbeat_s"],
                        heartbeat_reply_s=trial["heartbeat_reply_s"],
-                       overhead_s=trial["overhead_s"], pickup_s=trial["pickup_s"],
+                       pickup_s=trial["pickup_s"], preempt=trial.get("preempt", True),
                        push_phases=len(trial["hosts"]))
     outcome = Run(arrivals, [ModelSpec("demo", 0.0, 0.0, 0.0)],
                   Fleet(len(trial["hosts"]), slots=(1,), hosts=trial["hosts"]), "gpulanes",
@@ -195,6 +199,7 @@ def replay(path: Path) -> dict[str, Any]:
     a change to the simulator is checked against the same real runs in seconds."""
     report = json.loads(path.read_text())
     for found in report["loads"].values():
+        found["trial"]["overhead_s"], found["trial"]["pickup_s"] = busy_s(found["jobs"])
         found.update(compared(found["jobs"], found["trial"]))
     return report
 
