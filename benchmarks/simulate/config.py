@@ -42,6 +42,8 @@ class SimConfig:
     fair_aging_s: float = settings.fair_aging_s
     preempt: bool = settings.preempt
     max_preemptions: int = settings.max_preemptions
+    #: A run steps aside only while it expects this much or more still to run.
+    preempt_min_left_s: float = settings.preempt_min_left_s
     #: A dead runner's lease lapses after this (``Settings.lease_ttl_s``): only then
     #: does the health check put its job back.
     lease_s: float = float(settings.lease_ttl_s)

@@ -4,7 +4,8 @@ A fast job pushed to a list tells ONE worker (``lua/fast_news.lua``): the worker
 own queue it is, else the best preemptible run of the index (relaxed runs before
 standard ones, the latest begun first: ``ZPOPMAX``), taken off the index. The told
 run looks at its next step boundary (``Preemption.wanted``): a fast run, or one
-preempted ``max_preemptions`` times, may not stop, and hands the fast jobs of its
+preempted ``max_preemptions`` times, may not stop (and one expecting less than
+``preempt_min_left_s`` still to run does not look at all), and hands the fast jobs of its
 worker's own queue to the front of the shared fast lane, telling another; else, if a
 fast job it could take still waits (``lua/preempt_claim.lua``), it stops, its job's
 next copy goes to the front of its worker's own queue of its lane (a resumable model:
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 class Preemptor:
     """The index of preemptible runs, and each told run's step-boundary check."""
 
-    def __init__(self, cluster: Cluster, max_preemptions: int) -> None:
+    def __init__(self, cluster: Cluster, max_preemptions: int, min_left_s: float) -> None:
         self.cluster, self.max_preemptions = cluster, max_preemptions
+        self.min_left_s = min_left_s
         # (-lane rank, -begun, host, job token): ZPOPMAX order; stale entries skipped
         self._index: list[tuple[int, float, str, int]] = []
         self.preempted = 0
@@ -82,6 +84,8 @@ class Preemptor:
     def _boundary(self, worker: SimWorker, job: SimJob, token: int) -> None:
         if not worker.alive or worker.running is not job or job.token != token:
             return
+        if self._left_s(job) < self.min_left_s:
+            return  # about to end: it runs on, the news unread (``steps._long_left``)
         own, worker.told_own, worker.told_token = worker.told_own, False, -1
         if not self.may_stop(job):
             if own:
@@ -90,6 +94,12 @@ class Preemptor:
         fast_keys = (worker_queue(FAST, worker.host), FAST)
         if any(key in self.cluster.lists.list_depth for key in fast_keys):
             self._stop(worker, job)
+
+    def _left_s(self, job: SimJob) -> float:
+        """What the run expects still to run at this boundary (its pace: its steps')."""
+        step_s = job.arrival.run_s / job.arrival.steps
+        done = round((self.cluster.clock.now - job.run_began_at) / step_s)
+        return step_s * (job.arrival.steps - job.steps_done - done)
 
     def _hand_over(self, worker: SimWorker) -> None:
         """The worker's own fast jobs to the front of the shared fast lane, told again."""

@@ -89,7 +89,8 @@ class Run:
                                _workers(fleet, specs, mode, seed), config.overhead_s,
                                self._done, config.pickup_s)
         if mode == "gpulanes" and config.preempt:
-            self.cluster.preemptor = Preemptor(self.cluster, config.max_preemptions)
+            self.cluster.preemptor = Preemptor(self.cluster, config.max_preemptions,
+                                               config.preempt_min_left_s)
         self.store = Store()
         self.beat = Beat(self.clock, self.cluster, config, self.store, self.accounts,
                          self.recorder.round_done) if mode == "gpulanes" else None
