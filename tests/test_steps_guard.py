@@ -61,3 +61,26 @@ def test_a_resumed_run_paces_from_where_it_resumed(monkeypatch):
 
 def test_the_default_is_a_tenth_of_the_fast_budget():
     assert settings.preempt_min_left_s == pytest.approx(settings.max_wait_fast_s / 10)
+
+
+def test_a_job_its_model_runs_briefly_stays_out_of_the_preemptible_index(monkeypatch):
+    """A worker whose recent jobs of a model took less than the minimum time left does
+    not offer the next one for preemption (it could never step aside)."""
+    from gpu_worker.costfit import CostFit
+    from gpu_worker.runtime import RUNTIME
+    from tasks.broker.message import Job
+    from tasks.worker.execute import _may_run_long
+
+    vary(monkeypatch, preempt_min_left_s=1.0)
+    fits: dict[str, CostFit] = {}
+    monkeypatch.setattr(RUNTIME, "cost_fits", fits)
+    job = Job(tier="relaxed", account="a", model="demo", downgradable=True,
+              inputs={"prompt": "p", "seed": 1, "steps": 4, "width": 64, "height": 64})
+    assert _may_run_long(job)  # nothing seen yet
+    fits["demo"] = CostFit()
+    for _ in range(5):
+        fits["demo"].add(1.0, 40.0)  # 40 ms jobs
+    assert not _may_run_long(job)
+    for _ in range(50):
+        fits["demo"].add(1.0, 3000.0)  # 3 s jobs now
+    assert _may_run_long(job)

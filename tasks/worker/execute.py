@@ -38,13 +38,24 @@ def run_job(job: Job, lane: str, guard: StepGuard,
     model, load_ms = RUNTIME.model(job.model)
     guard.began = time.monotonic()  # a cold load is nobody's fast time
     guard.preemptible = bool(getattr(model, "preemptible", False))
-    if guard.preemptible:
+    if guard.preemptible and _may_run_long(job):
         PREEMPTION.offer(lane, guard.preempted)
         try:
             return _run_alone(model, load_ms, job, guard, resume)
         finally:
             PREEMPTION.withdraw()
     return _run_alone(model, load_ms, job, guard, resume)
+
+
+def _may_run_long(job: Job) -> bool:
+    """Whether ``job`` may run ``GPULANES_PREEMPT_MIN_LEFT_S`` or longer, by this worker's
+    recent jobs of its model (none yet: it may). A shorter one is never preempted
+    (``StepGuard``): it stays out of the index of preemptible runs, two calls saved."""
+    fit = RUNTIME.cost_fits.get(job.model)
+    if fit is None or fit.n <= 0:
+        return True
+    base_ms, unit_ms = fit.line()
+    return (base_ms + unit_ms * job.cost) / 1000 >= settings.preempt_min_left_s
 
 
 def _run_alone(model: Any, load_ms: float | None, job: Job, guard: StepGuard,
