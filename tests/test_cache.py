@@ -6,6 +6,7 @@ run begins (before any result exists), and from the worker's served counter.
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 
 import pytest
@@ -131,6 +132,34 @@ def test_admitted_on_second_sighting_then_served_without_a_gpu(cluster, clean_re
     assert third["job_id"] == hit.id and third["source_job_id"] == second["job_id"]
     assert third["requested_tier"] == "relaxed" and third["attempts"] == 0
     assert AsyncResult(hit.id, app=app).get(timeout=10) == third  # stored under its id too
+
+
+def test_a_caller_sees_its_result_only_once_its_run_is_closed_to_joiners(cluster, clean_redis):
+    """A run others may join is settled (cached, closed to joiners) before its result
+    is announced: a caller that submits the same job again at once is served from the
+    cache, never joined to the finished run. Redis' own order of commands (MONITOR)
+    says which came first."""
+    seen: list[str] = []
+
+    def listen() -> None:
+        try:
+            for command in monitor.listen():
+                seen.append(command["command"])
+        except Exception:  # noqa: BLE001  disconnected below: the record is complete
+            return
+
+    with clean_redis.monitor() as monitor:
+        threading.Thread(target=listen, daemon=True).start()
+        job = submit("closed first", seed=3, **SMALL)
+        job.get(timeout=60)
+        wait_until(lambda: any(c.startswith("PUBLISH celery-task-meta-") for c in seen),
+                   what="the result's announcement in MONITOR's stream")
+        monitor.connection.disconnect()
+    settled = next(i for i, c in enumerate(seen)
+                   if c.startswith(f"HSET {run_key(job.id)} settled"))
+    announced = next(i for i, c in enumerate(seen)
+                     if c.startswith(f"PUBLISH celery-task-meta-{job.id}"))
+    assert settled < announced
 
 
 def test_jobs_without_a_seed_are_never_cached_or_coalesced(cluster, clean_redis):

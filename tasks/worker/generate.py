@@ -341,9 +341,11 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message, guard)
-    # a run its caller revoked (it went on for others) leaves its entry to the revoke
+    # a run its caller revoked (it went on for others) leaves its entry to the revoke; a
+    # run others may join leaves it to Celery, stored once the run is closed to them
     recorded = _finish(self, lease, _result(self, message, lane, started_at, lease, ran,
-                                            made), message.job, not guard.for_followers)
+                                            made), message.job,
+                       not (guard.for_followers or message.job.leads_run))
     if guard.for_followers:  # its own caller revoked it: the run went on for the others
         app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
         _tell_revoked(self)
