@@ -19,9 +19,12 @@ demo: $(STAMP)
 	$(PY) -m tasks.dev.demo
 
 # The layer contracts (setup.cfg, import-linter) first: a broken one fails in a second.
+# Tests run in TEST_JOBS processes, a file to each at a time; each process has its own
+# embedded Redis and state folder (tests/conftest.py). TEST_JOBS=0 runs them in one.
+TEST_JOBS ?= 2
 test: $(STAMP) browser
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
 
 # Debian's Chromium and ChromeDriver for the Flower browser test
 # (tests/test_flower_browser.py). Installed only when missing, and only as root
