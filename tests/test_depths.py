@@ -50,6 +50,31 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
     assert clean_redis.hlen(LEDGER_KEY) == 5
 
 
+def test_a_workers_brpop_take_counts_its_list_out_and_beat_drops_its_due_entry(app,
+                                                                            clean_redis):
+    """A worker takes with BRPOP: its take counts the message out of the list BRPOP named,
+    without reading the ledger, and leaves the due index entry, which beat's movers drop
+    once it is due (the ledger no longer has it), never moving anything for it."""
+    for _ in range(3):
+        submit("p", tier="standard", **SMALL)
+    taken = []
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        channel.basic_qos(0, 1, False)
+        channel.basic_consume("standard", False, taken.append, "test-consumer")
+        conn.drain_events(timeout=5)  # BRPOP, as a worker's consumer takes
+        assert len(taken) == 1
+        assert _depths(clean_redis)[0] == {"standard": 2}
+        assert _depths(clean_redis)[1] == _lengths(clean_redis)
+        assert clean_redis.hlen(LEDGER_KEY) == 2
+        assert clean_redis.zcard(due_key("standard")) == 3  # the taken one's entry stays
+        moved = enforce_deadlines(clean_redis, {"standard": 0.0}, now=time.time() + 10_000)
+        assert moved["standard"] == 2  # the two queued ones; nothing for the taken one
+        assert clean_redis.zcard(due_key("standard")) == 0
+        channel.basic_ack(taken[0].delivery_tag)
+        channel.close()
+
+
 def test_moves_carry_their_count_and_their_place_in_the_index(clean_redis):
     old = time.time() - 10_000
     for tier in ("fast", "fast", "relaxed"):

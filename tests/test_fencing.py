@@ -50,8 +50,12 @@ def test_a_copy_is_dropped_only_while_the_holders_own_message_is_recorded(clean_
 def test_a_finished_or_dead_job_never_runs_again(clean_redis):
     clean_redis.set(done_key("j3"), json.dumps({"attempts": 1}))
     assert _begin("j3", A, "t1")[0] == "done"
-    clean_redis.hset(DEAD_KEY, "j4", '{"error": "ValueError: bug"}')
-    assert _begin("j4", A, "t1") == ("dead", '{"error": "ValueError: bug"}')  # its failure
+    lease = _lease("j4", A, "t1")
+    assert runs.give_up("j4", lease.token, lease.attempt, '{"error": "ValueError: bug"}',
+                        "failures|standard")
+    assert _begin("j4", B, "t2") == ("dead", '{"error": "ValueError: bug"}')  # its failure
+    # a copy that comes as late as the letter is kept still finds its run counter
+    assert clean_redis.ttl(attempts_key("j4")) > settings.dead_ttl_s - 60 > settings.runs_kept_s
 
 
 def test_a_deferred_copy_steps_aside_from_a_released_lease(clean_redis):
@@ -204,6 +208,50 @@ def test_a_run_stores_its_started_and_success_entries_in_its_own_steps(clean_red
                        charge_fast=False, stored=success)[0] == "earlier"
     assert runs.begin("j10", B, "t2", None, started=started)[0] == "done"
     assert clean_redis.get(entry_key) == b"untouched"
+
+
+def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_another(
+        clean_redis):
+    """A run that still holds its job drops its message's records (kombu's unacked record
+    and index entry, the holder) in its finish, and kombu's ack then leaves Redis alone;
+    a stale run's finish drops nothing, nor does one whose tag another process holds."""
+    from tasks.broker import transport
+    from tasks.broker.keys import UNACKED_INDEX_KEY, UNACKED_KEY
+
+    def took(tag: str, holder: str) -> None:
+        clean_redis.hset(UNACKED_KEY, tag, "[]")
+        clean_redis.zadd(UNACKED_INDEX_KEY, {tag: time.time()})
+        clean_redis.hset(HOLDERS_KEY, tag, holder)
+
+    def records(tag: str) -> tuple:
+        return (clean_redis.hexists(UNACKED_KEY, tag), clean_redis.zscore(UNACKED_INDEX_KEY, tag)
+                is not None, clean_redis.hget(HOLDERS_KEY, tag))
+
+    result = {"attempts": 1, "run_ms": 5.0}
+    set_holder(A)
+    try:
+        took("t1", A)
+        lease = _lease("j11", A, "t1")
+        assert runs.finish("j11", lease.token, 1, result, "acct", charge_fast=False,
+                           ack="t1") == ("stored", "")
+        assert records("t1") == (False, False, None) and "t1" in transport._acked
+        # a stale run: its lease lapsed and a newer run began
+        took("t3", A)
+        old = _lease("j12", A, "t3")
+        clean_redis.delete(lease_key("j12"))
+        _lease("j12", B, "t4")
+        assert runs.finish("j12", old.token, 1, result, "acct", charge_fast=False,
+                           ack="t3")[0] == "stale"
+        assert records("t3") == (True, True, A.encode()) and "t3" not in transport._acked
+        # an AOF that lost its last second handed the same tag to B meanwhile
+        took("t5", B)
+        lease = _lease("j13", A, "t5")
+        assert runs.finish("j13", lease.token, 1, result, "acct", charge_fast=False,
+                           ack="t5")[0] == "stored"
+        assert records("t5") == (True, True, B.encode())
+    finally:
+        set_holder("")
+        transport._acked.clear()
 
 
 def test_a_revoked_job_is_not_begun(clean_redis):

@@ -15,21 +15,23 @@ from conftest import SMALL, free_port, http_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import submit
-from tasks.broker.keys import DEAD_KEY, SNAPSHOT_KEY, WORKERS_KEY, metric_field
+from tasks.broker.keys import (DEAD_KEY, METRICS_KEY, SNAPSHOT_KEY, WORKERS_KEY, metric_field,
+                               usage_key)
 from tasks.errors import JobFailed
 from tasks.jobs.usage import job_counts
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
-def test_a_job_counts_its_buckets_sums_and_downgrade():
+def test_a_job_counts_its_buckets_sums_downgrade_and_its_accounts_usage():
     counts = job_counts({"lane": "relaxed", "queued_ms": 700.0, "run_ms": 30.0,
-                         "downgrade_reason": "standard_overloaded"})
-    assert counts == {metric_field("queue_wait_bucket", "relaxed", "4"): 1,  # 0.5 < 0.7 <= 1
-                      metric_field("queue_wait_sum", "relaxed"): 0.7,
-                      metric_field("run_bucket", "relaxed", "2"): 1,  # 0.025 < 0.03 <= 0.05
-                      metric_field("run_sum", "relaxed"): 0.03,
-                      metric_field("downgrades", "standard_overloaded"): 1}
+                         "downgrade_reason": "standard_overloaded"}, "ann", now=3 * 60 + 5)
+    assert counts == {(METRICS_KEY, metric_field("queue_wait_bucket", "relaxed", "4")): 1,
+                      (METRICS_KEY, metric_field("queue_wait_sum", "relaxed")): 0.7,
+                      (METRICS_KEY, metric_field("run_bucket", "relaxed", "2")): 1,
+                      (METRICS_KEY, metric_field("run_sum", "relaxed")): 0.03,
+                      (METRICS_KEY, metric_field("downgrades", "standard_overloaded")): 1,
+                      (usage_key(3), "ann"): 0.03}  # the bucket of its finish (60 s each)
 
 
 def _scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -175,22 +177,27 @@ def test_the_exporter_serves_ipv6_negotiates_openmetrics_and_logs_no_scrapes(cle
 
 def test_a_workers_counts_are_added_once_per_batch(clean_redis):
     """A worker adds its jobs' counts with its stats push; a batch sent again (its
-    reply lost) is not added twice, and counts that came meanwhile wait for the next."""
-    from tasks.broker.keys import METRICS_KEY
+    reply lost) is not added twice, and counts that came meanwhile wait for the next.
+    An account's usage bucket lasts as long as fair shares read it."""
     from tasks.broker.stats import push_stats
     from tasks.jobs.usage import PendingCounts
+    from tasks.settings import settings
 
+    run_sum, used = (METRICS_KEY, "run_sum|fast"), (usage_key(7), "ann")
     counts = PendingCounts()
     assert counts.batch() is None  # nothing finished: nothing to add
-    counts.add({"run_sum|fast": 0.5, "jobs|fast": 1})
-    counts.add({"run_sum|fast": 0.25})
+    counts.add({run_sum: 0.5, (METRICS_KEY, "jobs|fast"): 1, used: 0.5})
+    counts.add({run_sum: 0.25, used: 0.25})
     batch = counts.batch()
-    assert batch == (1, {"run_sum|fast": 0.75, "jobs|fast": 1})
-    counts.add({"run_sum|fast": 1.0})  # finished while the push is out
+    assert batch == (1, {run_sum: 0.75, (METRICS_KEY, "jobs|fast"): 1, used: 0.75})
+    counts.add({run_sum: 1.0})  # finished while the push is out
     for _ in range(2):  # the first reply was lost: the same batch again
         push_stats(clean_redis, "gpu0@h", {}, ("gpu0@h/1/1.0", *counts.batch()))
     assert float(clean_redis.hget(METRICS_KEY, "run_sum|fast")) == 0.75
+    assert float(clean_redis.hget(usage_key(7), "ann")) == 0.75
+    assert clean_redis.ttl(METRICS_KEY) == -1  # metrics last
+    assert 0 < clean_redis.ttl(usage_key(7)) <= settings.fair_window_s + 60
     counts.pushed(batch[0])
-    assert counts.batch() == (2, {"run_sum|fast": 1.0})
+    assert counts.batch() == (2, {run_sum: 1.0})
     push_stats(clean_redis, "gpu0@h", {}, ("gpu0@h/1/1.0", *counts.batch()))
     assert float(clean_redis.hget(METRICS_KEY, "run_sum|fast")) == 1.75

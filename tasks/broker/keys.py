@@ -119,9 +119,12 @@ HOLDERS_KEY = f"{PREFIX}:holders"
 USAGE_BUCKET_S = 60
 
 
+USAGE_PREFIX = f"{PREFIX}:usage:"
+
+
 def usage_key(bucket: int) -> str:
     """Hash: account -> GPU seconds used in one ``USAGE_BUCKET_S`` bucket."""
-    return f"{PREFIX}:usage:{bucket}"
+    return f"{USAGE_PREFIX}{bucket}"
 
 
 def fast_queued_key(account: str) -> str:

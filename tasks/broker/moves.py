@@ -37,6 +37,9 @@ from tasks.broker.message import JobMessage
 
 #: Oldest messages looked at per list per round: a round must stay short.
 MOVES_PER_ROUND = 200
+#: Batches of the due index a round reads at most while they hold only entries of
+#: messages already taken.
+PRUNES_PER_ROUND = 50
 #: Returned by a ``due`` function: this message and all younger ones stay.
 STOP: dict = {}
 #: What is wrong with a list item that is not a job message (a worker refuses it).
@@ -122,21 +125,32 @@ def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
     leaves (None) will never move on its clock (a job that is not downgradable): it
     leaves the index; one it answers ``STOP`` for stays in it. Oldest first, each kept
     in that order at the front of its target.
+
+    A worker's take leaves its message's entry in the index (one write less per job);
+    entries the ledger no longer has are dropped here, in batches, and a batch of
+    nothing but those is followed by the next (``PRUNES_PER_ROUND`` at most).
     """
-    tags = client.zrangebyscore(due_key(lane), "-inf", cutoff, start=0, num=MOVES_PER_ROUND)
-    batch, never = [], []
-    for tag, entry in zip(tags, client.hmget(LEDGER_KEY, tags) if tags else ()):
-        if entry is None:
-            continue  # taken meanwhile: its take left the index too
-        source, raw = parse_entry(entry)
-        call = _move_call(client, source, target_of(source), raw, due, leaves_fast)
-        if call is None:
-            never.append(tag)
-        elif call is not STOP:
-            batch.append(call)
-    if never:
-        client.zrem(due_key(lane), *never)
-    return _run_moves(client, batch)
+    moved = 0
+    for _ in range(PRUNES_PER_ROUND):
+        tags = client.zrangebyscore(due_key(lane), "-inf", cutoff, start=0,
+                                    num=MOVES_PER_ROUND)
+        batch, left = [], []
+        for tag, entry in zip(tags, client.hmget(LEDGER_KEY, tags) if tags else ()):
+            if entry is None:
+                left.append(tag)  # taken
+                continue
+            source, raw = parse_entry(entry)
+            call = _move_call(client, source, target_of(source), raw, due, leaves_fast)
+            if call is None:
+                left.append(tag)
+            elif call is not STOP:
+                batch.append(call)
+        if left:
+            client.zrem(due_key(lane), *left)
+        moved += _run_moves(client, batch)
+        if len(tags) < MOVES_PER_ROUND or len(left) < len(tags):
+            return moved
+    return moved
 
 
 def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, due: Due,

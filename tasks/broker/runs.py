@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from tasks.broker import scripts
+from tasks.broker import scripts, transport
 from tasks.broker.app import redis_client
 from tasks.broker.backend import Entry
 from tasks.broker.keys import (
@@ -29,13 +29,13 @@ from tasks.broker.keys import (
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
     METRICS_KEY,
-    USAGE_BUCKET_S,
+    UNACKED_INDEX_KEY,
+    UNACKED_KEY,
     attempts_key,
     done_key,
     fast_queued_key,
     lease_key,
     revoked_key,
-    usage_key,
 )
 from tasks.broker.publish import RELEASED
 from tasks.settings import settings
@@ -71,20 +71,24 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
 
 
 def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,
-           charge_fast: bool, stored: Entry | None = None) -> tuple[str, str]:
-    """Store ``result`` as the job's, add its GPU time to ``account``'s usage and
-    (``charge_fast``) charge it fast seconds, if the run still holds the job, and store
-    and announce ``stored`` (its SUCCESS entry in the result backend) in the same step:
-    (``stored``|``stale``, '') or (``earlier``, the result stored before)."""
-    run_s = result["run_ms"] / 1000
-    bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
+           charge_fast: bool, stored: Entry | None = None, ack: str = "") -> tuple[str, str]:
+    """Store ``result`` as the job's and (``charge_fast``) charge ``account`` its fast
+    seconds, if the run still holds the job, and store and announce ``stored`` (its
+    SUCCESS entry in the result backend) in the same step: (``stored``|``stale``, '') or
+    (``earlier``, the result stored before). ``ack``: the delivery tag of the run's
+    message, acked in that step too (if this process still holds it) unless the run is
+    stale; kombu's ack of it then leaves Redis alone."""
     key, entry = stored or (done_key(job_id), "")
-    keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), bucket, key]
-    if charge_fast:
-        keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
-    args = [token, attempt, json.dumps(result), settings.result_ttl_s, account, repr(run_s),
-            settings.fair_window_s + USAGE_BUCKET_S, repr(settings.fast_seconds_default), entry]
-    return tuple(_run("run_finish", keys, args))
+    keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), key, FAST_BALANCE_KEY,
+            FAST_EXHAUSTED_KEY, HOLDERS_KEY, UNACKED_KEY, UNACKED_INDEX_KEY]
+    args = [token, attempt, json.dumps(result), settings.result_ttl_s, account,
+            repr(result["run_ms"] / 1000),
+            repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
+            transport.holder(), settings.lease_ttl_s]
+    verdict, value = _run("run_finish", keys, args)
+    if ack and verdict != "stale":
+        transport.acked_by_run(ack)
+    return verdict, value
 
 
 def failed_at(entry: str | bytes) -> float:
@@ -100,7 +104,8 @@ def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: s
     """Dead-letter the job (``entry``) if the run still holds it; False: stale."""
     keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY]
     return bool(_run("run_give_up", keys, [token, attempt, job_id, entry, failures_field,
-                                           repr(failed_at(entry))]))
+                                           repr(failed_at(entry)),
+                                           max(settings.dead_ttl_s, settings.runs_kept_s)]))
 
 
 def release(job_id: str, token: str, attempt: int, fast_charge: tuple[str, float] | None = None

@@ -16,11 +16,13 @@ import redis
 
 from tasks.broker import scripts
 from tasks.broker.keys import (
-    METRICS_KEY,
+    USAGE_BUCKET_S,
+    USAGE_PREFIX,
     WORKER_STATS_AT_KEY,
     WORKER_STATS_KEY,
     counts_pushed_key,
 )
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: How long Redis remembers a worker process's last batch of counts (a push retried
@@ -29,16 +31,24 @@ COUNTS_NUMBER_KEPT_S = 86400
 
 
 def push_stats(client: redis.Redis, host: str, stats: dict[str, Any],
-               counts: tuple[str, int, dict[str, float]] | None = None) -> None:
+               counts: tuple[str, int, dict[tuple[str, str], float]] | None = None) -> None:
     """Store ``host``'s stats, stamped now, and add ``counts`` (the worker process, the
-    batch's number, {counter: amount}) to ``METRICS_KEY`` unless that batch is in."""
+    batch's number, {(hash, field): amount}) unless that batch is in."""
     keys, args = [WORKER_STATS_KEY, WORKER_STATS_AT_KEY], [host, json.dumps(stats)]
     if counts:
         holder, number, amounts = counts
-        keys += [METRICS_KEY, counts_pushed_key(holder)]
-        args += [number, COUNTS_NUMBER_KEPT_S,
-                 *(item for field, amount in amounts.items() for item in (field, repr(amount)))]
+        hashes = list(dict.fromkeys(key for key, _ in amounts))
+        keys += [counts_pushed_key(holder), *hashes]
+        args += [number, COUNTS_NUMBER_KEPT_S, *(_kept_s(key) for key in hashes),
+                 *(item for (key, field), amount in amounts.items()
+                   for item in (hashes.index(key) + 1, field, repr(amount)))]
     scripts.run(client, "stats_push", keys, args)
+
+
+def _kept_s(key: str) -> int:
+    """How long a counters hash lasts after a push adds to it (0: for good): an
+    account's usage bucket as long as fair shares read it."""
+    return settings.fair_window_s + USAGE_BUCKET_S if key.startswith(USAGE_PREFIX) else 0
 
 
 def fresh_stats(client: redis.Redis, fresh_s: float, forget_s: float) -> dict[str, dict]:

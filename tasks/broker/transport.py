@@ -65,23 +65,39 @@ from tasks.settings import settings
 _holder: list[str] = []
 
 
+#: Delivery tags whose records a run's finish already dropped (``tasks.broker.runs``):
+#: their ack has nothing left to do in Redis.
+_acked: set[str] = set()
+
+
 def set_holder(identity: str) -> None:
     """Name the worker process that consumes here: its takes record it as holder
     ('' : none)."""
     _holder[:] = [identity] if identity else []
 
 
+def holder() -> str:
+    """The worker process that consumes here ('' : none)."""
+    return _holder[0] if _holder else ""
+
+
+def acked_by_run(tag: str) -> None:
+    """The message ``tag``'s records went with its run's finish: its ack only does
+    kombu's bookkeeping."""
+    _acked.add(tag)
+
+
 class LedgerQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         """Record the message as unacked (and who holds it) and drop its ledger entry with
-        its lane's depth and due index, in one step (``lua/take.lua``)."""
+        its list's and lane's depths, in one step (``lua/take.lua``)."""
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         with self.channel.conn_or_acquire() as client:
             scripts.run(client, "take", [self.unacked_index_key, self.unacked_key, HOLDERS_KEY,
                                          *LEDGER_BOOK],
-                        [delivery_tag, time.time(), record, _holder[0] if _holder else "",
-                         DUE_PREFIX])
+                        [delivery_tag, time.time(), record, holder(),
+                         DUE_PREFIX, getattr(self.channel, "popped_from", "")])
         super(kombu_redis.QoS, self).append(message, delivery_tag)  # kombu's bookkeeping
 
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
@@ -97,7 +113,10 @@ class LedgerQoS(kombu_redis.QoS):
         prefetch 1 a worker that kept it would never take another job. The records left
         behind are what ``gpu_worker.hooks.settle_orphans`` finds once Redis answers."""
         try:
-            self._drop_if_mine(delivery_tag)
+            if delivery_tag in _acked:
+                _acked.discard(delivery_tag)
+            else:
+                self._drop_if_mine(delivery_tag)
         finally:
             super(kombu_redis.QoS, self).ack(delivery_tag)
 
@@ -110,7 +129,7 @@ class LedgerQoS(kombu_redis.QoS):
         with self.channel.conn_or_acquire() as client:
             scripts.run(client, "drop_if_mine",
                         [HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
-                        [delivery_tag, _holder[0] if _holder else ""])
+                        [delivery_tag, holder()])
 
 
 class LedgerChannel(kombu_redis.Channel):
@@ -119,6 +138,7 @@ class LedgerChannel(kombu_redis.Channel):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._tables: dict[str, tuple[float, list]] = {}
         self._command_client: redis.Redis | None = None
+        self.popped_from = ""  # the list of the message BRPOP is delivering, if any
         super().__init__(*args, **kwargs)
         if self.global_keyprefix:  # kombu would prefix only the first key of our scripts
             raise ValueError("gpulanes' transport does not support kombu's global_keyprefix; "
@@ -139,6 +159,25 @@ class LedgerChannel(kombu_redis.Channel):
         if client is None or client.connection_pool is not self.pool:
             client = self._command_client = super()._create_client()
         return client
+
+    def _brpop_read(self, **options: Any) -> Any:
+        """kombu's, remembering the list BRPOP named (priority level and all) while the
+        message is delivered: its take counts it out of that list without reading its
+        ledger entry (``lua/take.lua``)."""
+        client = self.client
+        parse = client.parse_response
+
+        def remember(connection: Any, command: str, **kwargs: Any) -> Any:
+            reply = parse(connection, command, **kwargs)
+            self.popped_from = _text(reply[0]) if reply else ""
+            return reply
+
+        client.parse_response = remember
+        try:
+            return super()._brpop_read(**options)
+        finally:
+            del client.parse_response
+            self.popped_from = ""
 
     def get_table(self, exchange: str) -> list:
         """kombu reads an exchange's bindings on every publish (one round trip); a
@@ -292,7 +331,7 @@ KOMBU_HOOKS = {
                           "_delete", "_q_for_pri", "_get_message_priority", "_lookup",
                           "_create_client", "get_table", "_queue_bind", "pool",
                           "conn_or_acquire", "priority_steps", "global_keyprefix", "_expires",
-                          "connection_errors"),
+                          "connection_errors", "_brpop_read", "client"),
     kombu_redis.Transport: ("Channel",),
     kombu_redis.SentinelTransport: ("Channel",),
     kombu.Connection: ("get_transport_cls", "Pool", "_info"),

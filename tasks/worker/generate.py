@@ -286,14 +286,16 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     where ``entry``) and return the job's result: this one, or the one recorded first."""
     job_id = task.request.id
     stored = _entry(task, result, states.SUCCESS) if entry else None
+    # its message is acked in the same step where the entry is: nothing to put back after
+    ack = (task.request.properties or {}).get("delivery_tag") or "" if stored else ""
     verdict, value = persist(
         lambda: runs.finish(job_id, lease.token, lease.attempt, result, job.account,
-                            result["lane"] == FAST, stored=stored),
+                            result["lane"] == FAST, stored=stored, ack=ack),
         f"the result of job {job_id}")
     if verdict == "stale":
         _stale(task, lease)
     if verdict == "stored":
-        COUNTS.add(job_counts(result))  # pushed with the worker's stats
+        COUNTS.add(job_counts(result, job.account))  # pushed with the worker's stats
     if stored is not None:  # stored by this run's script, or by the earlier one's
         stored_by_run(job_id)
     recorded = result if verdict == "stored" else json.loads(value)

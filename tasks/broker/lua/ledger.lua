@@ -27,3 +27,11 @@ local function ledger_drop(book, tag)
   redis.call('ZREM', book[4] .. lane_of(key), tag)
   return key
 end
+-- A message taken from list ``key`` (the list BRPOP named) leaves the ledger and that
+-- list's and lane's depths; its due index entry is left to beat's movers, which drop
+-- the entries the ledger no longer has (``tasks.broker.moves``). False: no entry.
+local function ledger_taken(book, tag, key)
+  if redis.call('HDEL', book[1], tag) == 0 then return false end
+  count(book, key, -1)
+  return key
+end

@@ -7,12 +7,16 @@
 -- A call retried after a lost reply finds its own lease and carries on as that run.
 -- A lease held by another run: 'busy' while that run's own message is recorded as
 -- held (it comes back if that run dies), else 'defer': this copy may be the last one.
+-- A job with no run counter never ran, so has no dead letter of a run (a refused
+-- message's letter has no valid copy): only a later run reads the letters.
 if KEYS[8] then redis.call('ZREM', KEYS[8], ARGV[4]) end
-local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4])
-local done, lease = found[1], found[2]
+local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[3])
+local done, lease, ran = found[1], found[2], found[4]
 if done then return {'done', done} end
-local letter = redis.call('HGET', KEYS[5], ARGV[4])
-if letter then return {'dead', letter} end
+if ran then
+  local letter = redis.call('HGET', KEYS[5], ARGV[4])
+  if letter then return {'dead', letter} end
+end
 if found[3] then return {'revoked', ''} end
 local released = lease and string.sub(lease, 1, #ARGV[7]) == ARGV[7]
 if released and ARGV[6] == '1' then return {'superseded', ''} end
@@ -30,9 +34,11 @@ if lease and not released then
 end
 -- a job's first run sets its counter in one write; a later one counts up and keeps it
 local n = 1
-if not redis.call('SET', KEYS[3], 1, 'NX', 'EX', ARGV[3]) then
+if ran then
   n = redis.call('INCR', KEYS[3])
   redis.call('EXPIRE', KEYS[3], ARGV[3])
+else
+  redis.call('SET', KEYS[3], 1, 'EX', ARGV[3])
 end
 redis.call('SET', KEYS[2], ARGV[1] .. '#' .. n .. '#' .. ARGV[5], 'EX', ARGV[2])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[7], ARGV[8], 'EX', ARGV[9]) end

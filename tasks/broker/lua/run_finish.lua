@@ -1,21 +1,30 @@
--- KEYS: lease, run counter, done, usage bucket, the job's result entry (Celery's
--- backend)[, fast balances, exhausted]. ARGV: token, run number, result, result ttl,
--- account, run s, usage ttl, starting fast balance, the SUCCESS entry to store and
--- announce ('': none). A call retried after a lost reply finds its own result
--- ('earlier') and counts nothing twice.
--- include: holds
+-- KEYS: lease, run counter, done, the job's result entry (Celery's backend), fast
+-- balances, exhausted, holders, kombu's unacked hash and index. ARGV: token, run number,
+-- result, result ttl, account, run s, starting fast balance ('': no fast time to
+-- charge), the SUCCESS entry to store and announce ('': none), the run's delivery tag
+-- to ack here ('': acked apart), the holding process, lease ttl.
+-- A call retried after a lost reply finds its own result ('earlier') and counts
+-- nothing twice. A run that still holds its job also acks its message here: its
+-- records go with the lease in one step, so a worker that dies after it has nothing
+-- left to put back.
 -- include: add_fast
-if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return {'stale', ''} end
-redis.call('DEL', KEYS[1])
+-- include: ack
+local lease = redis.call('GETDEL', KEYS[1])
+if lease then
+  if lease ~= ARGV[1] then  -- a newer run's: it stays
+    redis.call('SET', KEYS[1], lease, 'EX', ARGV[11])
+    return {'stale', ''}
+  end
+elseif tonumber(redis.call('GET', KEYS[2]) or '0') ~= tonumber(ARGV[2]) then
+  return {'stale', ''}  -- lapsed, and a newer run began
+end
+if ARGV[9] ~= '' then ack(KEYS[7], KEYS[8], KEYS[9], ARGV[9], ARGV[10]) end
 if not redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4], 'NX') then
   return {'earlier', redis.call('GET', KEYS[3])}
 end
-if ARGV[9] ~= '' then
-  redis.call('SET', KEYS[5], ARGV[9], 'EX', ARGV[4])
-  redis.call('PUBLISH', KEYS[5], ARGV[9])
+if ARGV[8] ~= '' then
+  redis.call('SET', KEYS[4], ARGV[8], 'EX', ARGV[4])
+  redis.call('PUBLISH', KEYS[4], ARGV[8])
 end
--- a bucket's field is new when the sum is what this run adds: its expiry is set once
-local used = redis.call('HINCRBYFLOAT', KEYS[4], ARGV[5], ARGV[6])
-if tonumber(used) == tonumber(ARGV[6]) then redis.call('EXPIRE', KEYS[4], ARGV[7]) end
-if KEYS[6] then add(KEYS[6], KEYS[7], ARGV[5], -tonumber(ARGV[6]), ARGV[8]) end
+if ARGV[7] ~= '' then add(KEYS[5], KEYS[6], ARGV[5], -tonumber(ARGV[6]), ARGV[7]) end
 return {'stored', ''}

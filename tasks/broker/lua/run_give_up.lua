@@ -1,12 +1,15 @@
 -- KEYS: lease, run counter, dead letters, metrics, dead-letter index. ARGV: token, run
--- number, job id, dead letter, metric field, when it failed (unix s, the index's score).
+-- number, job id, dead letter, metric field, when it failed (unix s, the index's score),
+-- how long letters are kept (s).
 -- A call retried after a lost reply finds its letter (first: the lease may have been
--- marked released meanwhile, by a put-back of a copy).
+-- marked released meanwhile, by a put-back of a copy). The run counter is kept as long
+-- as the letter: a copy that comes later finds it, so reads the letter (lua/run_begin).
 -- include: holds
 if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1 then return 1 end
 if not holds(KEYS[1], KEYS[2], ARGV[1], ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[4])
 redis.call('ZADD', KEYS[5], ARGV[6], ARGV[3])
 redis.call('DEL', KEYS[1])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('HINCRBY', KEYS[4], ARGV[5], 1)
 return 1
