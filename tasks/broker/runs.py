@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from tasks.broker import scripts, transport
 from tasks.broker.app import redis_client
@@ -70,14 +70,26 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
                                           entry, settings.result_ttl_s]))
 
 
+class Finished(NamedTuple):
+    """What a run's finish did: ``stored``|``stale`` ('' as value) or ``earlier`` (the
+    result stored before as value); the followers of the run it settled, as (job id,
+    their entry JSON)."""
+
+    verdict: str
+    value: str
+    followers: tuple[tuple[str, str], ...] = ()
+
+
 def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], account: str,
-           charge_fast: bool, stored: Entry | None = None, ack: str = "") -> tuple[str, str]:
+           charge_fast: bool, stored: Entry | None = None, ack: str = "",
+           settle: tuple[list[str], list[Any]] | None = None) -> Finished:
     """Store ``result`` as the job's and (``charge_fast``) charge ``account`` its fast
     seconds, if the run still holds the job, and store and announce ``stored`` (its
-    SUCCESS entry in the result backend) in the same step: (``stored``|``stale``, '') or
-    (``earlier``, the result stored before). ``ack``: the delivery tag of the run's
-    message, acked in that step too (if this process still holds it) unless the run is
-    stale; kombu's ack of it then leaves Redis alone."""
+    SUCCESS entry in the result backend) in the same step. ``ack``: the delivery tag of
+    the run's message, acked in that step too (if this process still holds it) unless
+    the run is stale; kombu's ack of it then leaves Redis alone. ``settle``: the keys
+    and arguments of closing the coalesced run the job leads (``lua/settle.lua``), done
+    in that step too unless the run is stale, before its entry is announced."""
     key, entry = stored or (done_key(job_id), "")
     keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), key, FAST_BALANCE_KEY,
             FAST_EXHAUSTED_KEY, HOLDERS_KEY, UNACKED_KEY, UNACKED_INDEX_KEY]
@@ -85,10 +97,12 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
             repr(result["run_ms"] / 1000),
             repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
             transport.holder(), settings.lease_ttl_s]
-    verdict, value = _run("run_finish", keys, args)
+    if settle is not None:
+        keys, args = keys + settle[0], args + settle[1]
+    verdict, value, *flat = _run("run_finish", keys, args)
     if ack and verdict != "stale":
         transport.acked_by_run(ack)
-    return verdict, value
+    return Finished(verdict, value, tuple(zip(flat[::2], flat[1::2])))
 
 
 def failed_at(entry: str | bytes) -> float:

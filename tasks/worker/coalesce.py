@@ -65,11 +65,23 @@ def settle(leader_id: str, result: dict[str, Any] | None,
     """Close the run led by ``leader_id`` (admitting ``result`` if it earned it);
     its followers as (job id, {"job", "submitted_at"}). Only the first settle of a run,
     or the same settle (``token``) tried again, gets them: none is told twice."""
-    flat = scripts.run(
-        redis_client(), "run_settle", [run_key(leader_id), CACHE_LRU_KEY],
-        [leader_id, json.dumps(result) if result is not None else "",
-              settings.cache_ttl_s, settings.cache_max_entries, time.time(), SETTLED_KEPT_S, token])
-    return [(flat[i], json.loads(flat[i + 1])) for i in range(0, len(flat), 2)]
+    keys, args = settle_call(leader_id, token)
+    flat = scripts.run(redis_client(), "run_settle", keys,
+                       [args[0], json.dumps(result) if result is not None else "", *args[1:]])
+    return followers_of(zip(flat[::2], flat[1::2]))
+
+
+def settle_call(leader_id: str, token: str = SUCCEEDED) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of settling ``leader_id``'s run (``lua/settle.lua``), the
+    result apart: a run's finish settles it with the result it records."""
+    return [run_key(leader_id), CACHE_LRU_KEY], [
+        leader_id, settings.cache_ttl_s, settings.cache_max_entries, time.time(),
+        SETTLED_KEPT_S, token]
+
+
+def followers_of(flat: Any) -> list[tuple[str, dict]]:
+    """(job id, {"job", "submitted_at"}) of each (job id, entry JSON) a settle returned."""
+    return [(job_id, json.loads(entry)) for job_id, entry in flat]
 
 
 def _failed(why: str) -> str:
@@ -99,11 +111,6 @@ def wanted_by_followers(leader_id: str) -> bool:
     except redis.RedisError:  # not known: the revoke is honoured, an heir takes the run
         return False
     return any(f.startswith("f:") and f[2:] not in revoked_ids for f in fields)
-
-
-def close_run(leader_id: str, result: dict[str, Any]) -> None:
-    """The run of ``leader_id`` succeeded: cache ``result`` if admitted, serve its followers."""
-    deliver(settle(leader_id, result), result)
 
 
 def fail_followers(leader_id: str, why: str) -> int:

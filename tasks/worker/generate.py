@@ -56,7 +56,7 @@ from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import COUNTS, job_counts
 from tasks.settings import settings
-from tasks.worker.coalesce import close_run, fail_followers
+from tasks.worker.coalesce import deliver, fail_followers, followers_of, settle_call
 from tasks.worker.execute import kept, run_job
 from tasks.worker.progress import Progress
 from tasks.worker.rejects import CheckedTask
@@ -288,10 +288,13 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     stored = _entry(task, result, states.SUCCESS) if entry else None
     # its message is acked in the same step where the entry is: nothing to put back after
     ack = (task.request.properties or {}).get("delivery_tag") or "" if stored else ""
-    verdict, value = persist(
+    # a run others joined is closed to joiners in that step too, before it is announced
+    settle = settle_call(job_id) if job.leads_run else None
+    finished = persist(
         lambda: runs.finish(job_id, lease.token, lease.attempt, result, job.account,
-                            result["lane"] == FAST, stored=stored, ack=ack),
+                            result["lane"] == FAST, stored=stored, ack=ack, settle=settle),
         f"the result of job {job_id}")
+    verdict, value = finished.verdict, finished.value
     if verdict == "stale":
         _stale(task, lease)
     if verdict == "stored":
@@ -305,8 +308,9 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
                 .expire(DUPLICATES_KEY, settings.result_ttl_s).execute(), "a duplicate")
         return recorded
     HEALTH.succeeded()
-    if job.leads_run:  # before its caller can see it: no one joins a finished run
-        persist(lambda: close_run(job_id, recorded), f"the followers of job {job_id}")
+    if job.leads_run:
+        followers = followers_of(finished.followers)
+        persist(lambda: deliver(followers, recorded), f"the followers of job {job_id}")
     return recorded
 
 
@@ -343,11 +347,9 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         made = kept(self.request.id, lease.attempt, ran)
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message, guard)
-    # a run its caller revoked (it went on for others) leaves its entry to the revoke; a
-    # run others may join leaves it to Celery, stored once the run is closed to them
+    # a run its caller revoked (it went on for others) leaves its entry to the revoke
     recorded = _finish(self, lease, _result(self, message, lane, started_at, lease, ran,
-                                            made), message.job,
-                       not (guard.for_followers or message.job.leads_run))
+                                            made), message.job, not guard.for_followers)
     if guard.for_followers:  # its own caller revoked it: the run went on for the others
         app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
         _tell_revoked(self)
