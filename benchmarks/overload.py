@@ -46,9 +46,10 @@ wait ended (must be 0). Per mode: the rate really offered, jobs served per
 second over window + drain, the mean latency of all jobs (scheduling moves
 waiting between jobs, it adds no capacity), the drain time, the client's CPU
 per job (the publishing process's: this one for gpulanes, the plain publisher's for
-plain) and beat's CPU as a share of one core. The lines below compare the
-modes; the first says how hard the pool was really driven, against what it
-served in plain mode.
+plain), beat's CPU as a share of one core, and the CPU per served job of the mode's
+worker processes and of Redis (each side idle while the other serves). The lines
+below compare the modes; the first says how hard the pool was really driven,
+against what it served in plain mode.
 """
 from __future__ import annotations
 
@@ -164,6 +165,31 @@ class Beat:
         self.process = None
 
 
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds used so far by ``pids`` and every process below them (Linux
+    ``/proc``; 0 elsewhere)."""
+    total, seen, todo = 0.0, set(), list(pids)
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def redis_cpu_s(client: Any) -> float:
+    """CPU seconds the Redis server has used so far (``INFO cpu``)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
                        timeout_s: float = 60) -> None:
     """Block until this process routes from a snapshot beat wrote after ``since``."""
@@ -193,12 +219,20 @@ class Sides:
     plain: PlainClient
     size: JobSize
     drain_s: float
+    #: Each mode's worker processes (gpulanes': its supervisor, the workers below it).
+    worker_pids: dict[str, list[int]]
 
     def trial(self, mode: str, plan: list[tuple[float, str, str]]) -> Trial:
-        """Offer ``plan`` on ``mode``'s side and drain it."""
+        """Offer ``plan`` on ``mode``'s side and drain it; what its workers and Redis
+        (idle for the other side meanwhile) spent on the CPU."""
+        workers, redis = tree_cpu_s(self.worker_pids[mode]), redis_cpu_s(self.beat.client)
         if mode == "plain":
-            return self.plain.call(plain_trial, plan, self.size, self.drain_s)
-        return self.gpulanes_trial(plan)
+            trial = self.plain.call(plain_trial, plan, self.size, self.drain_s)
+        else:
+            trial = self.gpulanes_trial(plan)
+        trial.workers_cpu_s = tree_cpu_s(self.worker_pids[mode]) - workers
+        trial.redis_cpu_s = redis_cpu_s(self.beat.client) - redis
+        return trial
 
     def gpulanes_trial(self, plan: list[tuple[float, str, str]]) -> Trial:
         """One gpulanes trial, beat running for it alone."""
@@ -243,7 +277,8 @@ def capacities(plain: PlainClient, size: JobSize) -> dict[str, tuple[float, floa
     return {side: max(rates) for side, rates in bursts.items()}
 
 
-def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path) -> dict[str, Any]:
+def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path,
+            worker_pids: dict[str, list[int]]) -> dict[str, Any]:
     """Capacity first, then every trial, the mode order alternating per repeat."""
     by_side = capacities(plain, settings.size)
     capacity, run_ms = max(by_side.values())
@@ -254,7 +289,8 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path) -
           + f"; job-time {budgets.job_s * 1000:.1f} ms; offering {rate:.1f} jobs/s; budgets "
           f"fast {budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s",
           file=sys.stderr, flush=True)
-    sides = Sides(Beat(cluster, budgets, state / "logs"), plain, settings.size, settings.drain_s)
+    sides = Sides(Beat(cluster, budgets, state / "logs"), plain, settings.size, settings.drain_s,
+                  worker_pids)
     plan, trials = workload(rate, settings.duration_s, settings.mix, settings.seed), []
     for repeat in range(settings.repeats):
         for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
@@ -270,8 +306,11 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path) -
 def run_both(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:
     """Start the plain pool and its publisher beside gpulanes' cluster; run everything."""
     env = plain_env(plain_url(cluster.url), state)
-    with PlainWorkers(settings.workers, env, state / "logs"), PlainClient(env) as plain:
-        return run_all(cluster, plain, settings, state)
+    with PlainWorkers(settings.workers, env, state / "logs") as workers, \
+            PlainClient(env) as plain:
+        pids = {"gpulanes": [cluster.supervisor.pid],
+                "plain": [process.pid for process in workers.processes]}
+        return run_all(cluster, plain, settings, state, pids)
 
 
 def benchmark(settings: Settings, state: Path) -> dict[str, Any]:

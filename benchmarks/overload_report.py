@@ -66,6 +66,8 @@ def mode_row(trials: list[Trial]) -> dict[str, Any]:
         "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
         / max(1, sum(t.offered for t in trials)),
         "beat_cpu_share": sum(t.beat_cpu_s for t in trials) / busy_s,
+        "workers_cpu_ms_per_job": 1000 * sum(t.workers_cpu_s for t in trials) / max(1, len(done)),
+        "redis_cpu_ms_per_job": 1000 * sum(t.redis_cpu_s for t in trials) / max(1, len(done)),
     }
 
 
@@ -104,11 +106,13 @@ def mode_table(modes: dict[str, dict]) -> str:
     """One row per mode: rates, latency, drain time, CPU."""
     rows = [[mode, f"{m['offered_jobs_s']:.1f}", m["accepted"], f"{m['served_jobs_s']:.1f}",
              fmt(m["mean_latency_s"]), f"{m['drain_s']:.1f}", m["queued_at_deadline"],
-             f"{m['client_cpu_ms_per_job']:.2f}", f"{m['beat_cpu_share']:.0%}"]
+             f"{m['client_cpu_ms_per_job']:.2f}", f"{m['beat_cpu_share']:.0%}",
+             f"{m.get('workers_cpu_ms_per_job', 0):.1f}", f"{m.get('redis_cpu_ms_per_job', 0):.2f}"]
             for mode in MODES for m in [modes[mode]]]
     return markdown_table(["mode", "offered jobs/s", "accepted", "served jobs/s",
                            "mean latency s", "drain s", "still queued at deadline",
-                           "client CPU ms/job", "beat CPU (of one core)"], rows)
+                           "client CPU ms/job", "beat CPU (of one core)",
+                           "workers CPU ms/job", "Redis CPU ms/job"], rows)
 
 
 def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:

@@ -38,6 +38,8 @@ class Trial:
     queued_at_deadline: int = 0
     client_cpu_s: float = 0.0
     beat_cpu_s: float = 0.0
+    workers_cpu_s: float = 0.0
+    redis_cpu_s: float = 0.0
 
 
 def workload(rate: float, duration_s: float, mix: dict[str, float],
