@@ -66,9 +66,40 @@ def mode_row(trials: list[Trial]) -> dict[str, Any]:
         "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
         / max(1, sum(t.offered for t in trials)),
         "beat_cpu_share": sum(t.beat_cpu_s for t in trials) / busy_s,
+        "between_jobs_ms": between_jobs_ms(done),
+        "idle_tail_s": statistics.fmean(idle_tail_s(t) for t in trials),
         "workers_cpu_ms_per_job": 1000 * sum(t.workers_cpu_s for t in trials) / max(1, len(done)),
         "redis_cpu_ms_per_job": 1000 * sum(t.redis_cpu_s for t in trials) / max(1, len(done)),
     }
+
+
+def between_jobs_ms(done: list[dict[str, Any]]) -> float | None:
+    """A worker's mean time from one job's end to the next one's start, over the jobs
+    it ran back to back (the next started within a second: the backlog of an overload
+    trial); what a worker spends per job beyond running it."""
+    by_worker: dict[str, list[dict]] = {}
+    for result in done:
+        by_worker.setdefault(result["worker"], []).append(result)
+    gaps: list[float] = []
+    for jobs in by_worker.values():
+        ordered = sorted(jobs, key=lambda r: r["started_at"])
+        gaps += [b["started_at"] - a["started_at"] - a["run_ms"] / 1000
+                 for a, b in zip(ordered, ordered[1:])]
+    gaps = [gap for gap in gaps if 0 <= gap < 1.0]
+    return 1000 * statistics.fmean(gaps) if gaps else None
+
+
+def idle_tail_s(trial: Trial) -> float:
+    """How long the first worker to run out of jobs at the end of ``trial`` sat idle
+    while another still ran its last ones: the last job's end less the earliest of the
+    workers' last job ends."""
+    ends: dict[str, float] = {}
+    for outcome in trial.outcomes:
+        if outcome["state"] == "done":
+            result = outcome["result"]
+            end = result["started_at"] + result["run_ms"] / 1000
+            ends[result["worker"]] = max(end, ends.get(result["worker"], end))
+    return max(ends.values()) - min(ends.values()) if ends else 0.0
 
 
 def summary(trials: list[Trial], budgets: Budgets) -> dict[str, Any]:
@@ -107,12 +138,15 @@ def mode_table(modes: dict[str, dict]) -> str:
     rows = [[mode, f"{m['offered_jobs_s']:.1f}", m["accepted"], f"{m['served_jobs_s']:.1f}",
              fmt(m["mean_latency_s"]), f"{m['drain_s']:.1f}", m["queued_at_deadline"],
              f"{m['client_cpu_ms_per_job']:.2f}", f"{m['beat_cpu_share']:.0%}",
-             f"{m.get('workers_cpu_ms_per_job', 0):.1f}", f"{m.get('redis_cpu_ms_per_job', 0):.2f}"]
+             fmt(m.get("between_jobs_ms")), fmt(m.get("idle_tail_s"), "{:.1f}"),
+             f"{m.get('workers_cpu_ms_per_job', 0):.1f}",
+             f"{m.get('redis_cpu_ms_per_job', 0):.2f}"]
             for mode in MODES for m in [modes[mode]]]
     return markdown_table(["mode", "offered jobs/s", "accepted", "served jobs/s",
                            "mean latency s", "drain s", "still queued at deadline",
                            "client CPU ms/job", "beat CPU (of one core)",
-                           "workers CPU ms/job", "Redis CPU ms/job"], rows)
+                           "ms between a worker's jobs", "idle tail s", "workers CPU ms/job",
+                           "Redis CPU ms/job"], rows)
 
 
 def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:

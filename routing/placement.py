@@ -120,15 +120,23 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     sum of ``loads`` over the ring's workers): kept by the snapshot cache so that a job
     costs a few steps; without them both are found from ``warm`` and ``loads`` (a
     pass over every worker).
+
+    None (the shared lane) when every worker on the ring holds ``model`` warm and no
+    ``key`` asks for one of them: any worker serves it warm, and the shared lane lets
+    whichever is free first take it. A worker's own queue would only keep it there
+    while that worker is busy, and, at the end of a backlog, leave another idle while
+    it drains.
     """
     hash_ring = as_ring(hash_ring)
     nodes = hash_ring.nodes
     if not nodes:
         return None
+    held, point_key = _holding(model, nodes, warm, holders), key or model
+    if key is None and len(held) == len(nodes):
+        return None
     if load_sum is None:
         load_sum = sum(loads.get(node, 0) for node in nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * (load_sum + 1) / len(nodes)))
-    held, point_key = _holding(model, nodes, warm, holders), key or model
     front = first if first in held else None
     if front is not None and loads.get(front, 0) < cap:
         return front  # the model's home, warm and open: the common case

@@ -76,6 +76,8 @@ def old_home(model, hash_ring, loads, epsilon, warm=None, drain_s=None, cold_s=0
     if not nodes:
         return None
     warm = warm or {}
+    if key is None and all(model in warm.get(node, ()) for node in nodes):
+        return None  # warm on every worker: the shared lane
     mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
     cap = max(OLD_MIN_CAP, math.ceil((1 + epsilon) * mean))
     order = old_ring_order(key or model, points, owners, len(nodes))

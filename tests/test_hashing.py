@@ -124,16 +124,21 @@ def _routed_view(clean_redis, hosts):
 
 @pytest.mark.cluster
 def test_each_models_jobs_run_on_one_warm_worker(cluster, clean_redis):
+    """A model's jobs keep to a worker holding it warm; only a model warm on every worker
+    goes to the shared lane, where whichever worker is free runs it, still warm."""
     _routed_view(clean_redis, cluster.hostnames)
-    runs = collections.defaultdict(set)
+    runs, cold_after_first = collections.defaultdict(set), collections.Counter()
     cold = 0
     for i in range(24):
         model = ("demo", "demo-0", "demo-1", "demo-2")[i % 4]
         out = submit(f"job {i}", model=model, seed=i, **SMALL).get(timeout=120)
+        cold_after_first[model] += bool(runs[model]) and out["cold_start"]
         runs[model].add(out["worker"])
         cold += out["cold_start"]
-    assert all(len(workers) == 1 for workers in runs.values()), dict(runs)
-    assert cold <= 4  # at most one cold load per model, then warm on its worker
+    # two slots a worker, four models: most keep to one worker; none is loaded twice
+    assert sum(len(workers) == 1 for workers in runs.values()) >= 3, dict(runs)
+    assert not any(cold_after_first.values()), dict(cold_after_first)
+    assert cold <= 4  # at most one cold load per model, then warm
 
 
 def test_a_route_key_keeps_its_jobs_on_one_warm_worker_and_keys_spread():
@@ -141,7 +146,7 @@ def test_a_route_key_keeps_its_jobs_on_one_warm_worker_and_keys_spread():
     land on one worker, the keys spread over the model's warm workers, and without a key
     the model's home takes them all."""
     nodes = [f"gpu{i}@h" for i in range(4)]
-    view = PolicyView(ring=ring(nodes), warm={n: ("sd",) for n in nodes},
+    view = PolicyView(ring=ring(nodes), warm={n: ("sd",) for n in nodes[:3]},
                       homes={"sd": nodes[2]})
     keyed = {key: decide("standard", "a", False, view, "sd", route_key=key).node
              for key in (f"lora-{i}" for i in range(24))}
@@ -149,6 +154,11 @@ def test_a_route_key_keeps_its_jobs_on_one_warm_worker_and_keys_spread():
              for key in keyed}
     assert again == keyed and len(set(keyed.values())) >= 3
     assert {decide("standard", "a", False, view, "sd").node for _ in range(5)} == {nodes[2]}
+    # warm on every worker: the keys still spread, a job without one takes the shared lane
+    everywhere = view.but(warm={n: ("sd",) for n in nodes})
+    assert {decide("standard", "a", False, everywhere, "sd", route_key=key).node
+            for key in keyed} == set(nodes)
+    assert decide("standard", "a", False, everywhere, "sd").node is None
 
 
 def test_a_models_route_key_travels_with_its_job():
