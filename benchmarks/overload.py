@@ -59,7 +59,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -221,18 +221,20 @@ class Sides:
     plain: PlainClient
     size: JobSize
     drain_s: float
-    #: Each mode's worker processes (gpulanes': its supervisor, the workers below it).
-    worker_pids: dict[str, list[int]]
+    #: Each mode's worker processes (gpulanes': its supervisor, the workers below it);
+    #: a mode not named here reports no workers' CPU.
+    worker_pids: dict[str, list[int]] = field(default_factory=dict)
 
     def trial(self, mode: str, plan: list[tuple[float, str, str]]) -> Trial:
         """Offer ``plan`` on ``mode``'s side and drain it; what its workers and Redis
         (idle for the other side meanwhile) spent on the CPU."""
-        workers, redis = tree_cpu_s(self.worker_pids[mode]), redis_cpu_s(self.beat.client)
+        pids = self.worker_pids.get(mode, [])
+        workers, redis = tree_cpu_s(pids), redis_cpu_s(self.beat.client)
         if mode == "plain":
             trial = self.plain.call(plain_trial, plan, self.size, self.drain_s)
         else:
             trial = self.gpulanes_trial(plan)
-        trial.workers_cpu_s = tree_cpu_s(self.worker_pids[mode]) - workers
+        trial.workers_cpu_s = tree_cpu_s(pids) - workers
         trial.redis_cpu_s = redis_cpu_s(self.beat.client) - redis
         return trial
 

@@ -6,9 +6,11 @@ for a model it does not hold, and reports itself through the real worker runtime
 """
 from __future__ import annotations
 
+import itertools
+import random
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from gpu_worker.runtime import Runtime
 from routing.names import FAST, LANES
@@ -81,10 +83,15 @@ class Cluster:
 
     def __init__(self, clock: Clock, lists: Lists, specs: Mapping[str, ModelSpec],
                  workers: list[SimWorker], overhead_s: float,
-                 on_done: Callable[[SimJob], None], pickup_s: float = 0.0) -> None:
+                 on_done: Callable[[SimJob], None], pickup_s: float = 0.0,
+                 pickups_s: Sequence[float] = ()) -> None:
         self.clock, self.lists, self.specs = clock, lists, specs
         self.workers = {w.host: w for w in workers}
         self.overhead_s, self.pickup_s, self.on_done = overhead_s, pickup_s, on_done
+        drawn = list(pickups_s)
+        random.Random(0).shuffle(drawn)
+        #: The next pickup of a woken worker: the measured ones in turn, else pickup_s.
+        self._pickups = itertools.cycle(drawn) if drawn else itertools.repeat(pickup_s)
         self.idle: OrderedDict[str, None] = OrderedDict()  # BRPOP-blocked, longest first
         #: job id -> (job, incarnation holding it, when taken, the list it came from)
         self.held: dict[int, tuple[SimJob, str, float, str]] = {}
@@ -117,7 +124,7 @@ class Cluster:
         for key in worker.order:
             if key in depth:
                 woken = self.idle.pop(worker.host, False) is None
-                self._start(worker, lists.pop(key), key, self.pickup_s if woken else 0.0)
+                self._start(worker, lists.pop(key), key, next(self._pickups) if woken else 0.0)
                 return
         self.idle[worker.host] = None
 

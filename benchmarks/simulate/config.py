@@ -56,6 +56,9 @@ class SimConfig:
     #: Seconds from a publish to the start of the job on an idle worker (the BRPOP
     #: wake-up, the task's set-up): part of ``overhead_s`` when jobs run back to back.
     pickup_s: float = 0.0
+    #: Measured pickups (``pickup_s``'s spread), drawn in turn in a seeded order; empty:
+    #: ``pickup_s`` for every job.
+    pickups_s: tuple[float, ...] = ()
     #: Workers push their stats at this many different phases of a heartbeat.
     push_phases: int = 10
 

@@ -53,23 +53,26 @@ def real_jobs(trial: Any) -> list[dict[str, Any]]:
     return sorted(jobs, key=lambda j: j["submitted"])
 
 
-def busy_s(jobs: list[dict[str, Any]]) -> tuple[float, float]:
+def busy_s(jobs: list[dict[str, Any]], default_s: float = 0.0
+           ) -> tuple[float, float, list[float]]:
     """(overhead, pickup) seconds of this trial's workers, and each job's own overhead
     (``extra_s``) where it was measured. Overhead: a worker's time per job beyond its
     run, start-to-start minus the run of jobs run back to back (the next was submitted
     before the last one's run ended: no idling between); the mean of those stands for
-    the others. Pickup: from publish to start on an idle worker, the median wait of
-    the jobs that found their worker idle (submitted after its last job's run and
-    overhead)."""
+    the others, and ``default_s`` (the capacity bursts' job-time less their run) where
+    no worker ran two jobs back to back (a light load spread over the shared lane).
+    Pickup: from publish to start on an idle worker, the median wait of the jobs that
+    found their worker idle (submitted after its last job's run and overhead); those
+    waits themselves come third (the simulator draws from them)."""
     pairs = [pair for mine in _by_worker(jobs).values() for pair in _pairs(mine)]
     for a, b in pairs:
         if b["submitted"] <= a["started_at"] + a["run_s"]:
             a["extra_s"] = b["started_at"] - a["started_at"] - a["run_s"]
     gaps = [job["extra_s"] for job in jobs if "extra_s" in job]
-    extra_s = statistics.fmean(gaps) if gaps else 0.0
+    extra_s = statistics.fmean(gaps) if gaps else default_s
     pickups = [b["wait_s"] for a, b in pairs
                if b["submitted"] > a["started_at"] + a["run_s"] + extra_s]
-    return extra_s, statistics.median(pickups) if pickups else 0.0
+    return extra_s, statistics.median(pickups) if pickups else 0.0, pickups
 
 
 def _by_worker(jobs: list[dict[str, Any]]) -> dict[str, list[dict]]:
@@ -103,7 +106,8 @@ def simulated(jobs: list[dict[str, Any]], trial: dict[str, Any]) -> list[dict[st
     config = SimConfig(budgets_s=dict(budgets), default_service_s=trial["job_s"],
                        heartbeat_s=trial["heartbeat_s"],
                        heartbeat_reply_s=trial["heartbeat_reply_s"],
-                       pickup_s=trial["pickup_s"], preempt=trial.get("preempt", True),
+                       pickup_s=trial["pickup_s"], pickups_s=tuple(trial.get("pickups_s", ())),
+                       preempt=trial.get("preempt", True),
                        push_phases=len(trial["hosts"]))
     outcome = Run(arrivals, [ModelSpec("demo", 0.0, 0.0, 0.0)],
                   Fleet(len(trial["hosts"]), slots=(1,), hosts=trial["hosts"]), "gpulanes",
@@ -168,6 +172,7 @@ def measure(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         print(f"capacity {jobs_s:.2f} jobs/s, job-time {budgets.job_s * 1000:.1f} ms, run "
               f"{run_ms:.1f} ms", file=sys.stderr, flush=True)
         base = {"hosts": cluster.hostnames, "steps": args.steps, "job_s": budgets.job_s,
+                "overhead_default_s": max(0.0, budgets.job_s - run_ms / 1000),
                 "budgets_s": {"fast": budgets.fast_s, "standard": budgets.standard_s},
                 "heartbeat_s": settings.heartbeat_s,
                 "heartbeat_reply_s": settings.heartbeat_reply_s}
@@ -187,8 +192,8 @@ def one_load(args: argparse.Namespace, beat: Any, rate: float,
     plan = workload(rate, args.duration, args.mix, args.seed)
     sides = Sides(beat, None, JobSize(args.steps, args.size), 2 * args.duration + 60)
     jobs = real_jobs(sides.gpulanes_trial(plan))
-    extra_s, pickup_s = busy_s(jobs)
-    trial = {**base, "overhead_s": extra_s, "pickup_s": pickup_s}
+    extra_s, pickup_s, pickups = busy_s(jobs, base["overhead_default_s"])
+    trial = {**base, "overhead_s": extra_s, "pickup_s": pickup_s, "pickups_s": pickups}
     print(f"  {rate:.1f} jobs/s: {len(jobs)} jobs, {extra_s * 1000:.1f} ms per job beyond "
           f"its run, pickup {pickup_s * 1000:.1f} ms", file=sys.stderr, flush=True)
     return {"trial": trial, "jobs": jobs, **compared(jobs, trial)}
@@ -199,7 +204,10 @@ def replay(path: Path) -> dict[str, Any]:
     a change to the simulator is checked against the same real runs in seconds."""
     report = json.loads(path.read_text())
     for found in report["loads"].values():
-        found["trial"]["overhead_s"], found["trial"]["pickup_s"] = busy_s(found["jobs"])
+        default_s = max(0.0, report["job_s"] - report["run_ms"] / 1000)
+        trial = found["trial"]
+        trial["overhead_s"], trial["pickup_s"], trial["pickups_s"] = busy_s(found["jobs"],
+                                                                            default_s)
         found.update(compared(found["jobs"], found["trial"]))
     return report
 
