@@ -2,6 +2,8 @@
 purge; the audit corrects them from the real lists; the due index follows the ledger."""
 from __future__ import annotations
 
+import base64
+import json
 import time
 
 from conftest import SMALL
@@ -73,6 +75,26 @@ def test_a_workers_brpop_take_counts_its_list_out_and_beat_drops_its_due_entry(a
         assert clean_redis.zcard(due_key("standard")) == 0
         channel.basic_ack(taken[0].delivery_tag)
         channel.close()
+
+
+def test_a_job_sent_to_a_queue_no_worker_bound_lands_in_its_shared_lane(app, clean_redis):
+    """A worker's own queue with no binding (the worker never bound it, or its binding
+    went): kombu would drop the message and the caller never know; it goes to the
+    shared lane of its lane instead, ledgered and counted like any publish."""
+    from tasks import submit
+
+    job = submit("p", tier="standard", **SMALL)  # the shared lane, for its message shape
+    raw = clean_redis.lpop(lane_keys("standard")[0])
+    clean_redis.delete(LEDGER_KEY, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key("standard"))
+    message = json.loads(raw)
+    with app.connection_for_write() as conn:
+        producer = conn.Producer()
+        producer.publish(json.loads(base64.b64decode(message["body"])), exchange="standard.ghost@h",
+                         routing_key="standard.ghost@h", serializer="json",
+                         headers=message["headers"], retry=False)
+    assert clean_redis.llen(lane_keys("standard")[0]) == 1
+    assert _depths(clean_redis)[0] == {"standard": 1} and clean_redis.hlen(LEDGER_KEY) == 1
+    assert job.id in clean_redis.lindex(lane_keys("standard")[0], 0).decode()
 
 
 def test_moves_carry_their_count_and_their_place_in_the_index(clean_redis):

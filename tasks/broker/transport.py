@@ -160,6 +160,15 @@ class LedgerChannel(kombu_redis.Channel):
             client = self._command_client = super()._create_client()
         return client
 
+    def _lookup(self, exchange: str, routing_key: str, default: Any = None) -> list[str]:
+        """kombu's; a job sent to a worker's own queue that no worker has bound (its
+        binding gone, or never made) goes to the shared lane of that queue's lane, where
+        any worker takes it. kombu would drop it, and its caller would never know."""
+        found = super()._lookup(exchange, routing_key, default)
+        if not found and exchange and _is_lane(exchange):
+            return [lane_of(exchange)]
+        return found
+
     def _brpop_read(self, **options: Any) -> Any:
         """kombu's, remembering the list BRPOP named (priority level and all) while the
         message is delivered: its take counts it out of that list without reading its
