@@ -246,8 +246,10 @@ def redis_freeze(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
     stream = _stream_around(args, fault, _seeded_job)
     counts = settle(stream, "", client, SETTLE_S)
     again = [submit(**job) for job in [PROBE, *stream.refused_jobs[:10]]]
-    stuck = sum(_refusal(lambda r=r: r.get(timeout=30)) is not None for r in again)
+    stuck_ids = [r.id for r in again if _refusal(lambda r=r: r.get(timeout=30)) is not None]
+    stuck = len(stuck_ids)
     counts.lost += stuck  # a claim or place left behind would hang or refuse them
+    counts.lost_ids += stuck_ids
     counts.probe = {**probe, "done_after": stuck == 0}  # type: ignore[attr-defined]
     counts.scenario = (f"Redis SIGSTOP {args.redis_freeze_s:g}s (every submit meanwhile "
                        f"refused: {counts.refusals}, the slowest in "
