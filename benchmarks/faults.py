@@ -19,13 +19,16 @@ Like ``benchmarks.common``, nothing here imports ``tasks`` at module level.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
+import shutil
 import signal
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 TIERS = ("fast", "standard", "relaxed")
@@ -209,3 +212,40 @@ def kill_supervisor(cluster: Any) -> None:
     """SIGKILL the cluster's ``python -m gpu_worker`` supervisor (its workers live on)."""
     cluster.supervisor.kill()
     cluster.supervisor.wait()
+
+
+def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
+    """Copy the cluster's logs out of ``state`` (removed at exit) and write what Redis
+    holds of each lost job (every key naming it, and the ledger, unacked and holder
+    records whose message names it) to ``evidence.json``; the folder's path."""
+    from tasks.broker.keys import HOLDERS_KEY, LEDGER_KEY, UNACKED_KEY
+
+    kept = Path(f"/tmp/gl-soak-lost-{os.getpid()}-{int(time.time())}")
+    kept.mkdir(parents=True, exist_ok=True)
+    for log in state.glob("*.log"):
+        shutil.copy(log, kept / log.name)
+    evidence: dict[str, Any] = {}
+    for job_id in job_ids:
+        found: dict[str, Any] = {}
+        for key in client.scan_iter(match=f"*{job_id}*", count=1000):
+            kind = client.type(key).decode()
+            found[key.decode()] = {"type": kind, "ttl": client.ttl(key), "value": (
+                client.get(key) if kind == "string" else client.hgetall(key)
+                if kind == "hash" else None)}
+        for name in (LEDGER_KEY, UNACKED_KEY):
+            for tag, raw in client.hscan_iter(name, count=1000):
+                if job_id.encode() in raw:
+                    found[f"{name}[{tag.decode()}]"] = {
+                        "holder": client.hget(HOLDERS_KEY, tag)}
+        evidence[job_id] = found
+    (kept / "evidence.json").write_text(json.dumps(_texts(evidence), indent=2) + "\n")
+    return kept
+
+
+def _texts(value: Any) -> Any:
+    """``value`` with every bytes in it (dict keys too) decoded, for JSON."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, dict):
+        return {_texts(k): _texts(v) for k, v in value.items()}
+    return value

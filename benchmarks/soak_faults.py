@@ -45,7 +45,6 @@ import gc
 import json
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -60,6 +59,7 @@ from benchmarks.faults import (  # noqa: E402
     SMALL,
     Counts,
     JobStream,
+    keep_evidence,
     kill_a_worker,
     kill_supervisor,
     settle,
@@ -320,43 +320,6 @@ RUNS: dict[str, Callable[..., Counts]] = {
     "kill": worker_kills, "freeze": worker_freezes, "redis": redis_restart,
     "redis-freeze": redis_freeze, "freeze-crash": freeze_then_crash,
     "supervisor": supervisor_restart, "long": long_jobs}
-
-
-def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
-    """Copy the cluster's logs out of ``state`` (removed at exit) and write what Redis
-    holds of each lost job (every key naming it, and the ledger, unacked and holder
-    records whose message names it) to ``evidence.json``; the folder's path."""
-    from tasks.broker.keys import HOLDERS_KEY, LEDGER_KEY, UNACKED_KEY
-
-    kept = Path(f"/tmp/gl-soak-lost-{os.getpid()}-{int(time.time())}")
-    kept.mkdir(parents=True, exist_ok=True)
-    for log in state.glob("*.log"):
-        shutil.copy(log, kept / log.name)
-    evidence: dict[str, Any] = {}
-    for job_id in job_ids:
-        found: dict[str, Any] = {}
-        for key in client.scan_iter(match=f"*{job_id}*", count=1000):
-            kind = client.type(key).decode()
-            found[key.decode()] = {"type": kind, "ttl": client.ttl(key), "value": (
-                client.get(key) if kind == "string" else client.hgetall(key)
-                if kind == "hash" else None)}
-        for name in (LEDGER_KEY, UNACKED_KEY):
-            for tag, raw in client.hscan_iter(name, count=1000):
-                if job_id.encode() in raw:
-                    found[f"{name}[{tag.decode()}]"] = {
-                        "holder": client.hget(HOLDERS_KEY, tag)}
-        evidence[job_id] = found
-    (kept / "evidence.json").write_text(json.dumps(_texts(evidence), indent=2) + "\n")
-    return kept
-
-
-def _texts(value: Any) -> Any:
-    """``value`` with every bytes in it (dict keys too) decoded, for JSON."""
-    if isinstance(value, bytes):
-        return value.decode(errors="replace")
-    if isinstance(value, dict):
-        return {_texts(k): _texts(v) for k, v in value.items()}
-    return value
 
 
 def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:

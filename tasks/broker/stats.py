@@ -37,11 +37,11 @@ def push_stats(client: redis.Redis, host: str, stats: dict[str, Any],
     keys, args = [WORKER_STATS_KEY, WORKER_STATS_AT_KEY], [host, json.dumps(stats)]
     if counts:
         holder, number, amounts = counts
-        hashes = list(dict.fromkeys(key for key, _ in amounts))
-        keys += [counts_pushed_key(holder), *hashes]
-        args += [number, COUNTS_NUMBER_KEPT_S, *(_kept_s(key) for key in hashes),
+        place = {key: i for i, key in enumerate(dict.fromkeys(k for k, _ in amounts), 1)}
+        keys += [counts_pushed_key(holder), *place]
+        args += [number, COUNTS_NUMBER_KEPT_S, *(_kept_s(key) for key in place),
                  *(item for (key, field), amount in amounts.items()
-                   for item in (hashes.index(key) + 1, field, repr(amount)))]
+                   for item in (place[key], field, repr(amount)))]
     scripts.run(client, "stats_push", keys, args)
 
 

@@ -82,7 +82,7 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
     job_id, route = task.request.id, message.route
     fast = message.job.account if route.requested_tier == FAST else None
-    tag = (task.request.properties or {}).get("delivery_tag") or ""
+    tag = _delivery_tag(task)
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
@@ -107,6 +107,11 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
     lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
     HELD_JOBS.attach(lease)
     return lease
+
+
+def _delivery_tag(task: Any) -> str:
+    """The delivery tag of the message the task runs from ('' : none)."""
+    return (task.request.properties or {}).get("delivery_tag") or ""
 
 
 def _defer(task: Any, message: JobMessage) -> NoReturn:
@@ -287,7 +292,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     job_id = task.request.id
     stored = _entry(task, result, states.SUCCESS) if entry else None
     # its message is acked in the same step where the entry is: nothing to put back after
-    ack = (task.request.properties or {}).get("delivery_tag") or "" if stored else ""
+    ack = _delivery_tag(task) if stored else ""
     # a run others joined is closed to joiners in that step too, before it is announced
     settle = settle_call(job_id) if job.leads_run else None
     finished = persist(
