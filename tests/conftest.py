@@ -107,9 +107,10 @@ def clean_redis(redis_server):
     if keys:
         client.delete(*keys)
     shutil.rmtree(STATE_DIR / "flaky", ignore_errors=True)  # the test model's run counts
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.enqueue import _places_taken, snapshot_cache
     if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
         snapshot_cache().forget()
+    _places_taken.clear()  # what this process learnt of the deleted fast places
     return client
 
 
@@ -136,6 +137,16 @@ def cluster_factory(redis_server, app, request):
     yield start
     for cluster in started:
         cluster.stop()
+
+
+def scripts_called(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the Lua scripts this process runs from now on, in order."""
+    from tasks.broker import scripts
+
+    called, run = [], scripts.run
+    monkeypatch.setattr(scripts, "run", lambda client, name, *a: called.append(name)
+                        or run(client, name, *a))
+    return called
 
 
 def vary(monkeypatch: pytest.MonkeyPatch, **values: Any) -> None:

@@ -12,7 +12,7 @@ from collections import Counter
 
 from celery import signals
 from celery.result import AsyncResult
-from conftest import SMALL, vary
+from conftest import SMALL, scripts_called, vary
 
 import tasks.broker.enqueue as enqueue_module
 import tasks.worker.coalesce as coalesce
@@ -141,22 +141,12 @@ def test_followers_of_a_failed_run_are_failed_once(clean_redis, monkeypatch):
     assert coalesce.fail_followers(leader, what) == 2
 
 
-def _scripts_run(monkeypatch) -> list[str]:
-    """The names of the Lua scripts this process runs from now on."""
-    from tasks.broker import scripts
-
-    called, run = [], scripts.run
-    monkeypatch.setattr(scripts, "run", lambda client, name, *a: called.append(name)
-                        or run(client, name, *a))
-    return called
-
-
 def test_a_seeded_submit_claims_in_its_own_publish(clean_redis, monkeypatch):
     """One script call a seeded submit: the publish claims the digest and pushes the job
     that leads (confirmed); an identical submit is answered in its publish and pushes
     nothing; a leader refused by a full lane after its claim confirms it below."""
     vary(monkeypatch, cache=True, max_depth_standard=1)  # no worker here: lanes hold
-    called = _scripts_run(monkeypatch)
+    called = scripts_called(monkeypatch)
     leader = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
     assert called == ["put"]
     run = clean_redis.hgetall(run_key(leader.id))

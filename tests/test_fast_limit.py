@@ -5,7 +5,7 @@ import base64
 import json
 
 import pytest
-from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, scripts_called, vary, wait_at_gate, wait_until
 
 from routing.names import LANES
 from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
@@ -58,6 +58,45 @@ def test_one_account_holds_at_most_its_places_in_the_fast_lane(limit, clean_redi
     assert _lanes(clean_redis) == [3, 3, 0]
     submit("std", tier="standard", account="flooder", **SMALL)  # no place for standard
     assert fast_waiting("flooder") == 2 and _lanes(clean_redis) == [3, 4, 0]
+
+
+def test_a_flooding_accounts_next_fast_job_goes_over_its_limit_in_one_publish(
+        limit, monkeypatch, clean_redis):
+    """Once a publish found the account's places all taken, its next fast jobs go to
+    standard in one publish each, and only while every place is still taken: a place
+    given back is taken by the next fast job (its over-limit publish refused first)."""
+    for i in range(3):  # the third finds both places taken: two publishes
+        submit(f"flood {i}", tier="fast", account="hinted", **SMALL)
+    called = scripts_called(monkeypatch)
+    over = [submit(f"over {i}", tier="fast", account="hinted", **SMALL) for i in range(3)]
+    assert called == ["put"] * 3 and _lanes(clean_redis) == [2, 4, 0]
+    assert {_route_queued_of(clean_redis, r.id)["downgrade_reason"] for r in over} == \
+        {FAST_ACCOUNT_LIMIT}
+    held = clean_redis.zrange(fast_queued_key("hinted"), 0, 0)
+    clean_redis.zrem(fast_queued_key("hinted"), *held)  # a fast job started: a place back
+    called.clear()
+    back = submit("a place came back", tier="fast", account="hinted", **SMALL)
+    assert called == ["put", "put"] and _lanes(clean_redis) == [3, 4, 0]
+    assert "downgrade_reason" not in _route_queued_of(clean_redis, back.id)
+    called.clear()  # full again: the next one goes over in one publish once more
+    submit("full again", tier="fast", account="hinted", **SMALL)
+    assert called == ["put", "put"] and _lanes(clean_redis) == [3, 5, 0]
+    called.clear()
+    submit("and again", tier="fast", account="hinted", **SMALL)
+    assert called == ["put"] and _lanes(clean_redis) == [3, 6, 0]
+    submit("others", tier="fast", account="other", **SMALL)  # another account: fast
+    assert _lanes(clean_redis) == [4, 6, 0]
+
+
+def _route_queued_of(client, job_id: str) -> dict:
+    """The route of queued job ``job_id``, in whichever lane it waits."""
+    for lane in LANES:
+        for key in lane_keys(lane):
+            for raw in client.lrange(key, 0, -1):
+                message = json.loads(raw)
+                if message["headers"]["id"] == job_id:
+                    return json.loads(base64.b64decode(message["body"]))[1]["route"]
+    raise AssertionError(f"job {job_id} is queued in no lane")
 
 
 def test_zero_means_no_limit(monkeypatch, clean_redis):

@@ -80,7 +80,9 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     depth in Redis. A lane found full there is held full in the view and the job
     routed again, down the lanes, until one takes it or none can. A fast job
     takes one of its account's fast places in the same publish; with all of
-    them taken it is routed again, as over its account's limit. Its account's
+    them taken it is routed again, as over its account's limit, and the account's
+    next fast job goes over the limit at once, published only while every place is
+    still taken (``_places_taken``). Its account's
     fast time is read there too: found spent, the job is routed again as the
     snapshot would route it once beat has seen the balance (exhausted).
 
@@ -97,17 +99,18 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
         view = replace(view, full=frozenset())
     elif refused := cache.refused():
         view = replace(view, full=view.full | refused)
-    where, over_fast_limit = _route(job, view), False
+    over_fast_limit = hinted = _hinted_over_fast_limit(job, view)
+    where = _route(job, view, over_fast_limit)
     while where is not None:
         try:
             result = _publish(job, job_id, where, run, over_fast_limit, submitted_at,
-                              accepted, claim)
+                              accepted, claim, places_taken=hinted)
         except LaneAtLimit:
             cache.note_full(where.lane)
             view, claim = replace(view, full=view.full | {where.lane}), None  # it led
         except PublishRefused as refused:
             view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
-            claim = None  # the claim led (a refusal comes after it): confirm it next
+            hinted, claim = False, None  # the claim led (a refusal comes after it)
         else:
             cache.note_sent(where.lane, where.node, job.model)
             return result
@@ -123,7 +126,29 @@ def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,
                                 "on (too late): nothing was enqueued") from refused
     if refused.why == "fast_time":  # spent, and beat's snapshot does not say so yet
         return replace(view, exhausted=view.exhausted | {job.account}), over_fast_limit
+    if refused.why == "place_free":  # a place came back since the hint: take it
+        _places_taken.discard(job.account)
+        return view, False
+    if len(_places_taken) >= PLACES_TAKEN_KEPT:
+        _places_taken.clear()
+    _places_taken.add(job.account)
     return view, True  # all of its account's fast places are taken
+
+
+#: Accounts whose fast places a publish of this process last found all taken: their next
+#: fast job goes straight over the limit, on condition that every place is still taken
+#: (the publish refuses it otherwise, ``place_free``), so a flooding account's fast jobs
+#: cost one publish each, not two, and a place given back is never passed over.
+_places_taken: set[str] = set()
+#: Accounts remembered at most (then forgotten all at once: each costs one publish more).
+PLACES_TAKEN_KEPT = 4096
+
+
+def _hinted_over_fast_limit(job: Job, view: PolicyView) -> bool:
+    """Whether to route ``job`` over its account's fast limit on the word of an earlier
+    refusal (a fast job of an account not out of fast time, while places are limited)."""
+    return (job.tier == FAST and job.account in _places_taken
+            and job.account not in view.exhausted and bool(settings.fast_jobs_per_account))
 
 
 def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
@@ -132,11 +157,17 @@ def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route |
                   job.route_key)
 
 
-def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str, Any]:
+def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
+                     places_taken: bool = False) -> dict[str, Any]:
     """A fast publish's conditions: one of its account's fast places (unless over its
-    limit already), and its fast time, read exactly in the round trip it pays anyway."""
+    limit already), and its fast time, read exactly in the round trip it pays anyway.
+    ``places_taken``: a fast job routed over its account's limit on the word of an
+    earlier refusal: published only if every place is still taken."""
     if where.lane != FAST:
-        return {}
+        if not places_taken:
+            return {}
+        return {"fast_places": (fast_queued_key(job.account), -settings.fast_jobs_per_account,
+                                PLACE_LAPSE_S)}
     places = None
     if settings.fast_jobs_per_account and not over_fast_limit:
         places = (fast_queued_key(job.account), settings.fast_jobs_per_account, PLACE_LAPSE_S)
@@ -146,7 +177,7 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool) -> dict[str,
 
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
-             claim: ClaimArgs | None = None) -> AsyncResult:
+             claim: ClaimArgs | None = None, places_taken: bool = False) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)
@@ -159,7 +190,8 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
     with publishing(limit=0 if accepted else settings.max_depth[where.lane],
-                    **_fast_conditions(job, where, over_fast_limit), deadline=publish_deadline(),
+                    **_fast_conditions(job, where, over_fast_limit, places_taken),
+                    deadline=publish_deadline(),
                     run=(*run, settings.result_ttl_s) if run else None,
                     entered_at=message.lane_clock, claim=claim), \
             no_subscription():

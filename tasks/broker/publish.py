@@ -14,7 +14,10 @@ It checks, before it writes anything, what the publisher asked for in
   up (a Redis frozen for a while executes what was sent meanwhile) writes
   nothing (:class:`PublishRefused`, ``late``);
 - the account's fast place (a fast job, ``tasks.jobs.fastlimit``): taken in the
-  same step, so a refused or failed publish leaves no place behind;
+  same step, so a refused or failed publish leaves no place behind; a fast job this
+  process routes over its account's limit on the word of an earlier refusal goes there
+  only while every place is still taken (``place_free`` otherwise), so that word costs
+  a flooding account no second publish and nobody a fast place;
 - the account's fast time (a fast job, ``tasks.jobs.accounts``): a balance at zero or
   below refuses the publish (:class:`PublishRefused`, ``fast_time``), exactly when it is
   spent, where the routers' copy of the exhausted accounts lags a beat behind;
@@ -73,7 +76,9 @@ class Conditions:
 
     limit: int = 0                    #: the lane's maximum depth (0: none)
     deadline: float = 0.0             #: unix s after which the publish is refused (0: none)
-    fast_places: tuple[str, int, float] | None = None  #: (key, allowed, lapse s)
+    #: (key, allowed, lapse s): take one of the account's fast places; with allowed
+    #: below 0, take none and refuse (``place_free``) unless all -allowed are taken
+    fast_places: tuple[str, int, float] | None = None
     run: tuple[str, str, int] | None = None  #: a claimed run: (pointer, hash, ttl s)
     #: a fast job's fast time: (balances hash, account, an uncharged account's balance)
     fast_time: tuple[str, str, float] | None = None
@@ -110,7 +115,7 @@ class LaneAtLimit(Exception):
 
 class PublishRefused(Exception):
     """A publish inside :func:`publishing` failed a condition; nothing was written.
-    ``why``: ``late``, ``fast_places``, ``fence`` or ``fast_time``."""
+    ``why``: ``late``, ``fast_places``, ``fence``, ``fast_time`` or ``place_free``."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"publish refused: {why}")
@@ -127,7 +132,7 @@ class ClaimAnswered(Exception):
         self.verdict, self.value = verdict, value
 
 
-_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time"}
+_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time", -5: "place_free"}
 
 
 @contextmanager

@@ -5,7 +5,8 @@
 -- and metrics hash.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
--- s, fence token ('' : none), the fenced run's number, how long a released lease is
+-- s (with allowed places below 0: take none, and refuse unless all -allowed are taken:
+-- a job routed over its account's fast limit), fence token ('' : none), the fenced run's number, how long a released lease is
 -- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
 -- account, an uncharged account's fast seconds, '1' to push at the front (the end
 -- taken next), the fast-news channels' prefix, the job's lane clock (unix s:
@@ -14,7 +15,8 @@
 -- prefix (lua/claim.lua).
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
--- -4 the account's fast time is spent (its balance is at or below zero).
+-- -4 the account's fast time is spent (its balance is at or below zero), -5 the job was
+-- routed over its account's fast limit but a fast place is free now.
 -- With a claim (a seeded job: ``tasks.jobs.cache``), the digest is claimed first, in
 -- the same step: a stored result ({'hit', result}), a run to follow ({'follow',
 -- leader}) or one being claimed ({'solo', ''}) is answered and nothing is pushed; a
@@ -55,11 +57,16 @@ if limit > 0 then
   end
 end
 local places = tonumber(ARGV[5])
-if places > 0 then
+if places ~= 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= places then return -2 end
-  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[7])
-  redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[6])) + 60)
+  local taken = redis.call('ZCARD', KEYS[4])
+  if places < 0 then
+    if taken < -places then return -5 end
+  else
+    if taken >= places then return -2 end
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[6]), ARGV[7])
+    redis.call('EXPIRE', KEYS[4], math.ceil(tonumber(ARGV[6])) + 60)
+  end
 end
 if KEYS[5] ~= '' and redis.call('GET', KEYS[5]) == ARGV[7] then
   redis.call('EXPIRE', KEYS[5], ARGV[8])
