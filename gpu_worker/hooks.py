@@ -12,7 +12,7 @@ import time
 from collections import defaultdict, deque
 from typing import Any, Callable, Iterable
 
-from celery import signals
+from celery import bootsteps, signals
 from celery.utils.dispatch import Signal
 
 from gpu_worker import control  # noqa: F401  registers the heartbeat command
@@ -27,7 +27,8 @@ from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE
-from tasks.broker.transport import put_back_held, set_holder
+from tasks.broker.transport import (note_unanswered, put_back_held, set_holder,
+                                    unanswered_since)
 from tasks.errors import ModelError
 from tasks.jobs import catalog
 from tasks.settings import settings
@@ -164,6 +165,15 @@ class HeldJobs(Hook):
             self._running.pop(threading.get_ident(), None)
             self._leases.pop(threading.get_ident(), None)
 
+    def keep_only(self, job_ids: set[str]) -> int:
+        """Forget the messages received and not yet running, but for ``job_ids``'s; how
+        many were forgotten."""
+        with self._lock:
+            gone = [i for i in self._received if i not in job_ids]
+            for job_id in gone:
+                del self._received[job_id]
+        return len(gone)
+
     def attach(self, lease: Lease) -> None:
         """The run on this pool thread holds ``lease``: keep it extended."""
         with self._lock:
@@ -216,6 +226,10 @@ def settle_orphans(held: set[str], confirmed: set[str] | None) -> set[str]:
     return orphans - due
 
 
+#: Rounds of :class:`KeepHeld` that settle orphans once Redis answers after an outage.
+SETTLE_ROUNDS = 3
+
+
 class KeepHeld(Hook):
     """Keep Redis from handing out again a job this worker still holds.
 
@@ -225,14 +239,17 @@ class KeepHeld(Hook):
     score in kombu's unacked index) and extends the lease of each job it runs
     (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
     jobs come back after the timeout, or at once through beat's health check.
-    After Redis failed to answer (an outage, a restart), it also settles the orphans
-    of :func:`settle_orphans`, until none is left to confirm.
+    After Redis failed to answer (an outage, a restart), or left a take or an ack of
+    this process unanswered (``tasks.broker.transport.unanswered_since``: Redis may run
+    it once it answers, even for a worker that held nothing to keep fresh), it also
+    settles the orphans of :func:`settle_orphans`, until none is left to confirm.
     """
 
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
         self.index_key = UNACKED_INDEX_KEY
         self._suspects: set[str] = set()
+        self._settle_rounds = 0
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_ready: self.on_ready}
@@ -245,14 +262,25 @@ class KeepHeld(Hook):
         failed = False
         while True:
             time.sleep(settings.keepalive_s)
-            try:
-                self.refresh()
-                if failed or self._suspects:
-                    self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
-                failed = False
-            except Exception:  # noqa: BLE001  Redis away: try again next round
-                log.warning("could not keep held jobs fresh", exc_info=True)
-                failed = True
+            failed = self.round(failed)
+
+    def round(self, failed: bool) -> bool:
+        """One round: keep held messages fresh; after an outage (the last round
+        ``failed``, or a take or ack of this process was left unanswered) settle orphans
+        for ``SETTLE_ROUNDS`` rounds that reach Redis (a write it runs late may come
+        after the first), each found twice, a round apart, so a take in flight is not
+        one. Whether this round failed."""
+        if unanswered_since(clear=True) or failed:
+            self._settle_rounds = SETTLE_ROUNDS
+        try:
+            self.refresh()
+            if self._settle_rounds or self._suspects:
+                self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
+                self._settle_rounds = max(0, self._settle_rounds - 1)
+            return False
+        except Exception:  # noqa: BLE001  Redis away: try again next round
+            log.warning("could not keep held jobs fresh", exc_info=True)
+            return True
 
     def refresh(self) -> None:
         for tag, lease in self.held.hung():
@@ -296,6 +324,26 @@ class WorkerSetup(Hook):
         log.info("%d revoked job(s) loaded", load_revokes())
 
 
+class ConsumerRestarts(bootsteps.StartStopStep):
+    """A consumer that lost its connection drops the messages it received but did not
+    run yet (those waiting for their countdown too): Celery counts on the broker to
+    hand them out again, but the restore kombu tries as the connection closes fails
+    while Redis does not answer. Their records still name this process, which would
+    keep them fresh for ever: as the consumer starts again, :class:`HeldJobs` forgets
+    them, and :class:`KeepHeld` puts back any such orphan once Redis answers."""
+
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, c: Any) -> None:
+        if c.restart_count > 0:  # not the first start (0): the connection was lost
+            from celery.worker.state import reserved_requests
+
+            dropped = HELD_JOBS.keep_only({request.id for request in reserved_requests})
+            note_unanswered()
+            log.warning("consumer reconnected: %d job(s) received and not yet run were "
+                        "dropped; their records go back to their lanes", dropped)
+
+
 HELD_JOBS = HeldJobs()
 HOOKS: list[Hook] = [OwnQueues(), WarmModels(), WorkerSetup(), JobStats(), HELD_JOBS,
                      KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush()]
@@ -305,3 +353,6 @@ def install() -> None:
     """Wire every hook; called once, as the worker's task module loads."""
     for hook in HOOKS:
         hook.connect()
+    from tasks.broker.app import app
+
+    app.steps["consumer"].add(ConsumerRestarts)

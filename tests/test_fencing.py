@@ -269,3 +269,54 @@ def test_a_first_run_sets_its_counter_and_a_later_one_counts_on(clean_redis):
     runs.release("j13", lease.token, lease.attempt)
     assert _lease("j13", B, "t2").attempt == 2
     assert int(clean_redis.get(attempts_key("j13"))) == 2
+
+
+def test_a_take_redis_ran_after_its_caller_gave_up_is_put_back(redis_server, clean_redis,
+                                                               monkeypatch):
+    """Redis frozen (SIGSTOP) right as a worker that held nothing else records a message
+    it popped: the take times out (the default timeout) and kombu drops the message, but
+    Redis runs the take once it wakes, recording the message as held by that worker. Its
+    keep-alive rounds, which had nothing of their own to refresh, put it back."""
+    import os
+    import signal
+    import threading
+
+    import pytest
+    import redis
+
+    from gpu_worker.hooks import HeldJobs, KeepHeld
+    from gpu_worker.runtime import RUNTIME
+    from tasks.broker import scripts
+
+    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                                  queue="standard").id
+    run, pid = scripts.run, redis_server.process.pid
+    clean_redis.script_load(scripts.source("take"))  # as a worker's many takes have
+
+    def frozen_take(client, name, *args):
+        if name == "take":
+            os.kill(pid, signal.SIGSTOP)
+            threading.Timer(settings.redis_timeout_s + 0.5, os.kill,
+                            (pid, signal.SIGCONT)).start()
+        return run(client, name, *args)
+
+    keep = KeepHeld(HeldJobs())
+    try:
+        set_holder(RUNTIME.incarnation)
+        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
+            monkeypatch.setattr(scripts, "run", frozen_take)
+            with pytest.raises(redis.TimeoutError):
+                c.channel().basic_get("standard", no_ack=False)
+            monkeypatch.setattr(scripts, "run", run)
+        # Redis woke and ran the take: held here, in no list, out of the ledger
+        (tag,) = [t.decode() for t, who in clean_redis.hgetall(HOLDERS_KEY).items()
+                  if who.decode() == RUNTIME.incarnation]
+        assert clean_redis.llen("standard") == 0 and clean_redis.hexists("unacked", tag)
+        assert keep.round(failed=False) is False  # seen once: a take in flight looks alike
+        assert clean_redis.hexists("unacked", tag)
+        assert keep.round(failed=False) is False  # seen again: an orphan, put back
+    finally:
+        set_holder("")
+    (raw,) = clean_redis.lrange("standard", 0, -1)
+    assert json.loads(raw)["headers"]["id"] == job_id
+    assert not clean_redis.hexists("unacked", tag) and not clean_redis.hexists(HOLDERS_KEY, tag)

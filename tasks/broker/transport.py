@@ -31,10 +31,12 @@ names for its own transports are left as they are, for any other app of the proc
 """
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 import kombu
 import kombu.connection
@@ -81,6 +83,37 @@ def holder() -> str:
     return _holder[0] if _holder else ""
 
 
+#: Set when a write about this process's takes or acks got no answer (Redis frozen,
+#: cut off): Redis may still run it once it answers, leaving a record that names this
+#: process as holder of a message it does not hold (a take it never delivered, an ack
+#: that did not drop its records). ``gpu_worker.hooks.KeepHeld`` settles such orphans.
+_unanswered = threading.Event()
+
+
+def unanswered_since(clear: bool = False) -> bool:
+    """Whether a take or ack of this process went unanswered since the flag was last
+    cleared (``clear``: clear it now, as the caller settles what it left)."""
+    seen = _unanswered.is_set()
+    if clear and seen:
+        _unanswered.clear()
+    return seen
+
+
+def note_unanswered() -> None:
+    """Something this process took may be recorded in Redis though it no longer holds it
+    (a take unanswered, a connection lost with messages in hand): settle its orphans."""
+    _unanswered.set()
+
+
+@contextmanager
+def _noting_unanswered() -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        note_unanswered()
+        raise
+
+
 def acked_by_run(tag: str) -> None:
     """The message ``tag``'s records went with its run's finish: its ack only does
     kombu's bookkeeping."""
@@ -93,7 +126,9 @@ class LedgerQoS(kombu_redis.QoS):
         its list's and lane's depths, in one step (``lua/take.lua``)."""
         delivery = message.delivery_info
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
-        with self.channel.conn_or_acquire() as client:
+        # unanswered, it may still run later: its message would be recorded here, taken
+        # and never delivered (kombu drops it with the error): an orphan to settle
+        with _noting_unanswered(), self.channel.conn_or_acquire() as client:
             scripts.run(client, "take", [self.unacked_index_key, self.unacked_key, HOLDERS_KEY,
                                          *LEDGER_BOOK],
                         [delivery_tag, time.time(), record, holder(),
@@ -126,7 +161,7 @@ class LedgerQoS(kombu_redis.QoS):
         self.ack(delivery_tag)
 
     def _drop_if_mine(self, delivery_tag: str) -> None:
-        with self.channel.conn_or_acquire() as client:
+        with _noting_unanswered(), self.channel.conn_or_acquire() as client:
             scripts.run(client, "drop_if_mine",
                         [HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
                         [delivery_tag, holder()])
