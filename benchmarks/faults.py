@@ -216,9 +216,10 @@ def kill_supervisor(cluster: Any) -> None:
 
 def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
     """Copy the cluster's logs out of ``state`` (removed at exit) and write what Redis
-    holds of each lost job (every key naming it, and the ledger, unacked and holder
-    records whose message names it) to ``evidence.json``; the folder's path."""
-    from tasks.broker.keys import HOLDERS_KEY, LEDGER_KEY, UNACKED_KEY
+    holds of each lost job (every key naming it, the coalesced run it follows and its
+    leader's keys, and the ledger, unacked and holder records whose message names it)
+    to ``evidence.json``; the folder's path."""
+    from tasks.broker.keys import HOLDERS_KEY, LEDGER_KEY, RUN_KEY_PREFIX, UNACKED_KEY
 
     kept = Path(f"/tmp/gl-soak-lost-{os.getpid()}-{int(time.time())}")
     kept.mkdir(parents=True, exist_ok=True)
@@ -232,6 +233,11 @@ def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
             found[key.decode()] = {"type": kind, "ttl": client.ttl(key), "value": (
                 client.get(key) if kind == "string" else client.hgetall(key)
                 if kind == "hash" else None)}
+        for run in client.scan_iter(match=f"{RUN_KEY_PREFIX}*", count=1000):
+            if client.hexists(run, f"f:{job_id}"):  # it follows a coalesced run
+                found[f"follows {run.decode()}"] = {"run": client.hgetall(run), "leader": {
+                    key.decode(): client.type(key).decode() for key in client.scan_iter(
+                        match=f"*{run.decode()[len(RUN_KEY_PREFIX):]}*", count=1000)}}
         for name in (LEDGER_KEY, UNACKED_KEY):
             for tag, raw in client.hscan_iter(name, count=1000):
                 if job_id.encode() in raw:

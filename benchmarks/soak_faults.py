@@ -245,8 +245,13 @@ def redis_freeze(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
 
     stream = _stream_around(args, fault, _seeded_job)
     counts = settle(stream, "", client, SETTLE_S)
-    again = [submit(**job) for job in [PROBE, *stream.refused_jobs[:10]]]
+    jobs = [PROBE, *stream.refused_jobs[:10]]
+    again = [submit(**job) for job in jobs]
     stuck_ids = [r.id for r in again if _refusal(lambda r=r: r.get(timeout=30)) is not None]
+    for job, result in zip(jobs, again):
+        if result.id in stuck_ids:
+            print(f"submitted again, no result in 30 s: {result.id} "
+                  f"({type(result).__name__}, {job})", flush=True)
     stuck = len(stuck_ids)
     counts.lost += stuck  # a claim or place left behind would hang or refuse them
     counts.lost_ids += stuck_ids
