@@ -3,6 +3,7 @@ from a reference or a result, checked by size and sha256 (no workers needed)."""
 from __future__ import annotations
 
 import errno
+import io
 import hashlib
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from fsspec import register_implementation
 from fsspec.implementations.local import LocalFileOpener
 from fsspec.implementations.memory import MemoryFileSystem
 
+import tasks.jobs.artifacts as artifacts
 from tasks.errors import ArtifactError, ConfigError
 from tasks.jobs.artifacts import ArtifactRef, is_intact, open_artifact, store_bytes
 from tasks.jobs.cache import intact
@@ -158,14 +160,23 @@ def test_a_write_failing_midway_leaves_nothing_under_the_final_name():
     assert not FlakyFS.store  # neither the artifact nor its half-written temporary
 
 
+class _HalfThenFull(io.FileIO):
+    """A local file that takes half of a write, then finds the disk full."""
+
+    def write(self, data):
+        super().write(bytes(data)[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def test_a_local_write_failing_midway_leaves_nothing(tmp_path, monkeypatch):
     def half_then_full(self, data):
         self.f.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(LocalFileOpener, "write", half_then_full)
+    monkeypatch.setattr(LocalFileOpener, "write", half_then_full)  # file:// (fsspec)
+    monkeypatch.setattr(artifacts, "open", _HalfThenFull, raising=False)  # a plain folder
     for root in (str(tmp_path), tmp_path.as_uri()):
-        with pytest.raises(ArtifactError):
+        with pytest.raises(ArtifactError, match="No space left"):
             store_png(str(uuid.uuid4()), PIXELS, 1, root=root)
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 

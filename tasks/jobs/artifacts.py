@@ -121,8 +121,10 @@ def store_bytes(job_id: str, run: int | None, name: str, data: bytes, media_type
                                                                    media_type))
     data = data if isinstance(data, bytes) else bytes(data)
     try:
-        fs, path = _filesystem(url)
-        _put(fs, path, data)
+        if "://" in url:
+            _put(*_filesystem(url), data)
+        else:  # the local folder: the standard library, as fsspec's file system would
+            _put_local(url, data)
     except Exception as exc:  # noqa: BLE001  each store raises its own kinds of refusal
         raise ArtifactError(f"cannot write {url}: {type(exc).__name__}: {exc}") from exc
     return ArtifactRef(url, media_type, len(data), hashlib.sha256(data).hexdigest())
@@ -144,6 +146,23 @@ def _put(fs: Any, path: str, data: bytes) -> None:
     except BaseException:
         with contextlib.suppress(Exception):
             fs.rm(partial)
+        raise
+
+
+def _put_local(path: str, data: bytes) -> None:
+    """:func:`_put` into a local folder with the standard library: a temporary name in
+    the same folder, then ``os.replace`` (fsspec's local file system does the same,
+    with about a millisecond more of Python per artifact)."""
+    parent, _, file_name = path.rpartition("/")
+    partial = f"{parent}/.{file_name}.{uuid.uuid4().hex}.partial"
+    os.makedirs(parent or ".", exist_ok=True)
+    try:
+        with open(partial, "xb") as file:
+            file.write(data)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
         raise
 
 
