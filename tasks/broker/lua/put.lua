@@ -4,12 +4,12 @@
 -- preemptible runs, then (or '' when no claim is made) the result cache's entry, LRU set
 -- and metrics hash.
 -- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
--- unix s, 0: none), fast places allowed (0: take none), place lapse s, job id, run ttl
--- s (with allowed places below 0: take none, and refuse unless all -allowed are taken:
--- a job routed over its account's fast limit), fence token ('' : none), the fenced run's number, how long a released lease is
--- kept, the prefix a released lease starts with, the lane's rank (0: fast), the
--- account, an uncharged account's fast seconds, '1' to push at the front (the end
--- taken next), the fast-news channels' prefix, the job's lane clock (unix s:
+-- unix s, 0: none), fast places allowed (0: take none; below 0: take none, and refuse
+-- unless all -allowed are taken: a job routed over its account's fast limit), place
+-- lapse s, job id, run ttl s, fence token ('' : none), the fenced run's number, how
+-- long a released lease is kept, the prefix a released lease starts with, the lane's
+-- rank (0: fast), the account, an uncharged account's fast seconds, '1' to push at the
+-- front (the end taken next), the fast-news channels' prefix, the job's lane clock (unix s:
 -- when it entered its lane; 0: not indexed), the due indexes' key prefix; then the
 -- claim's admit flag, follower JSON, now, tier rank, claim lifetime s and run keys'
 -- prefix (lua/claim.lua).
