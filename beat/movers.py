@@ -7,16 +7,21 @@ lane's due index (``tasks.broker.keys.due_key``), never by reading every list: a
 round costs what it moves, whatever the number of workers.
 
 - A downgradable job that waited past its lane's budget (counted from when
-  it entered that lane) moves to the *front* of the lane below, marked
-  ``waited_past_budget``: fresh jobs can still make their budget, and the
-  stale one is served before that lane's own jobs. Jobs submitted with
+  it entered that lane) moves down a lane, marked ``waited_past_budget``: fresh
+  jobs can still make their budget, and the stale one is served before that lane's
+  own jobs. A fast job goes to the *front* of standard. A standard job goes to
+  the first level of relaxed, which holds only jobs moved down or aged, at its
+  *back*: behind those moved or aged before it, so it keeps its place in time
+  (at the front, every round's moves went ahead of the earlier ones, and under a
+  long overload the first moved waited longest). Jobs submitted with
   ``downgradable=False`` (fast jobs, by default) stay where they are.
 - A job that leads a coalesced run (``tasks.jobs.cache``) takes its run down with
   it: the run's rank becomes the lower lane's in the same step, so no faster
   caller joins it there.
 - In relaxed, heavy users' jobs sit in lower priority levels; one that
-  waited ``GPULANES_FAIR_AGING_S`` goes to the front of the first level, so
-  light users go first and no account waits much longer than the aging time.
+  waited ``GPULANES_FAIR_AGING_S`` goes to the first level (at its back, in the
+  order of age), ahead of every fresh job, so light users go first and no account
+  waits much longer than the aging time.
 """
 from __future__ import annotations
 
@@ -38,14 +43,15 @@ log = logging.getLogger(__name__)
 
 def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
                       now: float | None = None) -> dict[str, int]:
-    """Move jobs that waited past their lane's budget one lane down (to the front of the
-    shared lane below), from the shared lane and every worker's own queue of it: found
-    from the lane's due index, whatever the number of workers."""
+    """Move jobs that waited past their lane's budget one lane down (to the shared lane
+    below: the front of standard, the back of relaxed's first level), from the shared
+    lane and every worker's own queue of it: found from the lane's due index, whatever
+    the number of workers."""
     now = time.time() if now is None else now
     moved = {}
     for lane, budget_s in budgets_s.items():
         lower = next_lane(lane)
-        target = lane_keys(lower)[0]
+        target = lane_keys(lower)[0]  # relaxed: its first level, moved and aged jobs only
 
         def due(queued: Queued, lower: str = lower, budget_s: float = budget_s) -> dict | None:
             if queued.waited_s(now) < budget_s:
@@ -55,20 +61,21 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
             return queued.demoted(lower, WAITED_PAST_BUDGET, now)
 
         moved[lane] = move_due(client, lane, now - budget_s, due, lambda _key, t=target: t,
-                               leaves_fast=lane == FAST)
+                               leaves_fast=lane == FAST, back=lower == RELAXED)
     return moved
 
 
 def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -> int:
-    """Lift relaxed jobs older than ``aging_s`` from any level to the front of level
-    0 of their queue (the shared relaxed lane, or a worker's own), from the due index."""
+    """Lift relaxed jobs older than ``aging_s`` from any level to level 0 of their queue
+    (the shared relaxed lane, or a worker's own), at its back (in the order of age),
+    from the due index."""
     now = time.time() if now is None else now
 
     def due(queued: Queued) -> dict | None:
         return STOP if queued.waited_s(now) < aging_s else queued.first_in_level()
 
     return move_due(client, RELAXED, now - aging_s, due,
-                    lambda key: key.partition(PRIORITY_SEP)[0])
+                    lambda key: key.partition(PRIORITY_SEP)[0], back=True)
 
 
 @app.task(name=MOVERS_TASK)

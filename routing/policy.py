@@ -21,6 +21,11 @@ STANDARD_OVERLOADED = "standard_overloaded"
 LANE_FULL = "lane_full"
 WAITED_PAST_BUDGET = "waited_past_budget"
 RETRY = "retry"
+#: Moves down made by the cluster's load, not by the account's own limits: such a job
+#: keeps its place in time in relaxed, in the first step with the jobs that aged or
+#: waited past their budget (oldest first), not behind the relaxed backlog at its
+#: account's level, where it would wait out the overload with the relaxed jobs.
+MOVED_BY_LOAD = frozenset({FAST_OVERLOADED, STANDARD_OVERLOADED, LANE_FULL})
 #: A wait that stands for "no healthy worker": never met by any budget.
 NO_CAPACITY_WAIT_S = 86400.0
 
@@ -172,7 +177,7 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         if lower is None:
             return None
         route = _moved(route, lower, LANE_FULL)
-    priority = RELAX_LEVEL_PRIORITIES[view.levels.get(account, 0)] if route.lane == RELAXED else 0
+    priority = _relaxed_step(route, account, view)
     node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
                 view.cold_load_s(model), None if route_key else view.homes.get(model),
                 f"{model}/{route_key}" if route_key else None, holders=view.holders,
@@ -180,6 +185,14 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
     if priority or node:
         route = _placed(route, priority, node)
     return route
+
+
+def _relaxed_step(route: Route, account: str, view: PolicyView) -> int:
+    """The kombu priority step a job takes: in relaxed its account's level, unless the
+    load moved it there (``MOVED_BY_LOAD``: step 0); elsewhere 0 (lane order holds)."""
+    if route.lane != RELAXED or route.downgrade_reason in MOVED_BY_LOAD:
+        return 0
+    return RELAX_LEVEL_PRIORITIES[view.levels.get(account, 0)]
 
 
 def _placed(route: Route, priority: int, node: str | None) -> Route:

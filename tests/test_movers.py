@@ -142,6 +142,19 @@ def test_aged_jobs_keep_their_order(clean_redis):
     assert order == [old, mid, young]
 
 
+def test_a_job_moved_to_relaxed_keeps_its_place_in_time(clean_redis):
+    """Moved into relaxed's first level (past its budget, or aged), a job goes behind the
+    jobs moved there in earlier rounds: a later round's moves never go ahead of them."""
+    first = _publish("standard", "standard", waited_s=120)
+    assert enforce_deadlines(clean_redis, BUDGETS)["standard"] == 1
+    second = _publish("standard", "standard", waited_s=90)
+    aged = _publish("relaxed", "relaxed", priority=9, waited_s=100)
+    assert enforce_deadlines(clean_redis, BUDGETS)["standard"] == 1
+    assert age_relaxed(clean_redis, aging_s=60) == 1
+    order = [m["headers"]["id"] for m in reversed(_messages(clean_redis, lane_keys("relaxed")[0]))]
+    assert order == [first, second, aged]  # next to run first
+
+
 def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_redis, app):
     from kombu import Exchange, Queue
 

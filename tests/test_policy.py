@@ -121,6 +121,24 @@ def test_heavy_users_get_a_later_relaxed_priority():
     assert decide("fast", "heavy", False, view).priority == 0  # only relaxed is ordered
 
 
+def test_a_job_the_load_moves_to_relaxed_keeps_its_place_in_time():
+    """Moved down by the load (standard overloaded or full), a standard job takes the
+    first step of relaxed, with the jobs that aged or waited past their budget, whatever
+    its account's level; a fast job out of fast time is its account's relaxed job."""
+    view = PolicyView(levels={"heavy": 3}, overloaded=frozenset({"standard"}),
+                      exhausted=frozenset({"heavy"}))
+    moved = decide("standard", "heavy", True, view)
+    assert (moved.lane, moved.downgrade_reason, moved.priority) == \
+        ("relaxed", STANDARD_OVERLOADED, 0)
+    full = decide("standard", "heavy", True, PolicyView(levels={"heavy": 3},
+                                                        full=frozenset({"standard"})))
+    assert (full.lane, full.downgrade_reason, full.priority) == ("relaxed", LANE_FULL, 0)
+    spent = decide("fast", "heavy", False, view)
+    assert (spent.lane, spent.downgrade_reason, spent.priority) == \
+        ("relaxed", FAST_TIME_EXHAUSTED, 9)
+    assert decide("relaxed", "heavy", True, view).priority == 9
+
+
 def test_next_lane():
     assert [next_lane(lane) for lane in ("fast", "standard", "relaxed")] == \
         ["standard", "relaxed", None]

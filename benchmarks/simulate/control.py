@@ -22,7 +22,7 @@ from beat.health import dead_incarnations
 from beat.heartbeat import lane_depths, merge
 from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
-from routing.names import LANES, worker_queue
+from routing.names import LANES, RELAXED, worker_queue
 from routing.placement import serving
 from routing.policy import WAITED_PAST_BUDGET, next_lane, relax_levels
 from tasks.broker.keys import PRIORITY_SEP, USAGE_BUCKET_S, lane_keys
@@ -193,28 +193,30 @@ class Beat:
     # --- movers ------------------------------------------------------------------------
     def enforce_deadlines(self, now: float) -> dict[str, int]:
         """``beat.movers.enforce_deadlines``: a downgradable job past its lane's budget
-        to the front of the shared lane below (its clock restarts there)."""
+        to the shared lane below (its clock restarts there): the front of standard, the
+        back of relaxed's first level, each round's in order of age."""
         moved = {}
         for lane, budget_s in self.config.budgets_s.items():
             lower = next_lane(lane)
             batch = [job for job in self.lists.due_before(lane, now - budget_s, MOVES_PER_ROUND)
                      if job.downgradable]  # the others leave the index
-            for job in reversed(batch):
+            back = lower == RELAXED
+            for job in (batch if back else reversed(batch)):
                 self.lists.remove(job)
                 job.downgraded_from, job.reason = job.arrival.tier, WAITED_PAST_BUDGET
                 job.lane_since, job.node, job.priority = now, None, 0
-                self.cluster.push(job, lane_keys(lower)[0], front=True)
+                self.cluster.push(job, lane_keys(lower)[0], front=not back)
             moved[lane] = len(batch)
         return moved
 
     def age_relaxed(self, now: float) -> int:
         """``beat.movers.age_relaxed``: relaxed jobs waiting ``fair_aging_s`` from any
-        level to the front of level 0 of their own list."""
+        level to the back of level 0 of their own list, in order of age."""
         batch = self.lists.due_before("relaxed", now - self.config.fair_aging_s,
                                       MOVES_PER_ROUND)
-        for job in reversed(batch):
+        for job in batch:
             target = job.key.partition(PRIORITY_SEP)[0]
             self.lists.remove(job)
             job.priority = 0
-            self.cluster.push(job, target, front=True)
+            self.cluster.push(job, target)
         return len(batch)

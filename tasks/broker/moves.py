@@ -118,13 +118,16 @@ def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
 
 
 def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
-             target_of: Callable[[str], str], leaves_fast: bool = False) -> int:
+             target_of: Callable[[str], str], leaves_fast: bool = False,
+             back: bool = False) -> int:
     """Move the messages of ``lane`` that entered it before ``cutoff`` (unix s) and that
     ``due`` rewrites, each from its list to ``target_of(its list)``, found from the
     lane's due index (``keys.due_key``), not by reading its lists. A message ``due``
     leaves (None) will never move on its clock (a job that is not downgradable): it
     leaves the index; one it answers ``STOP`` for stays in it. Oldest first, each kept
-    in that order at the front of its target.
+    in that order at the front of its target (ahead of what is there), or with ``back``
+    at its back: moved after the messages earlier rounds moved there, a message keeps
+    its place in time.
 
     A worker's take leaves its message's entry in the index (one write less per job);
     entries the ledger no longer has are dropped here, in batches, and a batch of
@@ -140,21 +143,22 @@ def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
                 left.append(tag)  # taken
                 continue
             source, raw = parse_entry(entry)
-            call = _move_call(client, source, target_of(source), raw, due, leaves_fast)
+            call = _move_call(client, source, target_of(source), raw, due, leaves_fast,
+                              back)
             if call is None:
                 left.append(tag)
             elif call is not STOP:
                 batch.append(call)
         if left:
             client.zrem(due_key(lane), *left)
-        moved += _run_moves(client, batch)
+        moved += _run_moves(client, batch, back)
         if len(tags) < MOVES_PER_ROUND or len(left) < len(tags):
             return moved
     return moved
 
 
 def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, due: Due,
-               leaves_fast: bool) -> tuple[list, list] | dict | None:
+               leaves_fast: bool, back: bool = False) -> tuple[list, list] | dict | None:
     """The KEYS and ARGV of moving one message (``lua/move.lua``) if ``due`` rewrites it;
     None to leave it (and a message that is not a job's), ``STOP`` from ``due``."""
     try:
@@ -172,12 +176,14 @@ def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, 
     return ([source, target, *LEDGER_BOOK, BEAT_EPOCH_KEY, lists_key(lane), run_key(job_id),
              *places],
             [raw, envelope.encode(rewritten), job_id, tag, LANES.index(lane), repr(clock),
-             DUE_PREFIX, leader.epoch()])
+             DUE_PREFIX, leader.epoch(), "1" if back else ""])
 
 
-def _run_moves(client: redis.Redis, batch: list[tuple[list, list]]) -> int:
-    """Run the moves youngest first: the oldest ends at the very front of its target."""
-    return sum(scripts.run(client, "move", keys, args) for keys, args in reversed(batch))
+def _run_moves(client: redis.Redis, batch: list[tuple[list, list]], back: bool = False) -> int:
+    """Run the moves (oldest first in ``batch``) so that they keep that order in their
+    target: youngest first to its front, oldest first to its back."""
+    return sum(scripts.run(client, "move", keys, args)
+               for keys, args in (batch if back else reversed(batch)))
 
 
 def readdress(client: redis.Redis, source: str, target: str, lane: str) -> int:

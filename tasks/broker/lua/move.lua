@@ -2,7 +2,8 @@
 -- target lane's lists, the job's run (a coalesced run it leads; absent if none)[, the
 -- account's fast places].
 -- ARGV: message, rewritten, job id, delivery tag, the target lane's rank (0: fast), the
--- rewritten job's lane clock (0: not indexed), due prefix, beat's epoch ('' : not beat).
+-- rewritten job's lane clock (0: not indexed), due prefix, beat's epoch ('' : not beat),
+-- '1' to push it at the back of the target (taken after what is there), else the front.
 -- The ledger follows the message (``tasks.broker.transport``) with its depths and due
 -- index; a run the job leads takes the target lane's rank unless it is slower already:
 -- no caller joins a run whose leader waits in a lane slower than the caller's own tier.
@@ -10,7 +11,7 @@
 -- include: fence
 if not leads(KEYS[6], ARGV[8]) then return 0 end
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then return 0 end
-redis.call('RPUSH', KEYS[2], ARGV[2])
+redis.call(ARGV[9] == '1' and 'LPUSH' or 'RPUSH', KEYS[2], ARGV[2])
 local book = {KEYS[3], KEYS[4], KEYS[5], ARGV[7]}
 ledger_drop(book, ARGV[4])
 ledger_add(book, ARGV[4], KEYS[2], ARGV[2], ARGV[6])
