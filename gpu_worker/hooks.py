@@ -27,8 +27,8 @@ from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE
-from tasks.broker.transport import (note_unanswered, put_back_held, set_holder,
-                                    unanswered_since)
+from tasks.broker.holder import note_unanswered, set_holder, unanswered_since
+from tasks.broker.transport import put_back_held
 from tasks.errors import ModelError
 from tasks.jobs import catalog
 from tasks.settings import settings
@@ -240,7 +240,7 @@ class KeepHeld(Hook):
     (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
     jobs come back after the timeout, or at once through beat's health check.
     After Redis failed to answer (an outage, a restart), or left a take or an ack of
-    this process unanswered (``tasks.broker.transport.unanswered_since``: Redis may run
+    this process unanswered (``tasks.broker.holder.unanswered_since``: Redis may run
     it once it answers, even for a worker that held nothing to keep fresh), it also
     settles the orphans of :func:`settle_orphans`, until none is left to confirm.
     """

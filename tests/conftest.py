@@ -75,12 +75,19 @@ def http_status(url: str, auth: str | None = None) -> int | None:
         return None
 
 
+def poll(predicate, timeout_s: float, every_s: float = 0.05):
+    """Poll ``predicate`` until it returns something truthy or ``timeout_s`` passes;
+    its last value."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()) and time.monotonic() < deadline:
+        time.sleep(every_s)
+    return value
+
+
 def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy; return that."""
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    value = poll(predicate, timeout_s)
+    assert value, f"timed out waiting for {what}"
     return value
 
 

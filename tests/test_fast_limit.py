@@ -33,10 +33,15 @@ def _lanes(client) -> list[int]:
     return [sum(client.llen(key) for key in lane_keys(lane)) for lane in LANES]
 
 
-def _route_queued(client, lane: str) -> dict:
-    """The route of the one job queued in ``lane``."""
-    (raw,) = [raw for key in lane_keys(lane) for raw in client.lrange(key, 0, -1)]
-    return json.loads(base64.b64decode(json.loads(raw)["body"]))[1]["route"]
+def _route_queued_of(client, job_id: str) -> dict:
+    """The route of queued job ``job_id``, in whichever lane it waits."""
+    for lane in LANES:
+        for key in lane_keys(lane):
+            for raw in client.lrange(key, 0, -1):
+                message = json.loads(raw)
+                if message["headers"]["id"] == job_id:
+                    return json.loads(base64.b64decode(message["body"]))[1]["route"]
+    raise AssertionError(f"job {job_id} is queued in no lane")
 
 
 def test_over_the_limit_runs_in_standard_and_exhaustion_still_wins():
@@ -86,17 +91,6 @@ def test_a_flooding_accounts_next_fast_job_goes_over_its_limit_in_one_publish(
     assert called == ["put"] and _lanes(clean_redis) == [3, 6, 0]
     submit("others", tier="fast", account="other", **SMALL)  # another account: fast
     assert _lanes(clean_redis) == [4, 6, 0]
-
-
-def _route_queued_of(client, job_id: str) -> dict:
-    """The route of queued job ``job_id``, in whichever lane it waits."""
-    for lane in LANES:
-        for key in lane_keys(lane):
-            for raw in client.lrange(key, 0, -1):
-                message = json.loads(raw)
-                if message["headers"]["id"] == job_id:
-                    return json.loads(base64.b64decode(message["body"]))[1]["route"]
-    raise AssertionError(f"job {job_id} is queued in no lane")
 
 
 def test_zero_means_no_limit(monkeypatch, clean_redis):
@@ -171,10 +165,10 @@ def test_spent_fast_time_moves_the_next_fast_submit_without_a_snapshot(limit, cl
     submit("still fast", tier="fast", account="tight", **SMALL)
     assert _lanes(clean_redis) == [1, 0, 0]
     charge_fast_seconds("tight", 0.02)  # a fast run ends: the balance is spent
-    submit("spent", tier="fast", account="tight", **SMALL)
+    spent = submit("spent", tier="fast", account="tight", **SMALL)
     assert snapshot_cache().view() is None  # no beat: no snapshot says it is spent
     assert _lanes(clean_redis) == [1, 0, 1]
-    route = _route_queued(clean_redis, "relaxed")
+    route = _route_queued_of(clean_redis, spent.id)
     assert (route["downgraded_from"], route["downgrade_reason"]) == ("fast",
                                                                      FAST_TIME_EXHAUSTED)
     assert fast_waiting("tight") == 1  # the refused publish took no fast place

@@ -16,7 +16,8 @@ from gpu_worker.lease import Lease, renew
 from tasks.broker import runs
 from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
 from tasks.broker.publish import PublishRefused, publishing
-from tasks.broker.transport import Connection, put_back_held, set_holder
+from tasks.broker.holder import set_holder
+from tasks.broker.transport import Connection, put_back_held
 from tasks.settings import settings
 from tasks.worker.generate import generate
 
@@ -215,7 +216,7 @@ def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_anot
     """A run that still holds its job drops its message's records (kombu's unacked record
     and index entry, the holder) in its finish, and kombu's ack then leaves Redis alone;
     a stale run's finish drops nothing, nor does one whose tag another process holds."""
-    from tasks.broker import transport
+    from tasks.broker import holder as holding
     from tasks.broker.keys import UNACKED_INDEX_KEY, UNACKED_KEY
 
     def took(tag: str, holder: str) -> None:
@@ -234,7 +235,7 @@ def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_anot
         lease = _lease("j11", A, "t1")
         assert runs.finish("j11", lease.token, 1, result, "acct", charge_fast=False,
                            ack="t1")[:2] == ("stored", "")
-        assert records("t1") == (False, False, None) and "t1" in transport._acked
+        assert records("t1") == (False, False, None) and "t1" in holding._acked
         # a stale run: its lease lapsed and a newer run began
         took("t3", A)
         old = _lease("j12", A, "t3")
@@ -242,7 +243,7 @@ def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_anot
         _lease("j12", B, "t4")
         assert runs.finish("j12", old.token, 1, result, "acct", charge_fast=False,
                            ack="t3")[0] == "stale"
-        assert records("t3") == (True, True, A.encode()) and "t3" not in transport._acked
+        assert records("t3") == (True, True, A.encode()) and "t3" not in holding._acked
         # an AOF that lost its last second handed the same tag to B meanwhile
         took("t5", B)
         lease = _lease("j13", A, "t5")
@@ -251,7 +252,7 @@ def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_anot
         assert records("t5") == (True, True, B.encode())
     finally:
         set_holder("")
-        transport._acked.clear()
+        holding._acked.clear()
 
 
 def test_a_revoked_job_is_not_begun(clean_redis):

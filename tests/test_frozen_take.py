@@ -15,7 +15,7 @@ import time
 import uuid
 
 import pytest
-from conftest import SMALL, wait_until
+from conftest import SMALL, poll, wait_until
 
 from benchmarks.faults import worker_pids
 from routing.lanes import Route
@@ -55,10 +55,7 @@ def _popped_by_a_stopped_worker(worker_pid: int, client):
                                for c in client.client_list()), what="the worker's BRPOP")
         os.kill(worker_pid, signal.SIGSTOP)
         job = submit("taken as Redis froze", tier="standard", **SMALL)
-        deadline = time.monotonic() + 0.5
-        while client.llen("standard") and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if not client.llen("standard"):
+        if poll(lambda: not client.llen("standard"), timeout_s=0.5, every_s=0.01):
             return job
         os.kill(worker_pid, signal.SIGCONT)
         job.get(timeout=30)

@@ -19,7 +19,8 @@ import logging
 import time
 from typing import Any, NamedTuple
 
-from tasks.broker import scripts, transport
+from tasks.broker import holder as holding
+from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.backend import Entry
 from tasks.broker.keys import (
@@ -96,12 +97,12 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
     args = [token, attempt, json.dumps(result), settings.result_ttl_s, account,
             repr(result["run_ms"] / 1000),
             repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
-            transport.holder(), settings.lease_ttl_s]
+            holding.holder(), settings.lease_ttl_s]
     if settle is not None:
         keys, args = keys + settle[0], args + settle[1]
     verdict, value, *flat = _run("run_finish", keys, args)
     if ack and verdict != "stale":
-        transport.acked_by_run(ack)
+        holding.acked_by_run(ack)
     return Finished(verdict, value, tuple(zip(flat[::2], flat[1::2])))
 
 

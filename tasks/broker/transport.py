@@ -31,12 +31,10 @@ names for its own transports are left as they are, for any other app of the proc
 """
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import kombu
 import kombu.connection
@@ -46,6 +44,7 @@ from kombu.utils.json import dumps, loads
 
 from routing.names import LANES, lane_of
 from tasks.broker import envelope, leader, scripts
+from tasks.broker.holder import acked_earlier, holder, noting_unanswered
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     DEAD_KEY,
@@ -63,63 +62,6 @@ from tasks.broker.publish import (RELEASED, ClaimAnswered, Conditions, _put, _pu
 from tasks.broker.store import ONE_RECONNECT
 from tasks.settings import settings
 
-#: The identity ("host/pid/start") of the worker process consuming here, if any.
-_holder: list[str] = []
-
-
-#: Delivery tags whose records a run's finish already dropped (``tasks.broker.runs``):
-#: their ack has nothing left to do in Redis.
-_acked: set[str] = set()
-
-
-def set_holder(identity: str) -> None:
-    """Name the worker process that consumes here: its takes record it as holder
-    ('' : none)."""
-    _holder[:] = [identity] if identity else []
-
-
-def holder() -> str:
-    """The worker process that consumes here ('' : none)."""
-    return _holder[0] if _holder else ""
-
-
-#: Set when a write about this process's takes or acks got no answer (Redis frozen,
-#: cut off): Redis may still run it once it answers, leaving a record that names this
-#: process as holder of a message it does not hold (a take it never delivered, an ack
-#: that did not drop its records). ``gpu_worker.hooks.KeepHeld`` settles such orphans.
-_unanswered = threading.Event()
-
-
-def unanswered_since(clear: bool = False) -> bool:
-    """Whether a take or ack of this process went unanswered since the flag was last
-    cleared (``clear``: clear it now, as the caller settles what it left)."""
-    seen = _unanswered.is_set()
-    if clear and seen:
-        _unanswered.clear()
-    return seen
-
-
-def note_unanswered() -> None:
-    """Something this process took may be recorded in Redis though it no longer holds it
-    (a take unanswered, a connection lost with messages in hand): settle its orphans."""
-    _unanswered.set()
-
-
-@contextmanager
-def _noting_unanswered() -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        note_unanswered()
-        raise
-
-
-def acked_by_run(tag: str) -> None:
-    """The message ``tag``'s records went with its run's finish: its ack only does
-    kombu's bookkeeping."""
-    _acked.add(tag)
-
-
 class LedgerQoS(kombu_redis.QoS):
     def append(self, message: Any, delivery_tag: str) -> None:
         """Record the message as unacked (and who holds it) and drop its ledger entry with
@@ -128,7 +70,7 @@ class LedgerQoS(kombu_redis.QoS):
         record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
         # unanswered, it may still run later: its message would be recorded here, taken
         # and never delivered (kombu drops it with the error): an orphan to settle
-        with _noting_unanswered(), self.channel.conn_or_acquire() as client:
+        with noting_unanswered(), self.channel.conn_or_acquire() as client:
             scripts.run(client, "take", [self.unacked_index_key, self.unacked_key, HOLDERS_KEY,
                                          *LEDGER_BOOK],
                         [delivery_tag, time.time(), record, holder(),
@@ -148,9 +90,7 @@ class LedgerQoS(kombu_redis.QoS):
         prefetch 1 a worker that kept it would never take another job. The records left
         behind are what ``gpu_worker.hooks.settle_orphans`` finds once Redis answers."""
         try:
-            if delivery_tag in _acked:
-                _acked.discard(delivery_tag)
-            else:
+            if not acked_earlier(delivery_tag):
                 self._drop_if_mine(delivery_tag)
         finally:
             super(kombu_redis.QoS, self).ack(delivery_tag)
@@ -161,7 +101,7 @@ class LedgerQoS(kombu_redis.QoS):
         self.ack(delivery_tag)
 
     def _drop_if_mine(self, delivery_tag: str) -> None:
-        with _noting_unanswered(), self.channel.conn_or_acquire() as client:
+        with noting_unanswered(), self.channel.conn_or_acquire() as client:
             scripts.run(client, "drop_if_mine",
                         [HOLDERS_KEY, self.unacked_key, self.unacked_index_key],
                         [delivery_tag, holder()])

@@ -136,8 +136,7 @@ def _put(fs: Any, path: str, data: bytes) -> None:
     if _protocols(fs) & SINGLE_PUT:
         fs.pipe_file(path, data)
         return
-    parent, _, file_name = path.rpartition("/")
-    partial = f"{parent}/.{file_name}.{uuid.uuid4().hex}.partial"
+    parent, partial = _partial(path)
     fs.makedirs(parent, exist_ok=True)
     try:
         with fs.open(partial, "wb") as file:
@@ -149,12 +148,17 @@ def _put(fs: Any, path: str, data: bytes) -> None:
         raise
 
 
+def _partial(path: str) -> tuple[str, str]:
+    """(the folder of ``path``, a temporary name there to write it under first)."""
+    parent, _, file_name = path.rpartition("/")
+    return parent, f"{parent}/.{file_name}.{uuid.uuid4().hex}.partial"
+
+
 def _put_local(path: str, data: bytes) -> None:
     """:func:`_put` into a local folder with the standard library: a temporary name in
     the same folder, then ``os.replace`` (fsspec's local file system does the same,
     with about a millisecond more of Python per artifact)."""
-    parent, _, file_name = path.rpartition("/")
-    partial = f"{parent}/.{file_name}.{uuid.uuid4().hex}.partial"
+    parent, partial = _partial(path)
     os.makedirs(parent or ".", exist_ok=True)
     try:
         with open(partial, "xb") as file:
