@@ -66,7 +66,7 @@ def test_plain_lanes_serve_each_tier_first_in_first_out() -> None:
 
 def test_mode_changes_under_noisy_load_are_counted() -> None:
     # budgets a small fleet's noisy load keeps crossing: the hysteresis must act
-    config = SimConfig(budgets_s={"fast": 2.0, "standard": 10.0})
+    config = SimConfig(budgets_s={"fast": 2.0, "standard": 8.0})
     found = run_scenario(SCENARIOS["noisy"], 12, 240.0, 3, config, SMALL, ("gpulanes",))
     outcome = found["outcomes"]["gpulanes"]
     rounds = [r for r in outcome.recorder.rounds if r["t"] <= 240.0]
@@ -139,3 +139,18 @@ def test_a_run_about_to_end_is_not_preempted() -> None:
     fast = max(outcome.recorder.done, key=lambda job: job.id)
     assert outcome.figures["preempted"] == 0
     assert fast.wait_s == pytest.approx(0.5)
+
+
+def test_a_run_is_told_of_a_fast_job_after_the_one_before_it_was_told_too() -> None:
+    """Job A is told of fast job F1 in its last second (it runs on); after F1, job B
+    begins; fast job F2 preempts B at its next step. Every job's first run has the same
+    token: a worker that remembered only the token took B's news for A's, and F2
+    waited all of B."""
+    jobs = [Arrival(0.0, "relaxed", "a", False, "m", 1.0, 9.0, steps=30),
+            Arrival(0.1, "relaxed", "c", False, "m", 1.0, 9.0, steps=30),
+            Arrival(8.5, "fast", "b", False, "m", 1.0, 1.0, steps=30),
+            Arrival(12.0, "fast", "d", False, "m", 1.0, 1.0, steps=30)]
+    _, outcome = _one_worker(jobs, "gpulanes")
+    second_fast = max(outcome.recorder.done, key=lambda job: job.id)
+    assert outcome.figures["preempted"] == 1
+    assert second_fast.wait_s <= 9.0 / 30 + 1e-9

@@ -36,8 +36,8 @@ class SimWorker:
         self.runtime = Runtime()
         self.warm: tuple[str, ...] = ()
         self.incarnation = ""
-        #: Told of a fast job (own: in its own queue) for the run of this job token.
-        self.told_own, self.told_token = False, -1
+        #: Told of a fast job (own: in its own queue) for this run: (job id, its token).
+        self.told_own, self.told_run = False, None
         # the last stats built, until a job or a load changes them (most pushes of a
         # worker running a job of several seconds repeat the last one)
         self._stats: dict | None = None
@@ -48,7 +48,7 @@ class SimWorker:
         runtime.configure(self.host, f"cuda:{self.index % 8}", {}, Path("."), self.slots)
         runtime.started_at = now
         self.alive, self.running, self.warm, self.died_at = True, None, (), None
-        self.told_own, self.told_token = False, -1
+        self.told_own, self.told_run = False, None
         self.incarnation, self._stats = runtime.incarnation, None
 
     def changed(self) -> None:

@@ -65,9 +65,10 @@ class Preemptor:
         if job is None or not worker.alive:
             return
         worker.told_own = worker.told_own or own
-        if worker.told_token == job.token:
+        run = (job.id, job.token)  # this run (every job's first run has token 1)
+        if worker.told_run == run:
             return  # its next boundary is already due to look
-        worker.told_token = job.token
+        worker.told_run = run
         at = self._next_boundary(job)
         if at is not None:
             self.cluster.clock.at(at, self._boundary, worker, job, job.token)
@@ -86,7 +87,7 @@ class Preemptor:
             return
         if self._left_s(job) < self.min_left_s:
             return  # about to end: it runs on, the news unread (``steps._long_left``)
-        own, worker.told_own, worker.told_token = worker.told_own, False, -1
+        own, worker.told_own, worker.told_run = worker.told_own, False, None
         if not self.may_stop(job):
             if own:
                 self._hand_over(worker)
