@@ -66,7 +66,13 @@ class Runtime:
         with self._load_lock:  # one loader at a time; the others then find it warm
             if name in self.models:
                 return self.models[name], None
-            load_ms = self._load(name)
+            with self._lock:  # reported as loading meanwhile: no fast job can preempt it
+                self.loading.add(name)
+            try:
+                load_ms = self._load(name)
+            finally:
+                with self._lock:
+                    self.loading.discard(name)
             return self.models[name], load_ms
 
     def prewarm(self, name: str) -> str:

@@ -22,6 +22,9 @@ keys but ``workers`` (``at``, ``measured_at``, ``lanes``, ``policy``, ``exhauste
 
     "members": "<version>",
     "loads":  b64(zlib(uint16 little-endian per host)),  # in_flight + queued, capped 65535
+    "fast":   b64(zlib(uint16 little-endian per host)),  # what a fast job would wait for
+                                           # there: fast jobs running or in its own
+                                           # queue, a model loading (``fast_work``)
     "drain":  b64(zlib(uint8 per host)),   # seconds per queued job (service / concurrency):
                                            # 0 not measured, else 10 ** ((code - 121) / 40),
                                            # 1 ms .. 2,239 s, steps of 5.9 % (0.1 s, 1 s,
@@ -45,6 +48,7 @@ import zlib
 from array import array
 from typing import Any, Mapping, Sequence
 
+from routing.names import FAST
 from routing.placement import serving
 
 U16_MAX = 65535
@@ -65,6 +69,14 @@ def _cold_s(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         for model, load_ms in worker.get("load_ms", {}).items():
             samples.setdefault(model, []).append(load_ms / 1000)
     return {model: round(sum(s) / len(s), 3) for model, s in samples.items()}
+
+
+def fast_work(worker: Mapping[str, Any]) -> int:
+    """Jobs a fast job sent to ``worker`` would wait for: the fast jobs it runs, or a
+    model it is loading (a load is not preempted), and the fast jobs in its own queue."""
+    running = max(worker.get("in_flight", {}).get(FAST, 0),
+                  1 if worker.get("loading_models") else 0)
+    return running + worker.get("queued_fast", 0)
 
 
 def warm_of(worker: Mapping[str, Any]) -> tuple[str, ...]:
@@ -98,6 +110,7 @@ def split(snapshot: dict) -> tuple[dict, dict]:
         "members": members["version"],
         "loads": pack_u16(sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                           for w in records),
+        "fast": pack_u16(fast_work(w) for w in records),
         "drain": pack_u8(drain_code(_drain_s(worker)) for worker in records),
         "order": pack_u16(ranks),
         "cold_s": _cold_s(records),
@@ -185,13 +198,14 @@ def ranks(compact: Mapping[str, Any], count: int) -> list[int]:
 
 
 def unsplit(compact: Mapping[str, Any], members: Mapping[str, Any]) -> dict[str, dict]:
-    """Per serving host, what routing knows of it: ``load``, ``drain_s`` (None: not
+    """Per serving host, what routing knows of it: ``load``, ``fast``, ``drain_s`` (None: not
     measured), ``slots`` and ``warm`` (in the worker's order): for tools and tests."""
     hosts = members["hosts"]
     loads = unpack_u16(compact["loads"], len(hosts))
     drains = unpack_u8(compact["drain"], len(hosts))
     order = ranks(compact, len(hosts))
-    return {host: {"load": loads[i], "drain_s": DRAIN_S[drains[i]],
+    fast = unpack_u16(compact["fast"], len(hosts)) if "fast" in compact else [0] * len(hosts)
+    return {host: {"load": loads[i], "fast": fast[i], "drain_s": DRAIN_S[drains[i]],
                    "slots": members["slots"][i],
                    "warm": in_order(members["warm"][i], order[i])}
             for i, host in enumerate(hosts)}

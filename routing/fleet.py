@@ -86,6 +86,9 @@ class Measured:
     rates: tuple[float, ...]
     ranks: list[int]
     cold_s: Mapping[str, float]
+    #: Each worker's fast jobs, running or in its own queue; None from a beat that
+    #: does not measure them (fast jobs are then placed by ``loads``).
+    fast: list[int] | None = None
 
 
 def measure(compact: Mapping[str, Any], fleet: Fleet) -> Measured:
@@ -100,7 +103,8 @@ def measure(compact: Mapping[str, Any], fleet: Fleet) -> Measured:
     drain = tuple(DRAIN_S[code or median] for code in codes) if known else ()
     return Measured(snapshot=compact, fleet=fleet, loads=unpack_u16(compact["loads"], count),
                     drain_s=drain, rates=tuple(1 / d for d in drain) if drain else (0.0,) * count,
-                    ranks=ranks(compact, count), cold_s=dict(compact.get("cold_s", {})))
+                    ranks=ranks(compact, count), cold_s=dict(compact.get("cold_s", {})),
+                    fast=unpack_u16(compact["fast"], count) if "fast" in compact else None)
 
 
 def policy_view(measured: Measured, epsilon: float) -> PolicyView:
@@ -115,6 +119,8 @@ def policy_view(measured: Measured, epsilon: float) -> PolicyView:
         retry_after_s=max(1.0, lanes.get("relaxed", {}).get("expected_wait_s", 1.0)),
         ring=fleet.ring, epsilon=epsilon,
         loads=Loads(fleet.index, measured.loads, measured.drain_s),
+        fast_loads=None if measured.fast is None else
+        Loads(fleet.index, measured.fast, measured.drain_s),
         load_sum=float(sum(measured.loads)),
         warm=Warm(fleet.index, fleet.warm, measured.ranks),
         holders=Holders(fleet.holders),

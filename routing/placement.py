@@ -50,8 +50,13 @@ DELAY_HOLDERS = 16
 WIDE_SHARE = 32
 #: Steps of such a walk before the holders' ring order is computed.
 WIDE_WALK_STEPS = 256
+#: A fast job goes to a warm holder with less than this much fast work (its fast job
+#: running, or those in its own fast queue, as the router estimates them now): there it
+#: starts at once, or at the running job's next step boundary (a fast job preempts
+#: any other), never behind another fast job, which nothing preempts.
+FAST_CAP = 0.5
 #: What the ring module exports through this one (callers import them from here).
-__all__ = ["VNODES", "MIN_CAP", "DELAY_HOLDERS", "HashRing", "ring", "point", "serving",
+__all__ = ["VNODES", "MIN_CAP", "DELAY_HOLDERS", "FAST_CAP", "HashRing", "ring", "point", "serving",
            "holders", "prewarm_targets", "assign_homes", "home"]
 _NONE: frozenset[str] = frozenset()
 
@@ -96,7 +101,8 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
          drain_s: Mapping[str, float] | None = None, cold_s: float = 0.0,
          first: str | None = None, key: str | None = None, *,
          holders: Mapping[str, AbstractSet[str]] | None = None,
-         load_sum: float | None = None) -> str | None:
+         load_sum: float | None = None,
+         fast_loads: Mapping[str, float] | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -121,6 +127,12 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     costs a few steps; without them both are found from ``warm`` and ``loads`` (a
     pass over every worker).
 
+    ``fast_loads`` (a fast job's placement: each worker's fast jobs, running or in its
+    own queue): the first warm holder with none (under ``FAST_CAP``), however many
+    standard and relaxed jobs it holds, since the fast job goes ahead of them and
+    preempts the one running; when every holder has one, the delay rule above over
+    the fast work alone. A fast job never waits behind another for want of looking.
+
     None (the shared lane) when every worker on the ring holds ``model`` warm and no
     ``key`` asks for one of them: any worker serves it warm, and the shared lane lets
     whichever is free first take it. A worker's own queue would only keep it there
@@ -134,6 +146,9 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     held, point_key = _holding(model, nodes, warm, holders), key or model
     if key is None and len(held) == len(nodes):
         return None
+    if fast_loads is not None:
+        return _fast_home(hash_ring, model, held, point_key, first, fast_loads, drain_s,
+                          cold_s)
     if load_sum is None:
         load_sum = sum(loads.get(node, 0) for node in nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * (load_sum + 1) / len(nodes)))
@@ -144,12 +159,35 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     warm_open = first_below(loads, ordered, cap, point_key)
     if warm_open is not None:  # (a busy front is met again in ring order, and skipped)
         return warm_open
+    return _spill(_holding_first(hash_ring, held, point_key, ordered, front),
+                  _walk(hash_ring, point_key, first), loads, cap, drain_s, cold_s)
+
+
+def _fast_home(hash_ring: HashRing, model: str, held: frozenset[str], key: str,
+               first: str | None, fast_loads: Mapping[str, float],
+               drain_s: Mapping[str, float] | None, cold_s: float) -> str | None:
+    """:func:`home` of a fast job: by the workers' fast work, under ``FAST_CAP``."""
+    front = first if first in held else None
+    if front is not None and fast_loads.get(front, 0) < FAST_CAP:
+        return front
+    ordered = _ring_ordered(hash_ring, model, held, key)
+    free = first_below(fast_loads, ordered, FAST_CAP, key)
+    if free is not None:
+        return free
+    return _spill(_holding_first(hash_ring, held, key, ordered, front),
+                  _walk(hash_ring, key, first), fast_loads, FAST_CAP, drain_s, cold_s)
+
+
+def _holding_first(hash_ring: HashRing, held: frozenset[str], key: str,
+                   ordered: Iterable[str], front: str | None) -> list[str]:
+    """The first ``DELAY_HOLDERS`` warm holders weighed for delay scheduling: ``front``
+    (the model's home) and the next in ring order (``ordered``, walked again if read)."""
     if not isinstance(ordered, (list, tuple)):  # a walk, read: walked again
-        ordered = _walked(hash_ring, held, point_key)
+        ordered = _walked(hash_ring, held, key)
     holding = [front] if front is not None else []
     holding += islice((node for node in ordered if node != front),
                       DELAY_HOLDERS - len(holding))
-    return _spill(holding, _walk(hash_ring, point_key, first), loads, cap, drain_s, cold_s)
+    return holding
 
 
 def _walk(hash_ring: HashRing, key: str, first: str | None) -> Iterator[str]:
@@ -206,7 +244,7 @@ def first_below(loads: Mapping[str, float], nodes: Iterable[str], cap: float,
     return next((node for node in nodes if loads.get(node, 0) < cap), None)
 
 
-def _spill(holding: list[str], walk: Iterator[str], loads: Mapping[str, float], cap: int,
+def _spill(holding: list[str], walk: Iterator[str], loads: Mapping[str, float], cap: float,
            drain_s: Mapping[str, float] | None, cold_s: float) -> str | None:
     """Every warm holder is busy: the first open worker on the walk, or the holder of
     ``holding`` (the first few, in order) that drains soonest when waiting for it beats

@@ -115,6 +115,9 @@ class PolicyView:
     #: running or queued for each); empty: every job goes to the shared lanes.
     ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
     loads: Mapping[str, float] = field(default_factory=dict)
+    #: Of those, each worker's fast jobs (running, or in its own fast queue): where a
+    #: fast job starts soonest. None: fast jobs are placed by ``loads``.
+    fast_loads: Mapping[str, float] | None = None
     epsilon: float = 0.25
     #: Models each healthy worker holds warm (or is loading), least recently used first.
     warm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -178,10 +181,13 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
             return None
         route = _moved(route, lower, LANE_FULL)
     priority = _relaxed_step(route, account, view)
-    node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
-                view.cold_load_s(model), None if route_key else view.homes.get(model),
-                f"{model}/{route_key}" if route_key else None, holders=view.holders,
-                load_sum=view.load_sum) if model else None
+    node = None
+    if model:
+        fast_loads = view.fast_loads if route.lane == FAST else None
+        node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
+                    view.cold_load_s(model), None if route_key else view.homes.get(model),
+                    f"{model}/{route_key}" if route_key else None, holders=view.holders,
+                    load_sum=view.load_sum, fast_loads=fast_loads)
     if priority or node:
         route = _placed(route, priority, node)
     return route

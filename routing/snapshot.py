@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping
 from routing.compact import split
 from routing.fleet import Fleet, Measured, build_fleet, measure, policy_view
 from routing.fluid import DrainingSum
-from routing.names import LANES
+from routing.names import FAST, LANES
 from routing.placement import assign_homes
 from routing.policy import PolicyView
 from routing.ringorder import PATCH_MAX, changed_set, order_asked
@@ -110,6 +110,8 @@ class SnapshotCache:
         self._sent: dict[str, int] = {}
         self._node_sent: dict[str, int] = {}
         self._sends = 0  # counted in _node_sent since the snapshot
+        self._node_fast_sent: dict[str, int] = {}  # of them, fast jobs
+        self._fast_sends = 0
         self._warm_after: dict[str, tuple[str, ...]] = {}
         self._holders_after: dict[str, frozenset[str]] = {}
         self._fluid = DrainingSum((), ())
@@ -133,6 +135,7 @@ class SnapshotCache:
         flushed test Redis)."""
         with self._lock:
             self._state, self._sent, self._node_sent = None, {}, {}
+            self._node_fast_sent, self._fast_sends = {}, 0
             self._warm_after, self._holders_after = {}, {}
             self._demand, self._refused = {}, {}
             self._log.clear()
@@ -241,9 +244,10 @@ class SnapshotCache:
         """The new snapshot's workers, with the sends it did not see applied again."""
         measured, before = self._state.measured, self._holders_after
         self._node_sent, self._warm_after, self._holders_after = {}, {}, {}
+        self._node_fast_sent, self._fast_sends = {}, 0
         self._sends, self._fluid = 0, DrainingSum(measured.loads, measured.rates)
-        for _, _, node, model in self._log:
-            self._count(node, model)
+        for _, lane, node, model in self._log:
+            self._count(lane, node, model)
         self._link(before)
 
     def _link(self, before: Mapping[str, frozenset[str]]) -> None:
@@ -260,14 +264,19 @@ class SnapshotCache:
                 linked[model] = changed_set(old, frozenset(toggled)) if toggled else old
         self._holders_after = linked
 
-    def _count(self, node: str | None, model: str) -> None:
-        """A send to ``node`` of ``model``: its load, and the model warm there."""
+    def _count(self, lane: str, node: str | None, model: str) -> None:
+        """A send to ``node``'s own queue of ``lane``, of ``model``: its load (and its
+        fast load), and the model warm there."""
         held = self._state
         i = None if node is None else held.measured.fleet.index.get(node)
         if i is None:
             return
         self._node_sent = {**self._node_sent, node: self._node_sent.get(node, 0) + 1}
         self._sends += 1
+        if lane == FAST:
+            self._node_fast_sent = {**self._node_fast_sent,
+                                    node: self._node_fast_sent.get(node, 0) + 1}
+            self._fast_sends += 1
         self._fluid.add(i)
         before = self._warm_after.get(node) or held.base.warm[node]
         after = touched(before, model, held.measured.fleet.slots[i])
@@ -296,7 +305,7 @@ class SnapshotCache:
             self._log.append((now, lane, node, model))
             self._sent[lane] = self._sent.get(lane, 0) + 1
             if self._state is not None:
-                self._count(node, model)
+                self._count(lane, node, model)
             self._recent.append(model)
             self._demand[model] = self._demand.get(model, 0) + 1
             if len(self._recent) > DEMAND_WINDOW:
@@ -332,6 +341,7 @@ class SnapshotCache:
                 elapsed_s = max(0.0, now - snapshot.get("measured_at", snapshot["at"]))
                 load_sum = self._fluid.at(elapsed_s)
                 sent, node_sent, sends = self._sent, self._node_sent, self._sends
+                fast_sent, fast_sends = self._node_fast_sent, self._fast_sends
                 warm_after, holders_after = self._warm_after, self._holders_after
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
@@ -340,8 +350,10 @@ class SnapshotCache:
                 self._warned = True
             return None
         self._warned = False
-        base = held.base
+        base, fast = held.base, held.base.fast_loads
         return base.but(full=full_lanes(snapshot, sent, self.max_depth),
                         loads=base.loads.at(node_sent, elapsed_s, sends), load_sum=load_sum,
+                        fast_loads=None if fast is None else
+                        fast.at(fast_sent, elapsed_s, fast_sends),
                         warm=base.warm.sent(warm_after),
                         holders=base.holders.sent(holders_after))

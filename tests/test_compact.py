@@ -70,7 +70,8 @@ def old_assign_homes(models, hash_ring, slots, previous=None):
 
 
 def old_home(model, hash_ring, loads, epsilon, warm=None, drain_s=None, cold_s=0.0,
-             first=None, key=None):
+             first=None, key=None, cap=None):
+    """``cap``: given for a fast job (its ``loads`` the fast work), else bounded loads."""
     points, owners = hash_ring
     nodes = set(owners)
     if not nodes:
@@ -78,8 +79,9 @@ def old_home(model, hash_ring, loads, epsilon, warm=None, drain_s=None, cold_s=0
     warm = warm or {}
     if key is None and all(model in warm.get(node, ()) for node in nodes):
         return None  # warm on every worker: the shared lane
-    mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
-    cap = max(OLD_MIN_CAP, math.ceil((1 + epsilon) * mean))
+    if cap is None:
+        mean = (sum(loads.get(n, 0) for n in nodes) + 1) / len(nodes)
+        cap = max(OLD_MIN_CAP, math.ceil((1 + epsilon) * mean))
     order = old_ring_order(key or model, points, owners, len(nodes))
     if first in nodes:
         order = [first] + [node for node in order if node != first]
@@ -122,6 +124,9 @@ def old_base(snapshot):
         "ring": old_ring(routable),
         "loads": {h: sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                   for h, w in routable.items()},
+        "fast": {h: max(w.get("in_flight", {}).get("fast", 0),
+                        1 if w.get("loading_models") else 0) + w.get("queued_fast", 0)
+                 for h, w in routable.items()},
         "warm": {h: tuple(dict.fromkeys([*w.get("warm_models", ()),
                                          *w.get("loading_models", ())]))
                  for h, w in routable.items()},
@@ -148,27 +153,29 @@ class OldRouter:
         measured_at = snapshot.get("measured_at", snapshot["at"])
         while self.log and self.log[0][0] < measured_at:
             self.log.popleft()
-        self.node_sent, self.warm = {}, dict(self.base["warm"])
-        for _, node, model in self.log:
-            self._apply(node, model)
+        self.node_sent, self.fast_sent, self.warm = {}, {}, dict(self.base["warm"])
+        for _, lane, node, model in self.log:
+            self._apply(lane, node, model)
 
     def rehome(self, previous):
         wanted = sorted((m for m, n in self.demand.items() if n),
                         key=lambda m: (-self.demand[m], m))
         self.homes = old_assign_homes(wanted, self.base["ring"], self.base["slots"], previous)
 
-    def _apply(self, node, model):
+    def _apply(self, lane, node, model):
         if node is not None and node in self.warm:
             self.node_sent[node] = self.node_sent.get(node, 0) + 1
+            if lane == "fast":
+                self.fast_sent[node] = self.fast_sent.get(node, 0) + 1
             self.warm[node] = old_touched(self.warm[node], model,
                                           self.base["slots"].get(node, 1))
 
-    def note_sent(self, node, model):
+    def note_sent(self, lane, node, model):
         now = self.clock()
         while self.log and self.log[0][0] < now - self.stale_s:
             self.log.popleft()
-        self.log.append((now, node, model))
-        self._apply(node, model)
+        self.log.append((now, lane, node, model))
+        self._apply(lane, node, model)
         self.recent.append(model)
         self.demand[model] = self.demand.get(model, 0) + 1
         if len(self.recent) > DEMAND_WINDOW:
@@ -176,17 +183,23 @@ class OldRouter:
         if self.demand[model] == 1:
             self.rehome(self.homes)
 
-    def node_for(self, model, route_key):
+    def node_for(self, model, route_key, lane=None):
         base, snapshot = self.base, self.snapshot
         elapsed = max(0.0, self.clock() - snapshot.get("measured_at", snapshot["at"]))
         drain = base["drain_s"]
-        loads = {n: max(0.0, load + self.node_sent.get(n, 0)
-                        - (elapsed / drain[n] if drain.get(n) else 0))
-                 for n, load in base["loads"].items()}
-        return old_home(model, base["ring"], loads, self.epsilon, self.warm, drain,
-                        base["cold_s"].get(model, base["cold_default_s"]),
-                        None if route_key else self.homes.get(model),
-                        f"{model}/{route_key}" if route_key else None)
+
+        def now(counts, sent):
+            return {n: max(0.0, load + sent.get(n, 0)
+                           - (elapsed / drain[n] if drain.get(n) else 0))
+                    for n, load in counts.items()}
+        placed = (model, base["ring"])
+        where = (self.warm, drain, base["cold_s"].get(model, base["cold_default_s"]),
+                 None if route_key else self.homes.get(model),
+                 f"{model}/{route_key}" if route_key else None)
+        if lane == "fast":  # the first holder with no fast work (under half a job)
+            return old_home(*placed, now(base["fast"], self.fast_sent), self.epsilon, *where,
+                            cap=0.5)
+        return old_home(*placed, now(base["loads"], self.node_sent), self.epsilon, *where)
 
 
 # --- random fleets ---------------------------------------------------------------------
@@ -202,6 +215,7 @@ def random_worker(rng, models=MODELS):
             "loading_models": [rng.choice(models)] if rng.random() < 0.1 else [],
             "in_flight": {lane: rng.randint(0, 2) for lane in LANES3},
             "queued": rng.choice((0, 0, 1, 3, 7)), "concurrency": rng.choice((1, 1, 2)),
+            "queued_fast": rng.choice((0, 0, 0, 1, 2)),
             "service_ms": {lane: rng.choice((0, 50.0, 100.0, 1000.0, rng.uniform(20, 5000)))
                            for lane in LANES3 if rng.random() < 0.7},
             "load_ms": {m: rng.uniform(100, 9000) for m in rng.sample(models, 3)}}
@@ -223,6 +237,7 @@ def evolve(rng, snapshot, at):
     workers = {}
     for host, worker in snapshot["workers"].items():
         worker = {**worker, "queued": rng.choice((0, 0, 1, 2, 5)),
+                  "queued_fast": rng.choice((0, 0, 0, 1)),
                   "in_flight": {lane: rng.randint(0, 2) for lane in LANES3}}
         roll = rng.random()
         if roll < 0.05:
@@ -257,6 +272,8 @@ def test_split_round_trips_what_routing_reads():
                                                        + worker["loading_models"]))
             load = sum(worker["in_flight"].values()) + worker["queued"]
             assert seen["load"] == min(load, U16_MAX)
+            running = max(worker["in_flight"]["fast"], 1 if worker["loading_models"] else 0)
+            assert seen["fast"] == running + worker["queued_fast"]
             samples = [ms for ms in worker["service_ms"].values() if ms]
             if not samples:
                 assert seen["drain_s"] is None
@@ -493,13 +510,13 @@ def test_compact_snapshots_route_as_full_ones_and_as_before(seed):
             assert routes[0] == routes[1]
             if routes[0] is None:
                 continue
-            assert routes[0].node == old.node_for(model, key)
+            assert routes[0].node == old.node_for(model, key, routes[0].lane)
             decided += 1
             if rng.random() < 0.9:  # else refused at the publish: not sent
                 node = routes[0].node if rng.random() < 0.95 else None
                 for cache in (full, compact):
                     cache.note_sent(routes[0].lane, node, model)
-                old.note_sent(node, model)
+                old.note_sent(routes[0].lane, node, model)
         now[0] += 0.3
         snapshot = evolve(rng, snapshot, now[0])
     assert decided > 1500

@@ -201,3 +201,26 @@ def test_a_cost_hook_must_be_callable_on_the_class(sized, monkeypatch):
     with pytest.raises(ModelError, match="cost\\(inputs\\) raised ZeroDivisionError"):
         schema.validate(model="raising")
     assert schema.validate(model="sized", size="0.0000001").cost == 1e-07  # never 0
+
+
+SEEN_LOADING: list = []
+
+
+def _loading_factory(name, device, model_dir):
+    """A model whose load looks at what its worker reports meanwhile."""
+    from gpu_worker.runtime import RUNTIME_UNDER_TEST
+    SEEN_LOADING.append(RUNTIME_UNDER_TEST[0].stats()["loading_models"])
+    return object()
+
+
+def test_a_worker_reports_a_model_it_loads_for_a_job_as_loading(tmp_path, monkeypatch):
+    """A load is not preempted: the router counts it as work a fast job waits for."""
+    import gpu_worker.runtime as runtime_module
+    from gpu_worker.runtime import Runtime
+
+    runtime = Runtime()
+    monkeypatch.setattr(runtime_module, "RUNTIME_UNDER_TEST", [runtime], raising=False)
+    runtime.configure("w", "cpu", {"m": "test_costs:_loading_factory"}, tmp_path, 2)
+    runtime.model("m")
+    assert SEEN_LOADING == [["m"]]  # while it loaded
+    assert runtime.stats()["loading_models"] == [] and runtime.stats()["warm_models"] == ["m"]

@@ -74,6 +74,48 @@ def test_a_busy_warm_worker_keeps_the_job_while_waiting_beats_a_cold_load():
     assert home(model, hash_ring, busy, 0.25, warm) != first  # no service times: no waiting
 
 
+def test_a_fast_job_goes_to_a_warm_worker_running_no_fast_job():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    model = "model-7"
+    first = home(model, hash_ring, {}, 0.25)
+    other = next(w for w in ("w0", "w1", "w2", "w3") if w != first)
+    warm = {first: (model,), other: (model,)}
+    loads = {first: 1, other: 3}  # the home runs a fast job; the other holds 3 relaxed
+    fast = {first: 1}
+    # by the load alone the home keeps it, behind a job no fast job preempts...
+    assert home(model, hash_ring, loads, 0.25, warm, first=first) == first
+    # ... by the fast work, the other holder: it goes ahead of the relaxed jobs there
+    assert home(model, hash_ring, loads, 0.25, warm, first=first, fast_loads=fast) == other
+    route = decide("fast", "a", False, PolicyView(ring=hash_ring, loads=loads, warm=warm,
+                                                  fast_loads=fast, homes={model: first}),
+                   model=model)
+    assert route.node == other
+    standard = decide("standard", "a", True, PolicyView(
+        ring=hash_ring, loads=loads, warm=warm, fast_loads=fast, homes={model: first}),
+        model=model)
+    assert standard.node == first  # other lanes are placed by the whole load, as before
+
+
+def test_a_fast_job_waits_for_a_warm_fast_job_only_while_that_beats_a_cold_load():
+    hash_ring = ring(["w0", "w1", "w2", "w3"])
+    model = "model-7"
+    first = home(model, hash_ring, {}, 0.25)
+    warm, drain = {first: (model,)}, dict.fromkeys(["w0", "w1", "w2", "w3"], 2.0)
+    fast = {first: 2}  # a fast job running and one waiting: about 4 s
+    placed = [home(model, hash_ring, {}, 0.25, warm, drain, cold_s=cold, first=first,
+                   fast_loads=fast) for cold in (5.0, 3.0)]
+    assert placed[0] == first
+    assert placed[1] != first and placed[1] in hash_ring[1]  # loads cold where none waits
+
+
+def test_the_fast_work_counts_a_model_loading():
+    from routing.compact import fast_work
+    assert fast_work({"in_flight": {"relaxed": 1}}) == 0  # preempted at its next step
+    assert fast_work({"in_flight": {"relaxed": 1}, "loading_models": ["m"]}) == 1
+    assert fast_work({"in_flight": {"fast": 1}, "loading_models": ["m"],
+                      "queued_fast": 2}) == 3
+
+
 def test_the_router_counts_its_own_sends_until_the_next_snapshot():
     now = [100.0]
     snapshot = {"at": 100.0, "measured_at": 100.0, "workers": {
@@ -90,6 +132,10 @@ def test_the_router_counts_its_own_sends_until_the_next_snapshot():
     view = cache.view()
     assert view.warm["w0"] == ("b", "c") and view.warm["w1"] == ("a", "b")  # c evicted a
     assert view.loads == {"w0": 3, "w1": 0}
+    assert view.fast_loads == {"w0": 0, "w1": 0}  # no fast job among them
+    cache.note_sent("fast", "w1", "a")
+    assert cache.view().fast_loads == {"w0": 0, "w1": 1}
+    assert cache.view().loads == {"w0": 3, "w1": 1}
     now[0] = 100.2  # two jobs' service time later: about two of them are done
     assert cache.view().loads["w0"] == pytest.approx(1.0)
     snapshot.update(at=101.0, measured_at=101.0)  # a snapshot that counts them itself

@@ -137,6 +137,9 @@ class Cluster:
         load_s = spec.load_s if job.cold else 0.0
         self.cold_loads += job.cold
         worker.load(job.arrival.model, load_s)
+        if load_s:  # reported as loading until it is warm (``Runtime.model``)
+            worker.runtime.loading = {job.arrival.model}
+            self.clock.at(now + load_s, self._loaded, worker, job, job.token)
         worker.runtime.job_started(job.lane)
         worker.changed()
         worker.running = job
@@ -149,6 +152,11 @@ class Cluster:
                       busy_s)
         if self.preemptor is not None:
             self.preemptor.offer(worker, job)
+
+    def _loaded(self, worker: SimWorker, job: SimJob, token: int) -> None:
+        if worker.running is job and job.token == token:
+            worker.runtime.loading = set()
+            worker.changed()
 
     def _finish(self, worker: SimWorker, job: SimJob, token: int, incarnation: str,
                 busy_s: float) -> None:
