@@ -108,17 +108,22 @@ class Preemption:
             self.own_told_at = now
         self.told_at = now
 
-    def wanted(self, lane: str, preempted: int, preemptible: bool = True) -> bool:
-        """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far:
-        whether it is to stop now for a waiting fast job. A run that may not stop hands
-        the fast jobs of this worker's own queue to the shared lane, for another worker."""
+    def wanted(self, lane: str, preempted: int, preemptible: bool = True,
+               left_s: float | None = None) -> bool:
+        """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far
+        (expecting ``left_s`` still to run; None: unknown): whether it is to stop now for
+        a waiting fast job. A run that may not stop hands the fast jobs of this worker's
+        own queue to the shared lane, for another worker, unless it ends within the fast
+        lane's budget: they wait it out here, their model warm, where elsewhere a worker
+        that is free first, whatever it holds, would take them (a cold load, and a model
+        evicted) while this run's model sits unused once it ends."""
         told, last = self.told_at, self.asked_for
         if told <= last:
             return False
         if lane == FAST or not (preemptible and settings.preempt) \
                 or preempted >= settings.max_preemptions:
             self.asked_for = told
-            if self.own_told_at > last:
+            if self.own_told_at > last and (left_s is None or left_s >= settings.max_wait_fast_s):
                 self._hand_over()
             return False
         self.asked_for = told

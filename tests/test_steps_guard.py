@@ -59,6 +59,24 @@ def test_a_resumed_run_paces_from_where_it_resumed(monkeypatch):
     assert claims == []
 
 
+@pytest.mark.parametrize("steps, handed", [(30, 0), (300, 1)])
+def test_a_fast_run_hands_its_own_queues_fast_jobs_on_only_past_the_budget(
+        monkeypatch, steps, handed):
+    """A fast job behind a fast run (which nothing preempts) waits it out when it ends
+    within the fast budget (2.6 s left of 10 s here); past it (29.6 s), it is handed to
+    the shared lane."""
+    vary(monkeypatch, preempt_min_left_s=1.0, max_wait_fast_s=10.0)
+    handovers: list[int] = []
+    monkeypatch.setattr(PREEMPTION, "_hand_over", lambda: handovers.append(1))
+    monkeypatch.setattr(PREEMPTION, "told_at", time.monotonic() + 1)
+    monkeypatch.setattr(PREEMPTION, "own_told_at", time.monotonic() + 1)
+    monkeypatch.setattr(PREEMPTION, "asked_for", 0.0)
+    guard = StepGuard("j1", Lease("j1", 1, "h#1#t", time.monotonic()), "fast", 0, Reports())
+    guard.began = time.monotonic() - 0.1 * 4  # 0.1 s a step
+    guard(4, steps)
+    assert handovers == [1] * handed and guard.report.steps == [4]
+
+
 def test_the_default_is_a_tenth_of_the_fast_budget():
     assert settings.preempt_min_left_s == pytest.approx(settings.max_wait_fast_s / 10)
 

@@ -6,7 +6,8 @@ standard ones, the latest begun first: ``ZPOPMAX``), taken off the index. The to
 run looks at its next step boundary (``Preemption.wanted``): a fast run, or one
 preempted ``max_preemptions`` times, may not stop (and one expecting less than
 ``preempt_min_left_s`` still to run does not look at all), and hands the fast jobs of its
-worker's own queue to the front of the shared fast lane, telling another; else, if a
+worker's own queue to the front of the shared fast lane, telling another, unless it ends
+within the fast lane's budget (they wait for it); else, if a
 fast job it could take still waits (``lua/preempt_claim.lua``), it stops, its job's
 next copy goes to the front of its worker's own queue of its lane (a resumable model:
 it resumes at that step) and the worker takes the fast job. The decisions live in
@@ -29,9 +30,10 @@ if TYPE_CHECKING:
 class Preemptor:
     """The index of preemptible runs, and each told run's step-boundary check."""
 
-    def __init__(self, cluster: Cluster, max_preemptions: int, min_left_s: float) -> None:
+    def __init__(self, cluster: Cluster, max_preemptions: int, min_left_s: float,
+                 hand_over_left_s: float = 0.0) -> None:
         self.cluster, self.max_preemptions = cluster, max_preemptions
-        self.min_left_s = min_left_s
+        self.min_left_s, self.hand_over_left_s = min_left_s, hand_over_left_s
         # (-lane rank, -begun, host, job token): ZPOPMAX order; stale entries skipped
         self._index: list[tuple[int, float, str, int]] = []
         self.preempted = 0
@@ -89,8 +91,8 @@ class Preemptor:
             return  # about to end: it runs on, the news unread (``steps._long_left``)
         own, worker.told_own, worker.told_run = worker.told_own, False, None
         if not self.may_stop(job):
-            if own:
-                self._hand_over(worker)
+            if own and self._left_s(job) >= self.hand_over_left_s:
+                self._hand_over(worker)  # a run ending within the fast budget keeps them
             return
         fast_keys = (worker_queue(FAST, worker.host), FAST)
         if any(key in self.cluster.lists.list_depth for key in fast_keys):

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from routing.names import LANES
+from routing.names import FAST, LANES
 
 from benchmarks.fleet_routing import hosts_of
 from benchmarks.simulate.cluster import Cluster, SimWorker
@@ -90,7 +90,8 @@ class Run:
                                self._done, config.pickup_s, config.pickups_s)
         if mode == "gpulanes" and config.preempt:
             self.cluster.preemptor = Preemptor(self.cluster, config.max_preemptions,
-                                               config.preempt_min_left_s)
+                                               config.preempt_min_left_s,
+                                               config.budget_of(FAST))
         self.store = Store()
         self.beat = Beat(self.clock, self.cluster, config, self.store, self.accounts,
                          self.recorder.round_done) if mode == "gpulanes" else None

@@ -51,17 +51,19 @@ class StepGuard:
                 raise JobRevoked(f"job {self.job_id} was revoked at step {step}")
             self.for_followers = True
         self.lease.check()
-        if (steps is None or step < steps) and self._long_left(step, steps) \
-                and PREEMPTION.wanted(self.lane, self.preempted, self.preemptible):
-            kept = self.state if self.state and self.state[0] == step else None
-            raise Preempted(step, steps, kept)
+        if steps is None or step < steps:
+            left_s = self._left_s(step, steps)
+            if (left_s is None or left_s >= settings.preempt_min_left_s) and \
+                    PREEMPTION.wanted(self.lane, self.preempted, self.preemptible, left_s):
+                kept = self.state if self.state and self.state[0] == step else None
+                raise Preempted(step, steps, kept)
         self.report(step, steps)
 
-    def _long_left(self, step: int, steps: int | None) -> bool:
-        """Whether the run expects ``GPULANES_PREEMPT_MIN_LEFT_S`` or more still to run
-        (from its pace so far); unknown (no total, no step done yet) counts as long."""
+    def _left_s(self, step: int, steps: int | None) -> float | None:
+        """Seconds the run expects still to run, from its pace so far; None: unknown (no
+        total, no step done yet), which counts as long. One expecting less than
+        ``GPULANES_PREEMPT_MIN_LEFT_S`` is never preempted."""
         done = step - self.report.from_step
         if steps is None or done <= 0:
-            return True
-        pace_s = (time.monotonic() - self.began) / done
-        return pace_s * (steps - step) >= settings.preempt_min_left_s
+            return None
+        return (time.monotonic() - self.began) / done * (steps - step)
