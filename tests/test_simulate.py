@@ -106,7 +106,8 @@ def test_json_has_the_figures(tmp_path) -> None:
             figures = result["modes"][mode]
             assert set(figures["lanes"]["fast"]) == {"jobs", "p50", "p95", "p99"}
             assert set(figures["within_budget"]) == {"fast", "standard", "relaxed"}
-            for key in ("mode_changes_per_min", "cold_loads", "served_jobs_s", "relaxed_accounts"):
+            for key in ("mode_changes_per_min", "cold_loads", "served_jobs_s", "relaxed_accounts",
+                        "fast_allowed_within_budget"):
                 assert key in figures
         assert {"served_jobs_s", "standard_within_budget", "fast_within_budget",
                 "worst_wait_s", "plain_p99_wait_s"} <= set(result["versus"])

@@ -3,7 +3,9 @@
 Waits are ``queued_ms`` as a result reports it: from submission to the start of the
 run that finished (a job put back after its worker died waits on from its first
 submission). "Per lane" is the lane a job ran in; "within budget" is per requested
-tier, against the tier's lane budget (relaxed: ``SimConfig.relaxed_budget_s``).
+tier, against the tier's lane budget (relaxed: ``SimConfig.relaxed_budget_s``); fast
+jobs are also counted apart from those their account's own limits moved (out of fast
+seconds, over its fast places): what the cluster promises a paying caller.
 """
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from routing.names import LANES, RELAXED
+from routing.names import FAST, LANES, RELAXED
+from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED
 
 from benchmarks.common import percentile
 from benchmarks.simulate.config import SimConfig
 from benchmarks.simulate.queues import SimJob
 
+#: Moves down made by an account's own limits, not by the cluster's load.
+OWN_LIMITS = frozenset({FAST_TIME_EXHAUSTED, FAST_ACCOUNT_LIMIT})
 #: Width of the time bins of the waits-over-time series.
 BIN_S = 10.0
 
@@ -67,6 +72,15 @@ def _within(jobs: list[SimJob], config: SimConfig) -> dict[str, float | None]:
     return share
 
 
+def _fast_allowed(jobs: list[SimJob], config: SimConfig) -> float | None:
+    """Within budget, of the fast jobs their accounts' own limits left in fast: not out
+    of fast seconds (``fast_time_exhausted``: relaxed, as a paid plan's fast hours run
+    out) nor over the account's fast places (``fast_account_limit``)."""
+    mine = [job for job in jobs if job.arrival.tier == FAST and job.reason not in OWN_LIMITS]
+    budget = config.budget_of(FAST)
+    return round(sum(job.wait_s <= budget for job in mine) / len(mine), 4) if mine else None
+
+
 def _relaxed_accounts(jobs: list[SimJob]) -> dict[str, dict]:
     """Waits of the jobs that ran in relaxed, heavy accounts apart from light ones."""
     out = {}
@@ -100,6 +114,7 @@ def figures(recorder: Recorder, config: SimConfig, window_s: float, offered: int
         "lanes": _waits_by(jobs, lambda job: job.lane),
         "tiers": _waits_by(jobs, lambda job: job.arrival.tier),
         "within_budget": _within(jobs, config),
+        "fast_allowed_within_budget": _fast_allowed(jobs, config),
         "all": quantiles(waits), "worst_wait_s": round(max(waits, default=0.0), 3),
         "mode_changes": changes,
         "mode_changes_per_min": round(sum(changes.values()) / minutes, 3),
