@@ -128,10 +128,11 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     pass over every worker).
 
     ``fast_loads`` (a fast job's placement: each worker's fast jobs, running or in its
-    own queue): the first warm holder with none (under ``FAST_CAP``), however many
-    standard and relaxed jobs it holds, since the fast job goes ahead of them and
-    preempts the one running; when every holder has one, the delay rule above over
-    the fast work alone. A fast job never waits behind another for want of looking.
+    own queue): the choice above unless it has fast work (``FAST_CAP`` or more); then
+    the first warm holder with none, however many standard and relaxed jobs it holds,
+    since the fast job goes ahead of them and preempts the one running; when every
+    holder has some, the delay rule above over the fast work alone. A fast job never
+    waits behind another for want of looking.
 
     None (the shared lane) when every worker on the ring holds ``model`` warm and no
     ``key`` asks for one of them: any worker serves it warm, and the shared lane lets
@@ -146,32 +147,34 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     held, point_key = _holding(model, nodes, warm, holders), key or model
     if key is None and len(held) == len(nodes):
         return None
-    if fast_loads is not None:
-        return _fast_home(hash_ring, model, held, point_key, first, fast_loads, drain_s,
-                          cold_s)
     if load_sum is None:
         load_sum = sum(loads.get(node, 0) for node in nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * (load_sum + 1) / len(nodes)))
     front = first if first in held else None
-    if front is not None and loads.get(front, 0) < cap:
+    if front is not None and loads.get(front, 0) < cap and \
+            (fast_loads is None or fast_loads.get(front, 0) < FAST_CAP):
         return front  # the model's home, warm and open: the common case
     ordered = _ring_ordered(hash_ring, model, held, point_key)
     warm_open = first_below(loads, ordered, cap, point_key)
+    if fast_loads is not None and (warm_open is None or
+                                   fast_loads.get(warm_open, 0) >= FAST_CAP):
+        return _fast_home(hash_ring, held, point_key, first, ordered, fast_loads, drain_s,
+                          cold_s)
     if warm_open is not None:  # (a busy front is met again in ring order, and skipped)
         return warm_open
     return _spill(_holding_first(hash_ring, held, point_key, ordered, front),
                   _walk(hash_ring, point_key, first), loads, cap, drain_s, cold_s)
 
 
-def _fast_home(hash_ring: HashRing, model: str, held: frozenset[str], key: str,
-               first: str | None, fast_loads: Mapping[str, float],
+def _fast_home(hash_ring: HashRing, held: frozenset[str], key: str, first: str | None,
+               ordered: Iterable[str], fast_loads: Mapping[str, float],
                drain_s: Mapping[str, float] | None, cold_s: float) -> str | None:
-    """:func:`home` of a fast job: by the workers' fast work, under ``FAST_CAP``."""
+    """:func:`home` of a fast job whose bounded-loads choice has fast work (or that has
+    none): the first warm holder without, else by the fast work (``FAST_CAP``)."""
     front = first if first in held else None
-    if front is not None and fast_loads.get(front, 0) < FAST_CAP:
-        return front
-    ordered = _ring_ordered(hash_ring, model, held, key)
-    free = first_below(fast_loads, ordered, FAST_CAP, key)
+    if not isinstance(ordered, (list, tuple)):  # a walk, read: walked again
+        ordered = _walked(hash_ring, held, key)
+    free = first_below(fast_loads, chain((front,) if front else (), ordered), FAST_CAP)
     if free is not None:
         return free
     return _spill(_holding_first(hash_ring, held, key, ordered, front),

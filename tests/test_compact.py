@@ -99,6 +99,26 @@ def old_home(model, hash_ring, loads, epsilon, warm=None, drain_s=None, cold_s=0
     return open_nodes[0]
 
 
+def old_fast_home(model, hash_ring, loads, fast, epsilon, warm, drain_s, cold_s, first, key):
+    """A fast job: the bounded-loads choice of a warm worker unless it has fast work
+    (half a job or more); then the first holder without, else the delay rule over the
+    fast work."""
+    points, owners = hash_ring
+    nodes = set(owners)
+    holds = [node for node in old_ring_order(key or model, points, owners, len(nodes))
+             if model in warm.get(node, ())]
+    if nodes and (key is not None or len(holds) < len(nodes)):
+        cap = max(OLD_MIN_CAP, math.ceil((1 + epsilon) * (sum(
+            loads.get(n, 0) for n in nodes) + 1) / len(nodes)))
+        # the model's home, then the first in ring order (the home met there again)
+        for candidates in ([first] if first in holds else []), holds:
+            chosen = next((n for n in candidates if loads.get(n, 0) < cap), None)
+            if chosen is not None and fast.get(chosen, 0) < 0.5:
+                return chosen
+    return old_home(model, hash_ring, fast, epsilon, warm, drain_s, cold_s, first, key,
+                    cap=0.5)
+
+
 def old_touched(warm, model, slots):
     kept = tuple(m for m in warm if m != model) + (model,)
     return kept[-max(1, slots):]
@@ -196,9 +216,9 @@ class OldRouter:
         where = (self.warm, drain, base["cold_s"].get(model, base["cold_default_s"]),
                  None if route_key else self.homes.get(model),
                  f"{model}/{route_key}" if route_key else None)
-        if lane == "fast":  # the first holder with no fast work (under half a job)
-            return old_home(*placed, now(base["fast"], self.fast_sent), self.epsilon, *where,
-                            cap=0.5)
+        if lane == "fast":
+            return old_fast_home(*placed, now(base["loads"], self.node_sent),
+                                 now(base["fast"], self.fast_sent), self.epsilon, *where)
         return old_home(*placed, now(base["loads"], self.node_sent), self.epsilon, *where)
 
 

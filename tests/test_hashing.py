@@ -90,6 +90,10 @@ def test_a_fast_job_goes_to_a_warm_worker_running_no_fast_job():
                                                   fast_loads=fast, homes={model: first}),
                    model=model)
     assert route.node == other
+    # no fast work anywhere: bounded loads, as before
+    assert home(model, hash_ring, loads, 0.25, warm, first=first, fast_loads={}) == first
+    assert home(model, hash_ring, {first: 5}, 0.25, warm, first=first, fast_loads={}) \
+        == home(model, hash_ring, {first: 5}, 0.25, warm, first=first) == other
     standard = decide("standard", "a", True, PolicyView(
         ring=hash_ring, loads=loads, warm=warm, fast_loads=fast, homes={model: first}),
         model=model)
