@@ -49,6 +49,15 @@ def zipf_stream(jobs: int, seed: int, s: float = 1.1) -> list[str]:
     return random.Random(seed).choices(MODELS, weights=weights, k=jobs)
 
 
+def fast_jobs(jobs: int, share: float, seed: int = 2) -> frozenset[int]:
+    """Which of ``jobs`` go as fast jobs (``--fast-share``), the same on both sides."""
+    return frozenset(random.Random(seed).sample(range(jobs), round(share * jobs)))
+
+
+def tier_of(i: int, fast: frozenset[int]) -> str:
+    return "fast" if i in fast else "standard"
+
+
 def drive(send: Callable[[int, str], Any], stream: list[str],
           in_flight: int) -> tuple[list[dict], float]:
     """Publish the stream (``send(i, model)``) keeping ``in_flight`` jobs outstanding;
@@ -63,11 +72,13 @@ def drive(send: Callable[[int, str], Any], stream: list[str],
     return done, time.monotonic() - began
 
 
-def plain_drive(stream: list[str], in_flight: int, size: JobSize) -> tuple[list[dict], float]:
+def plain_drive(stream: list[str], in_flight: int, size: JobSize,
+                fast: frozenset[int] = frozenset()) -> tuple[list[dict], float]:
     """:func:`drive` in the plain publisher's process, through the plain app only."""
     from benchmarks import plain_app
 
-    return drive(lambda i, model: plain_app.send("standard", f"job {i}", i, size, model=model),
+    return drive(lambda i, model: plain_app.send(tier_of(i, fast), f"job {i}", i, size,
+                                                 model=model),
                  stream, in_flight)
 
 
@@ -75,8 +86,10 @@ def plain_mode(args: argparse.Namespace, state: Path, url: str) -> dict[str, Any
     """Fresh plain workers, the stream from the plain publisher, the figures."""
     env = plain_env(plain_url(url), state, MODEL_SLOTS=args.slots, WARM_MODELS="demo")
     with PlainWorkers(args.workers, env, state / "plain"), PlainClient(env) as plain:
+        fast = fast_jobs(args.jobs, args.fast_share)
         return summarize(*plain.call(plain_drive, zipf_stream(args.jobs, seed=1),
-                                     args.in_flight, JobSize(args.steps, args.size)))
+                                     args.in_flight, JobSize(args.steps, args.size), fast),
+                         fast)
 
 
 def hashing_mode(args: argparse.Namespace, state: Path) -> dict[str, Any]:
@@ -84,16 +97,18 @@ def hashing_mode(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     from tasks import app, submit
     from tasks.dev.cluster import LocalCluster
 
+    fast = fast_jobs(args.jobs, args.fast_share)
+
     def send(i: int, model: str) -> Any:
         return submit(f"job {i}", model=model, seed=i, steps=args.steps, width=args.size,
-                      height=args.size)
+                      height=args.size, tier=tier_of(i, fast))
 
     cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / "hashing",
                            env={"GPULANES_MODEL_SLOTS": str(args.slots)})
     try:
         cluster.start(app)  # on the Redis bench() started
         _wait_routable(args.workers)
-        return summarize(*drive(send, zipf_stream(args.jobs, seed=1), args.in_flight))
+        return summarize(*drive(send, zipf_stream(args.jobs, seed=1), args.in_flight), fast)
     finally:
         cluster.stop()
 
@@ -111,8 +126,10 @@ def _wait_routable(workers: int, timeout_s: float = 60.0) -> None:
     raise RuntimeError("the router never saw every worker")
 
 
-def summarize(results: list[dict], wall_s: float) -> dict[str, Any]:
+def summarize(results: list[dict], wall_s: float,
+              fast: frozenset[int] = frozenset()) -> dict[str, Any]:
     latency = [r["queued_ms"] + r["run_ms"] for r in results]
+    fast_waits = [r["queued_ms"] for i, r in enumerate(results) if i in fast]
     cold = sum(r["cold_start"] for r in results)
     loads = [r["load_ms"] for r in results if r["cold_start"]]
     # A model's first load anywhere cannot be avoided; every later one could have been.
@@ -122,6 +139,9 @@ def summarize(results: list[dict], wall_s: float) -> dict[str, Any]:
             "load_ms": sum(loads) / len(loads) if loads else 0.0,
             "run_ms": sum(r["run_ms"] for r in results) / len(results),
             "p50_ms": percentile(latency, 0.5), "p95_ms": percentile(latency, 0.95),
+            "fast_wait_p50_ms": percentile(fast_waits, 0.5),
+            "fast_wait_p95_ms": percentile(fast_waits, 0.95),
+            "fast_cold": sum(results[i]["cold_start"] for i in fast),
             "jobs_per_s": len(results) / wall_s}
 
 
@@ -149,6 +169,11 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
     print(markdown_table(["mode", "jobs", "cold loads / 1000", "after first loads / 1000",
                           "mean load ms", "mean run ms",
                           "p50 ms", "p95 ms", "jobs/s"], rows))
+    if args.fast_share:
+        print("\nfast jobs (" + ", ".join(
+            f"{mode}: wait p50 {f['fast_wait_p50_ms']:.1f} ms, p95 "
+            f"{f['fast_wait_p95_ms']:.1f} ms, {f['fast_cold']} cold"
+            for mode, f in figures.items() if isinstance(f, dict)) + ")")
     share = figures["route hashing"]["cold_per_1000"] / 10
     print(f"\nroute hashing: {share:.1f}% of jobs cold (goal <= 2%: "
           f"{'met' if share <= 2 else 'NOT met'}); total wall time {figures['wall_s']:.0f}s")
@@ -165,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--fast-share", type=float, default=0.0,
+                        help="share of the jobs sent as fast jobs (default: none)")
     args = parser.parse_args(argv)
     figures = run_private("gl-aff-", lambda state: bench(state, args), "clusters stopped",
                           HEARTBEAT_S=1, HASH_EPSILON=args.epsilon)
