@@ -61,6 +61,8 @@ def mode_row(trials: list[Trial]) -> dict[str, Any]:
         "accepted": sum(len(t.accepted) for t in trials),
         "served_jobs_s": len(done) / busy_s,
         "mean_latency_s": statistics.fmean(latency_s(r) for r in done) if done else None,
+        "p99_s": percentile([latency_s(r) for r in done], 0.99),
+        "max_s": max((latency_s(r) for r in done), default=None),
         "drain_s": statistics.fmean(t.drain_s for t in trials),
         "queued_at_deadline": sum(t.queued_at_deadline for t in trials),
         "client_cpu_ms_per_job": 1000 * sum(t.client_cpu_s for t in trials)
@@ -192,7 +194,18 @@ def verdict(report: dict[str, Any]) -> list[str]:
             f"mean latency over all jobs: gpulanes {fmt(modes['gpulanes']['mean_latency_s'])}s,"
             f" plain {fmt(modes['plain']['mean_latency_s'])}s (a policy moves waiting between "
             "tiers; it adds no capacity)",
+            worst_line(modes),
             f"jobs without a result: {lost} (must be 0)"]
+
+
+def worst_line(modes: dict[str, Any]) -> str:
+    """gpulanes' worst latency against plain lanes' p99 over all jobs (issue 16's bound:
+    no accepted job worse than 1.5x)."""
+    worst, p99 = modes["gpulanes"]["max_s"], modes["plain"]["p99_s"]
+    if worst is None or not p99:
+        return "worst latency: no jobs"
+    return (f"worst latency gpulanes {worst:.2f}s, plain p99 {p99:.2f}s (p99 gpulanes "
+            f"{fmt(modes['gpulanes']['p99_s'])}s): {worst / p99:.2f}x (goal <= 1.5x)")
 
 
 def capacity_words(report: dict[str, Any]) -> str:
