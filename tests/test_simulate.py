@@ -155,3 +155,30 @@ def test_a_run_is_told_of_a_fast_job_after_the_one_before_it_was_told_too() -> N
     second_fast = max(outcome.recorder.done, key=lambda job: job.id)
     assert outcome.figures["preempted"] == 1
     assert second_fast.wait_s <= 9.0 / 30 + 1e-9
+
+
+def test_a_worker_reports_its_job_time_less_what_it_does_not_measure() -> None:
+    """Real workers measure a job's service from prerun to postrun; the fetch and ack
+    around it keep them busy unmeasured (``SimConfig.unmeasured_s``)."""
+    spec = ModelSpec("m", 0.0, 0.0, 0.0)
+    jobs = [Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10),
+            Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10)]
+    config = SimConfig(unmeasured_s=0.1)
+    run = Run(jobs, [spec], Fleet(1, slots=(1,)), "gpulanes", config, window_s=5.0)
+    outcome = run.go()
+    first, second = sorted(outcome.recorder.done, key=lambda job: job.id)
+    assert second.started_at - first.started_at == pytest.approx(0.5)  # busy the whole run
+    worker = next(iter(run.cluster.workers.values()))
+    assert worker.runtime.service_ms["standard"] == pytest.approx(400.0)  # 0.5 s - 0.1 s
+
+
+def test_validation_sets_a_jobs_time_against_the_service_the_workers_report() -> None:
+    from benchmarks.simulate.validate import unmeasured_s
+
+    jobs = [{"started_at": float(i), "run_s": 0.020, "extra_s": 0.010,
+             "lane": "fast" if i % 3 else "relaxed"} for i in range(90)]
+    jobs[-1]["run_s"] = 0.5  # a relaxed job: 1/30 of the lane's recent ones
+    found = unmeasured_s(jobs, 0.010, {"fast": 0.021, "relaxed": 0.030})
+    assert found == pytest.approx((50 * 0.009 + 30 * (0.0 + 0.48 / 30)) / 80)
+    assert unmeasured_s(jobs, 0.010, None) == 0.0
+    assert unmeasured_s(jobs, 0.010, {"fast": 0.05, "relaxed": 0.05}) == 0.0

@@ -84,8 +84,9 @@ class Cluster:
     def __init__(self, clock: Clock, lists: Lists, specs: Mapping[str, ModelSpec],
                  workers: list[SimWorker], overhead_s: float,
                  on_done: Callable[[SimJob], None], pickup_s: float = 0.0,
-                 pickups_s: Sequence[float] = ()) -> None:
+                 pickups_s: Sequence[float] = (), unmeasured_s: float = 0.0) -> None:
         self.clock, self.lists, self.specs = clock, lists, specs
+        self.unmeasured_s = unmeasured_s  # of each job's busy time, not in its service
         self.workers = {w.host: w for w in workers}
         self.overhead_s, self.pickup_s, self.on_done = overhead_s, pickup_s, on_done
         drawn = list(pickups_s)
@@ -146,8 +147,8 @@ class Cluster:
         self.held[job.id] = (job, worker.incarnation, now, key)
         job.run_began_at = now + load_s
         run_s = job.arrival.run_s * (1 - job.steps_done / job.arrival.steps)
-        busy_s = load_s + run_s + self.overhead_s  # what the worker measures (prerun to
-        # postrun holds nearly all of the overhead: the result's write, the ack)
+        busy_s = load_s + run_s + self.overhead_s  # the worker's time on it; it reports
+        # this less ``unmeasured_s`` as the job's service time (prerun to postrun)
         self.clock.at(now + busy_s, self._finish, worker, job, job.token, worker.incarnation,
                       busy_s)
         if self.preemptor is not None:
@@ -163,8 +164,8 @@ class Cluster:
         if token != job.token or not worker.alive or worker.incarnation != incarnation:
             return  # that run died with its worker or stepped aside: the job runs again
         job.finished_at, job.served = self.clock.now, job.served + 1
-        worker.runtime.job_finished(job.lane, busy_s * 1000, job.arrival.model,
-                                    job.arrival.cost)
+        worker.runtime.job_finished(job.lane, max(0.0, busy_s - self.unmeasured_s) * 1000,
+                                    job.arrival.model, job.arrival.cost)
         worker.changed()
         del self.held[job.id]
         worker.running = None

@@ -61,6 +61,11 @@ class SimConfig:
     pickups_s: tuple[float, ...] = ()
     #: Workers push their stats at this many different phases of a heartbeat.
     push_phases: int = 10
+    #: Seconds of each job a worker spends outside the span it measures as the job's
+    #: service time (prerun to postrun: the message's fetch and ack, the consumer's
+    #: loop): it keeps the worker busy but is not in the service time it reports, of
+    #: which beat's expected waits are made.
+    unmeasured_s: float = 0.0
 
     def budget_of(self, tier: str) -> float:
         """The wait a job of ``tier`` should not exceed."""

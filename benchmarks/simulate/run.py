@@ -87,7 +87,8 @@ class Run:
         self.recorder, self.accounts = Recorder(self.start), Accounts(config)
         self.cluster = Cluster(self.clock, self.lists, {s.name: s for s in specs},
                                _workers(fleet, specs, mode, seed), config.overhead_s,
-                               self._done, config.pickup_s, config.pickups_s)
+                               self._done, config.pickup_s, config.pickups_s,
+                               config.unmeasured_s)
         if mode == "gpulanes" and config.preempt:
             self.cluster.preemptor = Preemptor(self.cluster, config.max_preemptions,
                                                config.preempt_min_left_s,

@@ -104,6 +104,7 @@ def simulated(jobs: list[dict[str, Any]], trial: dict[str, Any]) -> list[dict[st
                 for j in jobs]
     budgets = trial["budgets_s"]
     config = SimConfig(budgets_s=dict(budgets), default_service_s=trial["job_s"],
+                       unmeasured_s=trial.get("unmeasured_s", 0.0),
                        heartbeat_s=trial["heartbeat_s"],
                        heartbeat_reply_s=trial["heartbeat_reply_s"],
                        pickup_s=trial["pickup_s"], pickups_s=tuple(trial.get("pickups_s", ())),
@@ -193,10 +194,50 @@ def one_load(args: argparse.Namespace, beat: Any, rate: float,
     sides = Sides(beat, None, JobSize(args.steps, args.size), 2 * args.duration + 60)
     jobs = real_jobs(sides.gpulanes_trial(plan))
     extra_s, pickup_s, pickups = busy_s(jobs, base["overhead_default_s"])
-    trial = {**base, "overhead_s": extra_s, "pickup_s": pickup_s, "pickups_s": pickups}
+    service = reported_service_s(base["hosts"])
+    unmeasured = unmeasured_s(jobs, extra_s, service)
+    trial = {**base, "overhead_s": extra_s, "pickup_s": pickup_s, "pickups_s": pickups,
+             "service_s": service, "unmeasured_s": unmeasured}
     print(f"  {rate:.1f} jobs/s: {len(jobs)} jobs, {extra_s * 1000:.1f} ms per job beyond "
-          f"its run, pickup {pickup_s * 1000:.1f} ms", file=sys.stderr, flush=True)
+          f"its run ({unmeasured * 1000:.1f} ms of it outside the service time the "
+          f"workers report), pickup {pickup_s * 1000:.1f} ms", file=sys.stderr, flush=True)
     return {"trial": trial, "jobs": jobs, **compared(jobs, trial)}
+
+
+#: The last jobs of a trial whose time per job is set against the workers' service
+#: time (a moving average over their recent jobs).
+RECENT_JOBS = 50
+
+
+def reported_service_s(hosts: list[str]) -> dict[str, float]:
+    """Per lane, the service time (prerun to postrun, a moving average over recent jobs)
+    the trial's workers last reported in beat's worker record, the mean over workers."""
+    from tasks.broker.app import redis_client
+    from tasks.broker.keys import WORKERS_KEY
+
+    records = [json.loads(raw) for raw in redis_client().hmget(WORKERS_KEY, hosts) if raw]
+    samples: dict[str, list[float]] = {}
+    for record in records:
+        for lane, ms in record.get("service_ms", {}).items():
+            if ms:
+                samples.setdefault(lane, []).append(ms / 1000)
+    return {lane: statistics.fmean(found) for lane, found in samples.items()}
+
+
+def unmeasured_s(jobs: list[dict[str, Any]], extra_s: float,
+                 service_s: dict[str, float] | None) -> float:
+    """Of a worker's time per job (run plus what lies between two starts), the part
+    outside the service time it reports: per lane, its last ``RECENT_JOBS`` jobs against
+    the lane's reported service time; their mean, weighted by jobs (0: unknown)."""
+    parts, weights = [], []
+    for lane, service in (service_s or {}).items():
+        recent = sorted((j for j in jobs if j["lane"] == lane),
+                        key=lambda j: j["started_at"])[-RECENT_JOBS:]
+        if recent:
+            per_job_s = statistics.fmean(j["run_s"] + j.get("extra_s", extra_s) for j in recent)
+            parts.append(max(0.0, per_job_s - service) * len(recent))
+            weights.append(len(recent))
+    return sum(parts) / sum(weights) if weights else 0.0
 
 
 def replay(path: Path) -> dict[str, Any]:
@@ -208,6 +249,8 @@ def replay(path: Path) -> dict[str, Any]:
         trial = found["trial"]
         trial["overhead_s"], trial["pickup_s"], trial["pickups_s"] = busy_s(found["jobs"],
                                                                             default_s)
+        trial["unmeasured_s"] = unmeasured_s(found["jobs"], trial["overhead_s"],
+                                             trial.get("service_s"))
         found.update(compared(found["jobs"], found["trial"]))
     return report
 
