@@ -86,8 +86,8 @@ class Measured:
     rates: tuple[float, ...]
     ranks: list[int]
     cold_s: Mapping[str, float]
-    #: Each worker's fast jobs, running or in its own queue; None from a beat that
-    #: does not measure them (fast jobs are then placed by ``loads``).
+    #: What a fast job would wait for on each worker (``routing.compact.fast_work``);
+    #: None from a beat that does not measure it (fast jobs are then placed by ``loads``).
     fast: list[int] | None = None
 
 

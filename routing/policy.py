@@ -115,8 +115,8 @@ class PolicyView:
     #: running or queued for each); empty: every job goes to the shared lanes.
     ring: tuple[tuple[int, ...], tuple[str, ...]] = ((), ())
     loads: Mapping[str, float] = field(default_factory=dict)
-    #: Of those, each worker's fast jobs (running, or in its own fast queue): where a
-    #: fast job starts soonest. None: fast jobs are placed by ``loads``.
+    #: What a fast job would wait for on each worker (``routing.compact.fast_work``), with
+    #: this process's fast sends. None: fast jobs are placed by ``loads``.
     fast_loads: Mapping[str, float] | None = None
     epsilon: float = 0.25
     #: Models each healthy worker holds warm (or is loading), least recently used first.

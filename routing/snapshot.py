@@ -111,7 +111,6 @@ class SnapshotCache:
         self._node_sent: dict[str, int] = {}
         self._sends = 0  # counted in _node_sent since the snapshot
         self._node_fast_sent: dict[str, int] = {}  # of them, fast jobs
-        self._fast_sends = 0
         self._warm_after: dict[str, tuple[str, ...]] = {}
         self._holders_after: dict[str, frozenset[str]] = {}
         self._fluid = DrainingSum((), ())
@@ -135,7 +134,7 @@ class SnapshotCache:
         flushed test Redis)."""
         with self._lock:
             self._state, self._sent, self._node_sent = None, {}, {}
-            self._node_fast_sent, self._fast_sends = {}, 0
+            self._node_fast_sent = {}
             self._warm_after, self._holders_after = {}, {}
             self._demand, self._refused = {}, {}
             self._log.clear()
@@ -244,7 +243,7 @@ class SnapshotCache:
         """The new snapshot's workers, with the sends it did not see applied again."""
         measured, before = self._state.measured, self._holders_after
         self._node_sent, self._warm_after, self._holders_after = {}, {}, {}
-        self._node_fast_sent, self._fast_sends = {}, 0
+        self._node_fast_sent = {}
         self._sends, self._fluid = 0, DrainingSum(measured.loads, measured.rates)
         for _, lane, node, model in self._log:
             self._count(lane, node, model)
@@ -276,7 +275,6 @@ class SnapshotCache:
         if lane == FAST:
             self._node_fast_sent = {**self._node_fast_sent,
                                     node: self._node_fast_sent.get(node, 0) + 1}
-            self._fast_sends += 1
         self._fluid.add(i)
         before = self._warm_after.get(node) or held.base.warm[node]
         after = touched(before, model, held.measured.fleet.slots[i])
@@ -341,7 +339,7 @@ class SnapshotCache:
                 elapsed_s = max(0.0, now - snapshot.get("measured_at", snapshot["at"]))
                 load_sum = self._fluid.at(elapsed_s)
                 sent, node_sent, sends = self._sent, self._node_sent, self._sends
-                fast_sent, fast_sends = self._node_fast_sent, self._fast_sends
+                fast_sent = self._node_fast_sent
                 warm_after, holders_after = self._warm_after, self._holders_after
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
@@ -354,6 +352,6 @@ class SnapshotCache:
         return base.but(full=full_lanes(snapshot, sent, self.max_depth),
                         loads=base.loads.at(node_sent, elapsed_s, sends), load_sum=load_sum,
                         fast_loads=None if fast is None else
-                        fast.at(fast_sent, elapsed_s, fast_sends),
+                        fast.at(fast_sent, elapsed_s),  # read without a key: no sends count
                         warm=base.warm.sent(warm_after),
                         holders=base.holders.sent(holders_after))

@@ -7,7 +7,7 @@ import socket
 import time
 
 import pytest
-from conftest import SMALL, new_gate, wait_at_gate
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 from gpu_worker.launcher import worker_command, worker_env
 from routing.names import STATS_COMMAND
@@ -27,10 +27,8 @@ def _worker_pids(app, expected: int, timeout_s: float = 60.0) -> dict[str, int]:
 
 
 def _wait_for_log(path, text: str, count: int = 1, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while (path.read_text() if path.exists() else "").count(text) < count:
-        assert time.monotonic() < deadline, f"{text!r} x{count} never appeared in {path}"
-        time.sleep(0.05)
+    wait_until(lambda: (path.read_text() if path.exists() else "").count(text) >= count,
+               timeout_s, what=f"{text!r} x{count} in {path}")
 
 
 def _gone(pid: int) -> bool:

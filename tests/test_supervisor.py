@@ -66,8 +66,9 @@ def _run(supervisor: Supervisor, stop_when: Callable[[], bool],
     def stopper() -> None:
         deadline = time.monotonic() + timeout_s
         try:
-            while not (done.is_set() or stop_when() or time.monotonic() > deadline):
-                time.sleep(0.01)
+            while not (stop_when() or time.monotonic() > deadline):
+                if done.wait(0.01):  # run() returned
+                    break
         finally:  # even if stop_when() raised: a failing test must not hang
             supervisor.stopping = True
 

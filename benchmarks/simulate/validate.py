@@ -229,15 +229,15 @@ def unmeasured_s(jobs: list[dict[str, Any]], extra_s: float,
     """Of a worker's time per job (run plus what lies between two starts), the part
     outside the service time it reports: per lane, its last ``RECENT_JOBS`` jobs against
     the lane's reported service time; their mean, weighted by jobs (0: unknown)."""
-    parts, weights = [], []
+    total_s, counted = 0.0, 0
     for lane, service in (service_s or {}).items():
         recent = sorted((j for j in jobs if j["lane"] == lane),
                         key=lambda j: j["started_at"])[-RECENT_JOBS:]
         if recent:
             per_job_s = statistics.fmean(j["run_s"] + j.get("extra_s", extra_s) for j in recent)
-            parts.append(max(0.0, per_job_s - service) * len(recent))
-            weights.append(len(recent))
-    return sum(parts) / sum(weights) if weights else 0.0
+            total_s += max(0.0, per_job_s - service) * len(recent)
+            counted += len(recent)
+    return total_s / counted if counted else 0.0
 
 
 def replay(path: Path) -> dict[str, Any]:
