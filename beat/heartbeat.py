@@ -6,8 +6,10 @@ record (a worker that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead
 measure the lanes from their depth counters, step the lane policy, and publish it all
 as one snapshot in Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs
 queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
-reply) go back to the shared lanes. Dead letters past ``GPULANES_DEAD_TTL_S`` are
-dropped, a bounded batch per round, read from their index (nothing due: one cheap call).
+reply) go back to the shared lanes. Fast jobs stuck behind fast work move to another
+holder of their model, and idle workers take queued jobs of the models they hold warm
+(``beat.balance``). Dead letters past ``GPULANES_DEAD_TTL_S`` are dropped, a bounded
+batch per round, read from their index (nothing due: one cheap call).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 
 import redis
 
+from beat.balance import give_idle_work
 from beat.costs import queued_sample
 from beat.health import requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
@@ -108,6 +111,16 @@ def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
     return {lane: sum(per_list.values()) for lane, per_list in lengths.items()}
 
 
+def unknown_owners(lengths: Mapping[str, Mapping[str, int]],
+                   workers: Mapping[str, dict]) -> set[str]:
+    """Workers not in the record whose own queues hold jobs (a worker forgotten after
+    ``FORGET_AFTER_S`` of silence): no one consumes those queues, so beat hands them
+    back to the shared lanes like a dead worker's."""
+    owners = {key.split(PRIORITY_SEP, 1)[0].partition(".")[2]
+              for per_list in lengths.values() for key in per_list}
+    return owners - set(workers) - {""}
+
+
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
     """GPU seconds per account over the fair-relax window."""
     newest = int(now) // USAGE_BUCKET_S
@@ -130,11 +143,13 @@ def _log_changes(previous: dict, policy: dict, loads: dict) -> None:
                         loads[lane]["expected_wait_s"])
 
 
-def build_snapshot(client: redis.Redis, workers: dict, now: float) -> dict[str, Any]:
-    """Measure lanes, step the policy, gather accounts: the snapshot for routers."""
+def build_snapshot(client: redis.Redis, workers: dict, now: float,
+                   lengths: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+    """Measure lanes, step the policy, gather accounts: the snapshot for routers
+    (``lengths``: the lists' lengths, read here if not given)."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
-    lengths = list_lengths(client)
+    lengths = list_lengths(client) if lengths is None else lengths
     loads = lane_loads(workers, lane_depths(client, workers, lengths),
                        settings.default_service_s, queued_sample(client, lengths))
     policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
@@ -190,15 +205,19 @@ def heartbeat() -> str:
     holders = client.hgetall(HOLDERS_KEY)
     workers = merge(previous, replies, now, settings.misses_allowed)
     workers.update(unheard_holders(holders.values(), workers, now))
-    snapshot = build_snapshot(client, workers, now)
+    lengths = list_lengths(client)
+    snapshot = build_snapshot(client, workers, now, lengths)
     if not write_round(client, snapshot, workers):
         return "another beat leads: nothing written"
     requeue_dead(app, client, workers, holders, settings.misses_allowed)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
             return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
+    for host in unknown_owners(lengths, workers):  # forgotten, or never heard of
+        return_to_shared_lanes(client, host, "is unknown")
     keep_replicas(app, workers, settings.min_replicas)
     expire_dead_letters(client, now)
+    give_idle_work(client, workers, lengths, settings.heartbeat_s, settings.default_service_s)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(
         f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"

@@ -56,13 +56,13 @@ U16_MAX = 65535
 DRAIN_PER_DECADE, DRAIN_ONE_S = 40, 121
 
 
-def _drain_s(worker: Mapping[str, Any]) -> float | None:
+def drain_s_of(worker: Mapping[str, Any]) -> float | None:
     """Seconds per queued job on ``worker``: its mean service time over its concurrency."""
     samples = [ms for ms in worker.get("service_ms", {}).values() if ms]
     return sum(samples) / len(samples) / 1000 / worker.get("concurrency", 1) if samples else None
 
 
-def _cold_s(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def cold_s_of(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Mean measured load seconds per model over the workers that loaded it."""
     samples: dict[str, list[float]] = {}
     for worker in workers:
@@ -111,9 +111,9 @@ def split(snapshot: dict) -> tuple[dict, dict]:
         "loads": pack_u16(sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                           for w in records),
         "fast": pack_u16(fast_work(w) for w in records),
-        "drain": pack_u8(drain_code(_drain_s(worker)) for worker in records),
+        "drain": pack_u8(drain_code(drain_s_of(worker)) for worker in records),
         "order": pack_u16(ranks),
-        "cold_s": _cold_s(records),
+        "cold_s": cold_s_of(records),
     })
     over = {str(i): rank for i, rank in enumerate(ranks) if rank >= U16_MAX}
     if over:

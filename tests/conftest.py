@@ -163,3 +163,13 @@ def vary(monkeypatch: pytest.MonkeyPatch, **values: Any) -> None:
     changes = {**gl._changes[-1], **values}
     monkeypatch.setattr(gl, "_changes", [*gl._changes, changes])
     monkeypatch.setattr(gl, "_current", [gl.load(**changes)])
+
+
+def bind_own_queues(app, *queues: str) -> None:
+    """Declare workers' own queues (their exchange and binding), as a live worker does:
+    a publish to one is routed to its list."""
+    from kombu import Exchange, Queue
+
+    with app.connection_for_write() as conn:
+        for own in queues:
+            Queue(own, Exchange(own, "direct"), routing_key=own)(conn.default_channel).declare()

@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from conftest import SMALL
+from conftest import SMALL, bind_own_queues
 
 from beat.movers import age_relaxed, enforce_deadlines
 from tasks.broker.keys import lane_keys
@@ -156,14 +156,11 @@ def test_a_job_moved_to_relaxed_keeps_its_place_in_time(clean_redis):
 
 
 def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_redis, app):
-    from kombu import Exchange, Queue
-
     from beat.shared import return_to_shared_lanes
     from routing.names import worker_queue
 
     ghost, own = "gpu9@gone", worker_queue("fast", "gpu9@gone")
-    with app.connection_for_write() as conn:  # bound, as the worker did while it lived
-        Queue(own, Exchange(own, "direct"), routing_key=own)(conn.default_channel).declare()
+    bind_own_queues(app, own)  # bound, as the worker did while it lived
     waiting = _publish("fast", "fast")
     for _ in range(2):  # queued for the ghost
         _publish("fast", own)
@@ -172,3 +169,24 @@ def test_a_gone_workers_own_queue_returns_to_the_front_of_the_shared_lane(clean_
     assert shared[0]["headers"]["id"] == waiting  # the ghost's jobs are next, in order
     assert all(m["properties"]["delivery_info"]["routing_key"] == "fast" for m in shared)
     assert clean_redis.llen(own) == 0
+
+
+def test_a_standard_job_queued_for_a_worker_moves_to_its_own_relaxed_queue(clean_redis, app):
+    """Past its budget in a worker's own standard queue, a job stays that worker's (it
+    holds the model warm), at the back of its own relaxed queue's first level; the
+    shared lane's jobs go to the shared relaxed lane, as before."""
+    from routing.names import worker_queue
+
+    node = "gpu0@keep"
+    bind_own_queues(app, worker_queue("relaxed", node), worker_queue("standard", node))
+    earlier = _publish("relaxed", worker_queue("relaxed", node), waited_s=1)
+    own = _publish("standard", worker_queue("standard", node), waited_s=61)
+    shared = _publish("standard", "standard", waited_s=61)
+    assert enforce_deadlines(clean_redis, BUDGETS) == {"fast": 0, "standard": 2}
+    mine = [m["headers"]["id"] for m in reversed(_messages(clean_redis,
+                                                             worker_queue("relaxed", node)))]
+    assert mine == [earlier, own]  # next to run first: it went to the back
+    assert [m["headers"]["id"] for m in _messages(clean_redis, "relaxed")] == [shared]
+    assert clean_redis.llen(worker_queue("standard", node)) == 0
+    assert _kwargs(_messages(clean_redis, worker_queue("relaxed", node))[0])["route"][
+        "downgrade_reason"] == "waited_past_budget"

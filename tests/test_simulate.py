@@ -182,3 +182,26 @@ def test_validation_sets_a_jobs_time_against_the_service_the_workers_report() ->
     assert found == pytest.approx((50 * 0.009 + 30 * (0.0 + 0.48 / 30)) / 80)
     assert unmeasured_s(jobs, 0.010, None) == 0.0
     assert unmeasured_s(jobs, 0.010, {"fast": 0.05, "relaxed": 0.05}) == 0.0
+
+
+def test_an_idle_worker_takes_the_youngest_queued_job_of_a_model_it_holds() -> None:
+    """Beat's round hands the youngest job of a busy worker's own queue to an idle
+    worker holding its model (``beat.balance``), not to one that would load it."""
+    from benchmarks.simulate.router import new_job
+    from routing.names import worker_queue
+
+    run = Run([], [ModelSpec("m", 0.0, 0.0, 5.0), ModelSpec("x", 0.0, 0.0, 5.0)],
+              Fleet(3, slots=(1,), prewarm=False), "gpulanes", SimConfig(), window_s=30.0)
+    busy, holder, other = run.cluster.workers.values()
+    for worker, model in ((busy, "m"), (holder, "m"), (other, "x")):
+        worker.load(model, 0.0)
+    run.cluster.start_all()
+    jobs = [new_job(i, Arrival(0.0, "standard", "a", False, "m", 1.0, 9.0), run.clock.now)
+            for i in range(3)]
+    for job in jobs:  # the first runs on `busy`, two wait in its own queue
+        run.cluster.push(job, worker_queue("standard", busy.host))
+    run.beat._push(list(run.cluster.workers))
+    run.beat.round()  # (a fresh record: no job waited a heartbeat yet)
+    assert holder.running is jobs[2] and busy.running is jobs[0]
+    assert other.running is None
+    assert run.lists.lists[worker_queue("standard", busy.host)][0] is jobs[1]

@@ -4,7 +4,8 @@ Called as ``beat.heartbeat.heartbeat`` calls them: ``merge`` (the worker record,
 and deaths), ``lane_depths`` (per-worker queued counts, from the list lengths),
 ``beat.costs.sample_plan`` (which queued jobs price each lane), ``lane_loads`` (expected
 waits), ``next_policy`` (hysteresis), ``relax_levels``, ``routing.compact.split`` (the
-two parts routers read), ``beat.health.dead_incarnations``. What has no pure function
+two parts routers read), ``beat.health.dead_incarnations``, ``beat.balance.choose``
+(stuck fast jobs and idle workers' share of queued jobs). What has no pure function
 underneath its Redis calls is done here, the decision each makes kept as the real code
 states it: reading the pushed stats (``tasks.broker.stats.fresh_stats``: stats pushed
 within a heartbeat and the reply time), putting a dead worker's held jobs back
@@ -17,9 +18,11 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable, Mapping
 
+from beat.balance import choose, node_of, target_key
 from beat.costs import sample_plan
 from beat.health import dead_incarnations
 from beat.heartbeat import lane_depths, merge
+from beat.movers import moved_to
 from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
 from routing.names import LANES, RELAXED, worker_queue
@@ -133,10 +136,11 @@ class Beat:
         snapshot = self._snapshot(now)
         self.store.write(snapshot)
         self._heal(now)
+        handed = self.give_idle_work()
         moved = self.enforce_deadlines(now)
         lifted = self.age_relaxed(now)
         self.on_round({"at": now, "lanes": snapshot["lanes"], "policy": snapshot["policy"],
-                       "moved": moved, "lifted": lifted})
+                       "moved": moved, "lifted": lifted, "handed": handed})
 
     def _snapshot(self, now: float) -> dict[str, Any]:
         """``heartbeat.build_snapshot`` over the simulated lists."""
@@ -190,11 +194,31 @@ class Beat:
                 moved += len(jobs)
         return moved
 
+    def give_idle_work(self) -> int:
+        """``beat.balance.give_idle_work`` over the simulated lists: stuck fast jobs to
+        a holder with no fast work, the youngest jobs of the own queues that wait longest
+        to idle workers holding their models."""
+        lists = self.lists
+
+        def read(keys: list[str], count: int) -> list[list[tuple[str, float, SimJob]]]:
+            return [[(job.arrival.model, job.lane_since, job)
+                     for job in lists.youngest(key, count)] for key in keys]
+
+        moves = choose(self.record, lists.list_depth, read, self.clock.now,
+                       self.config.heartbeat_s, self.config.default_service_s)
+        for queued, host in moves:  # (still queued: nothing runs within a round)
+            job = queued.ref
+            lists.remove(job)
+            job.node = host
+            self.cluster.push(job, target_key(queued.key, host))
+        return len(moves)
+
     # --- movers ------------------------------------------------------------------------
     def enforce_deadlines(self, now: float) -> dict[str, int]:
         """``beat.movers.enforce_deadlines``: a downgradable job past its lane's budget
-        to the shared lane below (its clock restarts there): the front of standard, the
-        back of relaxed's first level, each round's in order of age."""
+        to the lane below (its clock restarts there, ``moved_to``): the front of
+        standard, the back of relaxed's first level (the worker's own, for a job queued
+        for a worker), each round's in order of age."""
         moved = {}
         for lane, budget_s in self.config.budgets_s.items():
             lower = next_lane(lane)
@@ -202,10 +226,11 @@ class Beat:
                      if job.downgradable]  # the others leave the index
             back = lower == RELAXED
             for job in (batch if back else reversed(batch)):
+                target = moved_to(job.key, lower)
                 self.lists.remove(job)
                 job.downgraded_from, job.reason = job.arrival.tier, WAITED_PAST_BUDGET
-                job.lane_since, job.node, job.priority = now, None, 0
-                self.cluster.push(job, lane_keys(lower)[0], front=not back)
+                job.lane_since, job.node, job.priority = now, node_of(target) or None, 0
+                self.cluster.push(job, target, front=not back)
             moved[lane] = len(batch)
         return moved
 

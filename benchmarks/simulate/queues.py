@@ -154,6 +154,12 @@ class Lists:
         queue = self.lists.get(key, ())
         return [job for _, job in zip(range(count), queue)]
 
+    def youngest(self, key: str, count: int) -> list[SimJob]:
+        """The ``count`` jobs of ``key`` that run last, the very last first (``LRANGE
+        key 0 count-1``: kombu pushes on the left)."""
+        queue = self.lists.get(key, ())
+        return [queue[-1 - i] for i in range(min(count, len(queue)))]
+
     def lengths(self) -> dict[str, dict[str, int]]:
         """Per lane, each list holding jobs and how many (``heartbeat.list_lengths``)."""
         found: dict[str, dict[str, int]] = {lane: {} for lane in LANES}

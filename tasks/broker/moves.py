@@ -18,13 +18,16 @@ from typing import Any, Callable
 
 import redis
 
-from routing.names import LANES
+from routing.names import FAST, LANES
 from tasks.broker import envelope, leader, scripts
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     DUE_PREFIX,
+    FAST_NEWS_PREFIX,
     LEDGER_BOOK,
     LEDGER_KEY,
+    PREEMPTIBLE_KEY,
+    PRIORITY_SEP,
     due_clock,
     due_key,
     fast_queued_key,
@@ -184,6 +187,36 @@ def _run_moves(client: redis.Redis, batch: list[tuple[list, list]], back: bool =
     target: youngest first to its front, oldest first to its back."""
     return sum(scripts.run(client, "move", keys, args)
                for keys, args in (batch if back else reversed(batch)))
+
+
+def hand_over(client: redis.Redis, moves: list[tuple[str, str, bytes | str]]) -> int:
+    """Move each ``(source, target, message)`` that is still in its source (a worker
+    may have taken it since it was read) to the back of ``target``, another worker's
+    own queue of the same lane and step, addressed to it, in the order given; its route
+    is unchanged. A fast job moved is told to its new worker (``lua/fast_news.lua``), as
+    a publish tells it. One pipelined round trip (two with fast jobs); how many moved."""
+    calls = []
+    for source, target, raw in moves:
+        queue = target.partition(PRIORITY_SEP)[0]
+        call = _move_call(client, source, target, raw,
+                          lambda queued, q=queue: envelope.addressed_to(queued.envelope, q),
+                          leaves_fast=False, back=True)
+        if isinstance(call, tuple):
+            calls.append((target, call))
+    if not calls:
+        return 0
+    with client.pipeline(transaction=False) as pipe:
+        for _, (keys, args) in calls:
+            scripts.run(pipe, "move", keys, args)
+        done = pipe.execute()
+    told = [target for (target, _), moved in zip(calls, done)
+            if moved and lane_of_key(target) == FAST]
+    if told:
+        with client.pipeline(transaction=False) as pipe:
+            for target in told:
+                scripts.run(pipe, "fast_tell", [PREEMPTIBLE_KEY], [FAST_NEWS_PREFIX, target])
+            pipe.execute()
+    return sum(1 for moved in done if moved)
 
 
 def readdress(client: redis.Redis, source: str, target: str, lane: str) -> int:

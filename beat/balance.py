@@ -1,0 +1,128 @@
+"""Each heartbeat, fast jobs stuck in a worker's own queue move to a holder of their
+model with no fast work, and idle workers take queued jobs of the models they hold warm
+from the own queues that wait longest (``routing.balance`` chooses; ``tasks.broker.
+moves.hand_over`` moves, a message at a time, only if it is still queued).
+
+What it reads is bounded: the own fast queues that hold jobs (fast jobs start at once:
+there are few), and, while a worker is idle, the youngest ``READ_PER_LIST`` messages
+(or as many as an idle worker gets in a round) of the ``lists_to_read`` longest-waiting
+own queues; one pipelined read, whatever the number of workers.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Iterable, Mapping
+
+import redis
+
+from routing.balance import Queued, backlog_s, hand_out, idle, per_worker, rescue_fast
+from routing.compact import cold_s_of, drain_s_of, warm_of
+from routing.names import FAST, LANES, lane_of, worker_queue
+from routing.placement import serving
+from tasks.broker import envelope
+from tasks.broker.keys import PRIORITY_SEP
+from tasks.broker.message import JobMessage
+from tasks.broker.moves import UNREADABLE, hand_over
+
+log = logging.getLogger(__name__)
+#: Messages read from the young end of each list weighed.
+READ_PER_LIST = 4
+#: Own queues weighed per idle worker, and at most in all.
+LISTS_PER_IDLE, LISTS_MOST = 4, 256
+
+
+def lists_to_read(idle_count: int) -> int:
+    """How many of the longest-waiting own queues to read for ``idle_count`` idle workers."""
+    return min(LISTS_MOST, max(32, LISTS_PER_IDLE * idle_count))
+
+
+def node_of(key: str) -> str:
+    """The worker whose own list ``key`` is ("" for a shared lane's)."""
+    return key.partition(PRIORITY_SEP)[0].partition(".")[2]
+
+
+def step_of(key: str) -> int:
+    """The kombu priority step of list ``key`` (0: the list named as its queue)."""
+    step = key.partition(PRIORITY_SEP)[2]
+    return int(step) if step else 0
+
+
+def target_key(key: str, host: str) -> str:
+    """``host``'s own list of the same lane and step as list ``key``."""
+    queue, sep, step = key.partition(PRIORITY_SEP)
+    return worker_queue(lane_of(queue), host) + sep + step
+
+
+#: What ``choose`` reads: the youngest ``count`` messages of each list of ``keys``, each as
+#: (model, when it entered its lane, the message).
+Read = Callable[[list[str], int], list[list[tuple[str, float, Any]]]]
+
+
+def choose(workers: Mapping[str, Mapping[str, Any]], keys: Iterable[str], read: Read,
+           now: float, heartbeat_s: float, default_drain_s: float) -> list[tuple[Queued, str]]:
+    """The (job, worker) moves of a round: fast jobs stuck in a worker's own queue a
+    heartbeat or more to a holder with no fast work (``rescue_fast``), then jobs to idle
+    workers (``hand_out``). ``workers``: the record with beat's ``queued`` counts;
+    ``keys``: the lists holding jobs; ``read``: the youngest ``READ_PER_LIST`` messages
+    of some of them. A job's wait where it is: its worker's backlog less the jobs
+    behind it (the youngest of a list waits for all the rest; an approximation, as
+    the worker's other lists may run first or after)."""
+    idle_hosts = idle(workers)
+    idle_set = set(idle_hosts)
+    drains = {host: drain_s_of(w) or default_drain_s for host, w in workers.items()}
+    waits = {host: backlog_s(w, drains[host]) for host, w in workers.items() if serving(w)}
+    own = [(waits[node], key) for key in keys
+           if (node := node_of(key)) in waits and node not in idle_set]
+    fast = [key for _, key in sorted(own, reverse=True) if lane_of(key) == FAST][:LISTS_MOST]
+    longest = sorted(own, reverse=True)[:lists_to_read(len(idle_hosts))] if idle_hosts else []
+    to_read = list(dict.fromkeys([*fast, *(key for _, key in longest)]))
+    if not to_read:
+        return []
+    idle_drains = sorted(drains[host] for host in idle_hosts) or [default_drain_s]
+    per_host = per_worker(heartbeat_s, idle_drains[len(idle_drains) // 2])
+    found = dict(zip(to_read, read(to_read, max(READ_PER_LIST, per_host))))
+    moves = rescue_fast(workers, [
+        Queued(key, model, now - clock, (0, 0), ref) for key in fast
+        for model, clock, ref in found[key] if model and now - clock >= heartbeat_s])
+    if not idle_hosts:
+        return moves
+    rescued, used = {id(job.ref) for job, _ in moves}, {host for _, host in moves}
+    queued = [Queued(key, model, wait_s - (young + 1) * drains[node_of(key)],
+                     (LANES.index(lane_of(key)), step_of(key)), ref)
+              for wait_s, key in longest
+              for young, (model, _, ref) in enumerate(found[key])
+              if model and id(ref) not in rescued]
+    cold = cold_s_of(list(workers.values()))
+    return moves + hand_out(
+        {host: warm_of(workers[host]) for host in idle_hosts if host not in used}, queued,
+        cold, sum(cold.values()) / len(cold) if cold else 0.0, per_host, heartbeat_s)
+
+
+def give_idle_work(client: redis.Redis, workers: Mapping[str, Mapping[str, Any]],
+                   lengths: Mapping[str, Mapping[str, int]], heartbeat_s: float,
+                   default_drain_s: float, now: float | None = None) -> int:
+    """Move stuck fast jobs and queued jobs for idle workers (``lengths``: per lane,
+    each list's length); how many moved."""
+    def read(keys: list[str], count: int) -> list[list[tuple[str, float, Any]]]:
+        with client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.lrange(key, 0, count - 1)  # kombu pushes on the left: the young end
+            return [[(*_model_and_clock(raw), raw) for raw in raws] for raws in pipe.execute()]
+
+    moves = choose(workers, (key for per_list in lengths.values() for key in per_list),
+                   read, time.time() if now is None else now, heartbeat_s, default_drain_s)
+    moved = hand_over(client, [(job.key, target_key(job.key, host), job.ref)
+                               for job, host in moves]) if moves else 0
+    if moved:
+        log.info("%d queued job(s) to %d other worker(s)", moved,
+                 len({host for _, host in moves}))
+    return moved
+
+
+def _model_and_clock(raw: bytes | str) -> tuple[str, float]:
+    try:
+        message = JobMessage.decode(envelope.call(envelope.decode(raw))[1])
+        return message.job.model, message.lane_clock
+    except UNREADABLE:
+        return "", 0.0  # not a job message: it stays where it is
