@@ -48,10 +48,16 @@ class Queued:
     ref: Any = None
 
 
+def heard(worker: Mapping[str, Any]) -> bool:
+    """Serving, and heard this round: a worker that missed a heartbeat (frozen, cut off)
+    is alive until it misses ``GPULANES_MISSES_ALLOWED``, on stats that may be stale."""
+    return serving(worker) and not worker.get("missed")
+
+
 def idle(workers: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Workers that serve and have nothing to do: no job running, no model loading, no
-    job in their own queues (``queued``, as beat counts it from the lists)."""
-    return sorted(host for host, w in workers.items() if serving(w)
+    """Workers heard this round that have nothing to do: no job running, no model
+    loading, no job in their own queues (``queued``, as beat counts it from the lists)."""
+    return sorted(host for host, w in workers.items() if heard(w)
                   and not any(w.get("in_flight", {}).values())
                   and not w.get("loading_models") and not w.get("queued"))
 
@@ -130,7 +136,7 @@ def rescue_fast(workers: Mapping[str, Mapping[str, Any]],
     fast_work``), the least busy first; one to a worker, the longest waiting first."""
     free: dict[str, list[tuple[int, str]]] = {}
     for host, w in workers.items():
-        if serving(w) and not fast_work(w):
+        if heard(w) and not fast_work(w):
             busy = sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
             for model in w.get("warm_models", ()):
                 free.setdefault(model, []).append((busy, host))

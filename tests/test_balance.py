@@ -27,6 +27,7 @@ def test_idle_means_serving_with_nothing_running_loading_or_queued():
         "loading": {"alive": True, "in_flight": {}, "loading_models": ["m"]},
         "dead": {"alive": False, "in_flight": {}},
         "sick": {"alive": True, "sick": "cuda error", "in_flight": {}},
+        "silent": {"alive": True, "missed": 1, "in_flight": {}},  # frozen? stale stats
     }
     assert idle(workers) == ["idle"]
 
@@ -148,6 +149,7 @@ def test_a_stuck_fast_job_goes_to_the_least_busy_holder_without_fast_work():
                          "warm_models": ["a"]},
         "light": {"alive": True, "in_flight": {"relaxed": 1}, "warm_models": ["a"]},
         "cold": {"alive": True, "in_flight": {}, "warm_models": ["b"]},
+        "silent": {"alive": True, "missed": 1, "in_flight": {}, "warm_models": ["a"]},
     }
     first, second, third = (_q("a", w, lane=0, key="fast.src") for w in (3.0, 2.0, 1.0))
     moves = rescue_fast(workers, [third, first, second])
