@@ -70,16 +70,21 @@ def choose(workers: Mapping[str, Mapping[str, Any]], keys: Iterable[str], read: 
     the worker's other lists may run first or after)."""
     idle_hosts = idle(workers)
     idle_set = set(idle_hosts)
-    drains = {host: drain_s_of(w) or default_drain_s for host, w in workers.items()}
-    waits = {host: backlog_s(w, drains[host]) for host, w in workers.items() if serving(w)}
-    own = [(waits[node], key) for key in keys
-           if (node := node_of(key)) in waits and node not in idle_set]
-    fast = [key for _, key in sorted(own, reverse=True) if lane_of(key) == FAST][:LISTS_MOST]
+    drains = {host: drain_s_of(w) for host, w in workers.items()}
+    # a worker that has measured no job yet: how long its queue waits is not known
+    waits = {host: backlog_s(w, drain) for host, w in workers.items()
+             if serving(w) and (drain := drains[host])}
+    busy = [(waits.get(node, 0.0), key) for key in keys
+            if (node := node_of(key)) in workers and serving(workers[node])
+            and node not in idle_set]
+    # a stuck fast job's wait is its own (it waited a heartbeat): any busy worker's
+    fast = [key for _, key in sorted(busy, reverse=True) if lane_of(key) == FAST][:LISTS_MOST]
+    own = [(wait_s, key) for wait_s, key in busy if node_of(key) in waits]
     longest = sorted(own, reverse=True)[:lists_to_read(len(idle_hosts))] if idle_hosts else []
     to_read = list(dict.fromkeys([*fast, *(key for _, key in longest)]))
     if not to_read:
         return []
-    idle_drains = sorted(drains[host] for host in idle_hosts) or [default_drain_s]
+    idle_drains = sorted(drains[host] or default_drain_s for host in idle_hosts) or [0.0]
     per_host = per_worker(heartbeat_s, idle_drains[len(idle_drains) // 2])
     found = dict(zip(to_read, read(to_read, max(READ_PER_LIST, per_host))))
     moves = rescue_fast(workers, [

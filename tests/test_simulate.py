@@ -196,6 +196,8 @@ def test_an_idle_worker_takes_the_youngest_queued_job_of_a_model_it_holds() -> N
     busy, holder, other = run.cluster.workers.values()
     for worker, model in ((busy, "m"), (holder, "m"), (other, "x")):
         worker.load(model, 0.0)
+    busy.runtime.job_started("standard")  # one job done before: its pace, 9 s a job
+    busy.runtime.job_finished("standard", 9000.0, "m", 1.0)
     run.cluster.start_all()
     jobs = [new_job(i, Arrival(0.0, "standard", "a", False, "m", 1.0, 9.0), run.clock.now)
             for i in range(3)]
