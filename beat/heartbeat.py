@@ -3,7 +3,8 @@
 Each round: read the stats every worker pushed (``gpu_worker.stats``: from a thread of
 its own, even mid-job; one read, no broadcast to wait on), fold them into the worker
 record (a worker that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead),
-measure the lanes from their depth counters, step the lane policy, and publish it all
+measure the lanes from their depth counters and the slots each keeps busy, state each
+budgeted lane's admission (what a publish lets in), step the lane policy, and publish it all
 as one snapshot in Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs
 queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
 reply) go back to the shared lanes. Fast jobs stuck behind fast work move to another
@@ -29,7 +30,7 @@ from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
 from routing.names import FAST, HEARTBEAT_TASK, LANES
 from routing.placement import serving
-from routing.policy import relax_levels
+from routing.policy import admission_waits, relax_levels
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.stats import fresh_stats
@@ -67,8 +68,34 @@ def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
             alive = missed < misses_allowed and not old.get("unheard")
             record[host] = {**old, "missed": missed, "alive": alive}
     for host, stats in replies.items():
-        record[host] = {**stats, "last_seen": now, "missed": 0, "alive": True}
+        record[host] = {**stats, "last_seen": now, "missed": 0, "alive": True,
+                        "busy": busy_slots(previous.get(host), stats)}
     return record
+
+
+#: Weight of the newest round in a worker's busy slots (``busy_slots``): a lane's
+#: share of the pool moves the wait estimates of the lanes below it, and a round's
+#: share alone swings with the few jobs a worker finishes in it.
+BUSY_ALPHA = 0.3
+
+
+def busy_slots(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, float]:
+    """The job slots of a worker each lane's jobs hold on average: the growth of their
+    time in flight (``busy_s``, ``gpu_worker.runtime.Runtime.busy_until``) since its last
+    reply ``old`` over the time between, averaged with the rounds before. A first
+    reply, or a restarted worker's, has measured nothing yet."""
+    if not old or old.get("incarnation") != new.get("incarnation"):
+        return {}
+    before = old.get("busy") or {}
+    span_s = (new.get("at") or 0.0) - (old.get("at") or 0.0)
+    if span_s <= 0:
+        return dict(before)
+    then, busy = old.get("busy_s") or {}, {}
+    for lane, busy_s in (new.get("busy_s") or {}).items():
+        share = max(0.0, (busy_s - then.get(lane, 0.0)) / span_s)
+        last = before.get(lane)
+        busy[lane] = round(share if last is None else last + BUSY_ALPHA * (share - last), 3)
+    return busy
 
 
 def ask_workers(client: redis.Redis) -> dict[str, dict]:
@@ -151,7 +178,8 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float,
     measured_at = time.time()  # routers count their own sends from here on
     lengths = list_lengths(client) if lengths is None else lengths
     loads = lane_loads(workers, lane_depths(client, workers, lengths),
-                       settings.default_service_s, queued_sample(client, lengths))
+                       settings.default_service_s, queued_sample(client, lengths),
+                       admission_waits(settings.max_wait_s, settings.release_ratio))
     policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
                          settings.release_samples)
     _log_changes(previous, policy, loads)

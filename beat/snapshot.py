@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from routing.names import LANES
 from routing.placement import serving
-from routing.policy import Hysteresis, expected_waits, next_state
+from routing.policy import Hysteresis, expected_waits, free_slots, next_state
 
 #: (model, cost, how many queued jobs it stands for) of one sampled job (``beat.costs``).
 QueuedJob = tuple[str, float, float]
@@ -47,13 +47,19 @@ def _queued_job_s(sample: list[QueuedJob], prices_s: Mapping[str, tuple[float, f
 
 def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
                default_service_s: float,
-               queued: Mapping[str, list[QueuedJob]] | None = None) -> dict[str, dict[str, Any]]:
-    """Per lane: depth, in-flight jobs, serving workers, service time, expected wait.
+               queued: Mapping[str, list[QueuedJob]] | None = None,
+               admit_wait_s: Mapping[str, float] | None = None) -> dict[str, dict[str, Any]]:
+    """Per lane: depth, in-flight jobs, serving workers, service time, busy slots,
+    expected wait; and for each lane of ``admit_wait_s`` its admission.
 
     ``queued``: a sample of each lane's queued jobs (``beat.costs``), so that the
     wait counts what they cost rather than how many there are. A dead or sick
     worker adds no capacity (and its jobs in flight are its own business: they
-    finish or are retried elsewhere)."""
+    finish or are retried elsewhere). ``busy``: the job slots the lane's jobs hold on
+    average (``beat.heartbeat.busy_slots``), which the lanes below it do not get.
+    ``admit_s``: the queued work (job-slot seconds, ``routing.policy.over_budget``)
+    past which a job entering the lane would wait longer than ``admit_wait_s``; each
+    publish checks it on the live depths."""
     healthy = [w for w in workers.values() if serving(w)]
     measured = {lane: _service_s(healthy, lane) for lane in LANES}
     known = [s for s in measured.values() if s is not None]
@@ -63,14 +69,21 @@ def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
     job_s = {lane: _queued_job_s((queued or {}).get(lane, []), prices_s, service_s[lane])
              for lane in LANES}
     in_flight = {lane: sum(w.get("in_flight", {}).get(lane, 0) for w in healthy) for lane in LANES}
+    busy = {lane: sum(w.get("busy", {}).get(lane, 0.0) for w in healthy) for lane in LANES}
     slots = sum(w.get("concurrency", 1) for w in healthy)  # jobs the pool runs at once
-    waits = expected_waits(depths, job_s, sum(in_flight.values()), slots,
-                           running_s=mean(service_s.values()))
-    return {lane: {"depth": depths.get(lane, 0), "in_flight": in_flight[lane],
-                   "workers": sum(lane in w.get("lanes", LANES) for w in healthy),
-                   "service_s": round(service_s[lane], 4),
-                   "queued_job_s": round(job_s[lane], 4),
-                   "expected_wait_s": round(waits[lane], 3)} for lane in LANES}
+    running_s = mean(service_s.values())
+    waits = expected_waits(depths, job_s, sum(in_flight.values()), slots, running_s, busy)
+    loads = {lane: {"depth": depths.get(lane, 0), "in_flight": in_flight[lane],
+                    "workers": sum(lane in w.get("lanes", LANES) for w in healthy),
+                    "service_s": round(service_s[lane], 4),
+                    "queued_job_s": round(job_s[lane], 4),
+                    "busy": round(busy[lane], 3),
+                    "expected_wait_s": round(waits[lane], 3)} for lane in LANES}
+    free, running_work_s = free_slots(slots, busy), sum(in_flight.values()) * running_s / 2
+    for lane, wait_s in (admit_wait_s or {}).items():
+        loads[lane].update(admit_s=round(max(0.0, wait_s * free[lane] - running_work_s), 4),
+                           admit_wait_s=round(wait_s, 4))
+    return loads
 
 
 def next_policy(previous: Mapping[str, dict], loads: Mapping[str, dict],

@@ -9,7 +9,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpu_worker.costfit import CostFit
 from gpu_worker.models import ImageModel, load_model
@@ -42,6 +42,12 @@ class Runtime:
     #: prices each queued job by to estimate a lane's wait.
     cost_fits: dict[str, CostFit] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    #: Per lane, its jobs' time in flight summed (job-seconds) up to ``_counted_at``: beat
+    #: reads from its growth the slots each lane keeps busy (``beat.heartbeat.busy_slots``).
+    busy_s: dict[str, float] = field(default_factory=dict)
+    _counted_at: dict[str, float] = field(default_factory=dict, repr=False)
+    #: The clock of ``busy_s`` and of the replies' ``at`` (a simulation sets its own).
+    clock: Callable[[], float] = field(default=time.time, repr=False)
     # Counters and model loading lock apart: the consumer thread reads the
     # counters for heartbeats and must never wait out a model load.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -120,13 +126,30 @@ class Runtime:
 
     def job_started(self, lane: str) -> None:
         with self._lock:
-            self.in_flight[lane] = self.in_flight.get(lane, 0) + 1
+            self._in_flight_by(lane, 1)
+
+    def _in_flight_by(self, lane: str, step: int) -> None:
+        """Change ``lane``'s jobs in flight, its busy time counted up to now first (the
+        caller holds the lock)."""
+        now = self.clock()
+        self.busy_s[lane] = self._busy_until(lane, now)
+        self._counted_at[lane] = now
+        self.in_flight[lane] = self.in_flight.get(lane, 0) + step
+
+    def _busy_until(self, lane: str, now: float) -> float:
+        return self.busy_s.get(lane, 0.0) + self.in_flight.get(lane, 0) * (
+            now - self._counted_at.get(lane, now))
+
+    def busy_until(self, now: float) -> dict[str, float]:
+        """Each lane's job-seconds in flight since the process began, up to ``now``."""
+        with self._lock:
+            return {lane: round(self._busy_until(lane, now), 3) for lane in self.busy_s}
 
     def job_finished(self, lane: str, service_ms: float | None, model: str = "",
                      cost: float = 1.0) -> None:
         """A job of ``model`` (of ``cost``) left ``lane``: in ``service_ms``, or failed (None)."""
         with self._lock:
-            self.in_flight[lane] -= 1
+            self._in_flight_by(lane, -1)
             if service_ms is None:
                 self.failed += 1
                 return
@@ -139,9 +162,11 @@ class Runtime:
 
     def stats(self) -> dict[str, Any]:
         """The heartbeat reply: liveness and load, JSON-ready."""
+        now = self.clock()
+        busy_s = self.busy_until(now)
         with self._lock:
             return {
-                "device": self.device, "pid": os.getpid(), "at": time.time(),
+                "device": self.device, "pid": os.getpid(), "at": now, "busy_s": busy_s,
                 "incarnation": self.incarnation, "started_at": self.started_at,
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),

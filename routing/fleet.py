@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from routing.compact import DRAIN_S, ranks, unpack_u8, unpack_u16
 from routing.hashring import HashRing, derive
-from routing.policy import PolicyView
+from routing.policy import PolicyView, admissions
 from routing.ringorder import PATCH_MAX, changed_set
 from routing.views import Holders, HostMap, Loads, Warm
 
@@ -127,4 +127,5 @@ def policy_view(measured: Measured, epsilon: float) -> PolicyView:
         slots=HostMap(fleet.index, fleet.slots),
         drain_s=HostMap(fleet.index, measured.drain_s),
         cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
+        admit=admissions(lanes),
     )

@@ -7,7 +7,7 @@ here touches the network, so unit tests drive it with synthetic series.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Mapping
+from typing import AbstractSet, Any, Mapping, NamedTuple
 
 from routing.lanes import Route
 from routing.names import FAST, LANES, RELAX_LEVEL_PRIORITIES, RELAXED, STANDARD
@@ -63,26 +63,91 @@ def next_state(state: Hysteresis, wait_s: float, budget_s: float,
     return Hysteresis(False, 0) if calm >= release_samples else Hysteresis(True, calm)
 
 
+#: The share of the job slots a lane is always granted in a wait estimate, however busy
+#: the lanes above keep the pool (``expected_waits``): a lane they starve waits 1 / it.
+MIN_FREE_SHARE = 0.05
+
+
+def free_slots(workers: float, busy: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Job slots each lane has: the pool's, less those the lanes above it keep busy on
+    average (``busy``, measured), at least ``MIN_FREE_SHARE`` of the pool."""
+    free, above = {}, 0.0
+    for lane in LANES:
+        free[lane] = max(workers - above, MIN_FREE_SHARE * workers)
+        above += (busy or {}).get(lane, 0.0)
+    return free
+
+
 def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
                    in_flight: int, workers: int,
-                   running_s: float | None = None) -> dict[str, float]:
+                   running_s: float | None = None,
+                   busy: Mapping[str, float] | None = None) -> dict[str, float]:
     """Seconds a job entering each lane now waits before it starts.
 
     Lanes are served in strict priority, FIFO within a lane: a job entering
     lane L waits for every queued job in L and the lanes above it (``service_s``:
     seconds per queued job of each lane), plus on average half of each running job
     (``running_s`` each; default: the lanes' mean), spread over the healthy workers'
-    job slots (``workers``: the sum of their concurrency).
+    job slots (``workers``: the sum of their concurrency). The jobs of the lanes above
+    that arrive meanwhile go first too: ``busy``, the slots each lane keeps busy on
+    average, is taken from the slots of the lanes below it (``free_slots``).
     """
     if workers <= 0:
         return {lane: NO_CAPACITY_WAIT_S for lane in LANES}
     if running_s is None:
         running_s = sum(service_s[lane] for lane in LANES) / len(LANES)
+    free = free_slots(workers, busy)
     waits, work_s = {}, in_flight * running_s / 2
     for lane in LANES:
         work_s += depths.get(lane, 0) * service_s[lane]
-        waits[lane] = work_s / workers
+        waits[lane] = work_s / free[lane]
     return waits
+
+
+class Admission(NamedTuple):
+    """A budgeted lane's admission, checked by the publish on the live depths
+    (``over_budget``)."""
+
+    #: The most queued work, in job-slot seconds, ahead of a job let in.
+    bound_s: float
+    #: (lane, seconds per queued job) of the lane and each lane above it.
+    per_job_s: tuple[tuple[str, float], ...]
+    #: The wait that bound stands for (``admission_waits``).
+    wait_s: float
+
+
+#: A lane that refused a job for its admission is shut to the submitting process's
+#: jobs for this share of its admission wait (``routing.snapshot.SnapshotCache.shut``):
+#: they go down a lane at once, with no publish tried, so that an overloaded lane costs
+#: a moved job one publish, not two; the lane drains this share of its wait meanwhile,
+#: never all of it.
+ADMIT_HOLD_SHARE = 0.1
+
+
+def admission_waits(budgets_s: Mapping[str, float], release_ratio: float) -> dict[str, float]:
+    """The wait each budgeted lane lets a job in at (``Admission``): the level below which
+    the lane counts as calm again (``next_state``), so that the jobs it lets in never make
+    it overloaded by themselves. The overload state and its hysteresis answer what they
+    cannot: a surge in the lanes above, capacity lost, a beat that stopped."""
+    return {lane: release_ratio * budget_s for lane, budget_s in budgets_s.items()}
+
+
+def admissions(lanes: Mapping[str, Mapping[str, Any]]) -> dict[str, Admission]:
+    """Each budgeted lane's admission, from a snapshot's lane loads
+    (``beat.snapshot.lane_loads``: ``admit_s``, ``admit_wait_s``, ``queued_job_s``)."""
+    per_job = tuple((lane, float(lanes.get(lane, {}).get("queued_job_s", 0.0)))
+                    for lane in LANES)
+    return {lane: Admission(float(load["admit_s"]), per_job[:LANES.index(lane) + 1],
+                            float(load.get("admit_wait_s", 0.0)))
+            for lane, load in lanes.items() if "admit_s" in load and lane in LANES}
+
+
+def over_budget(depths: Mapping[str, int], admission: Admission) -> bool:
+    """Whether a job entering the lane now would start later than its admission allows:
+    the work queued ahead of it (``depths``, live) at or past the bound. The publish
+    script checks the same (``tasks/broker/lua/put.lua``)."""
+    return sum(depths.get(lane, 0) * job_s
+               for lane, job_s in admission.per_job_s) >= admission.bound_s
 
 
 def relax_levels(usage_s: Mapping[str, float], unit_s: float) -> dict[str, int]:
@@ -132,12 +197,21 @@ class PolicyView:
     #: Measured cold-load seconds per model; ``cold_default_s`` for the others.
     cold_s: Mapping[str, float] = field(default_factory=dict)
     cold_default_s: float = 0.0
+    #: Per budgeted lane, what a job must find to enter it (``over_budget``, checked by
+    #: the publish on the live depths); a lane not named lets every job in.
+    admit: Mapping[str, Admission] = field(default_factory=dict)
     #: Each model's first worker (see ``routing.placement.assign_homes``).
     homes: Mapping[str, str] = field(default_factory=dict)
 
     def cold_load_s(self, model: str) -> float:
         """What loading ``model`` costs a worker that does not hold it."""
         return self.cold_s.get(model, self.cold_default_s)
+
+    def shut(self, lanes: AbstractSet[str]) -> PolicyView:
+        """This view with ``lanes`` overloaded and without their admissions: a job that
+        may move down is moved out of them at once (``decide``)."""
+        return self.but(overloaded=self.overloaded | lanes,
+                        admit={lane: a for lane, a in self.admit.items() if lane not in lanes})
 
     def but(self, **fields: Any) -> PolicyView:
         """``dataclasses.replace`` without running ``__init__`` again: the snapshot
@@ -171,9 +245,9 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
         route = _moved(route, RELAXED, FAST_TIME_EXHAUSTED)
     elif tier == FAST and over_fast_limit:
         route = _moved(route, STANDARD, FAST_ACCOUNT_LIMIT)
-    if downgradable and route.lane == FAST and FAST in view.overloaded:
+    if downgradable and route.lane == FAST and _shut(FAST, view):
         route = _moved(route, STANDARD, FAST_OVERLOADED)
-    if downgradable and route.lane == STANDARD and STANDARD in view.overloaded:
+    if downgradable and route.lane == STANDARD and _shut(STANDARD, view):
         route = _moved(route, RELAXED, STANDARD_OVERLOADED)
     while route.lane in view.full:
         lower = next_lane(route.lane)
@@ -191,6 +265,13 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
     if priority or node:
         route = _placed(route, priority, node)
     return route
+
+
+def _shut(lane: str, view: PolicyView) -> bool:
+    """Whether a job that may move down is moved out of ``lane`` at once: the lane is
+    overloaded and has no admission for the publish to check on the live depths (with
+    one, the publish lets the job in only while the lane can start it in time)."""
+    return lane in view.overloaded and lane not in view.admit
 
 
 def _relaxed_step(route: Route, account: str, view: PolicyView) -> int:

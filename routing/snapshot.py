@@ -123,6 +123,7 @@ class SnapshotCache:
         # Lanes a publish found at their maximum depth (``note_full``) -> when: full
         # until a snapshot measured later arrives, or for one heartbeat at most.
         self._refused: dict[str, float] = {}
+        self._shut: dict[str, float] = {}  # lane -> when it opens again
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._warned = False
@@ -136,7 +137,7 @@ class SnapshotCache:
             self._state, self._sent, self._node_sent = None, {}, {}
             self._node_fast_sent = {}
             self._warm_after, self._holders_after = {}, {}
-            self._demand, self._refused = {}, {}
+            self._demand, self._refused, self._shut = {}, {}, {}
             self._log.clear()
             self._recent.clear()
         self.refresh()
@@ -326,6 +327,17 @@ class SnapshotCache:
         """Lanes held full since a publish found them so (see ``note_full``)."""
         since = self.clock() - 2 * self.refresh_s
         return frozenset(lane for lane, at in self._refused.items() if at >= since)
+
+    def note_over_budget(self, lane: str, hold_s: float) -> None:
+        """A publish found ``lane`` past its admission: shut it for ``hold_s`` to this
+        process's jobs that may move down (``routing.policy.ADMIT_HOLD_SHARE``)."""
+        with self._lock:
+            self._shut = {**self._shut, lane: self.clock() + hold_s}
+
+    def shut(self) -> frozenset[str]:
+        """Lanes shut since a publish found them past their admission."""
+        now = self.clock()
+        return frozenset(lane for lane, until in self._shut.items() if until > now)
 
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections import Counter
 
 import pytest
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 from tasks import submit
 from tasks.broker.enqueue import snapshot_cache
-from tasks.broker.keys import SNAPSHOT_KEY
+from tasks.broker.keys import LANE_DEPTHS_KEY, SNAPSHOT_KEY
 from tasks.errors import JobFailed, LaneFull
 from tasks.jobs.accounts import fast_seconds_left, grant_fast_seconds
 from tasks.jobs.deadletter import dead_jobs, requeue
@@ -61,6 +63,38 @@ def test_standard_overload_downgrades_new_jobs_then_recovers(cluster, clean_redi
     wait_until(lambda: _policy(clean_redis, "standard") is False, what="standard back to normal")
     _view_has(lambda v: "standard" not in v.overloaded)
     assert submit("after", tier="standard", **SMALL).get(timeout=60)["lane"] == "standard"
+
+
+def test_standard_jobs_enter_while_the_live_depth_lets_them_start_in_budget(cluster,
+                                                                           clean_redis):
+    for i in range(3):  # the worker's pace measured: its admission counts on it
+        submit(f"pace {i}", tier="standard", **SMALL).get(timeout=60)
+    gate = new_gate()  # a relaxed job holds the one worker: its slot is no lane above's
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="relaxed", **SMALL)
+    wait_at_gate(blocker, gate)
+    started = time.time()
+    try:
+        _view_has(lambda v: v.at > started and v.admit.get("standard", (0,))[0] > 0)
+        before = snapshot_cache().view()
+        per_job_s = dict(before.admit["standard"][1])["standard"]
+        room = math.ceil(before.admit["standard"][0] / per_job_s)  # nothing queued ahead
+        assert 0 < room < 1000
+        jobs = [submit(f"admit {i}", tier="standard", seed=i, **SMALL)
+                for i in range(room + 40)]
+        after = snapshot_cache().view()
+        queued = int(clean_redis.hget(LANE_DEPTHS_KEY, "standard"))
+    finally:
+        open_gate(gate)
+    reasons = Counter(r.get("downgrade_reason") for r in [r.get(timeout=120) for r in jobs])
+    # the publish let jobs in up to the admission, whichever snapshot it held; the rest
+    # moved down at once, while no snapshot said the lane was overloaded (the deadline
+    # mover may still move one that waited past its budget: waited_past_budget)
+    most = max(math.ceil(view.admit["standard"][0] / per_job_s) for view in (before, after))
+    assert 0 < queued <= most
+    assert reasons["standard_overloaded"] == len(jobs) - queued > 0
+    assert set(reasons) <= {None, "standard_overloaded", "waited_past_budget"}
+    assert "standard" not in before.overloaded and "standard" not in after.overloaded
+    assert _policy(clean_redis, "standard") is False
 
 
 def test_fast_seconds_are_charged_for_completed_fast_runs_only(cluster):

@@ -41,10 +41,12 @@ class SimWorker:
         # the last stats built, until a job or a load changes them (most pushes of a
         # worker running a job of several seconds repeat the last one)
         self._stats: dict | None = None
+        #: The clock its runtime counts busy time by (the cluster's virtual one).
+        self.clock: Callable[[], float] = lambda: 0.0
 
     def start(self, now: float) -> None:
         """A fresh process: new incarnation, models cold."""
-        runtime = self.runtime = Runtime()
+        runtime = self.runtime = Runtime(clock=self.clock)
         runtime.configure(self.host, f"cuda:{self.index % 8}", {}, Path("."), self.slots)
         runtime.started_at = now
         self.alive, self.running, self.warm, self.died_at = True, None, (), None
@@ -74,7 +76,7 @@ class SimWorker:
             queues = self.queues or [q for q in self.order if PRIORITY_SEP not in q]
             reply.update(queues=queues, lanes=list(LANES), concurrency=1, batching={},
                          sick=None)
-        reply["at"] = now
+        reply["at"], reply["busy_s"] = now, self.runtime.busy_until(now)
         return reply
 
 
@@ -88,6 +90,8 @@ class Cluster:
         self.clock, self.lists, self.specs = clock, lists, specs
         self.unmeasured_s = unmeasured_s  # of each job's busy time, not in its service
         self.workers = {w.host: w for w in workers}
+        for worker in workers:  # started before: their runtimes count on this clock too
+            worker.clock = worker.runtime.clock = clock.time
         self.overhead_s, self.pickup_s, self.on_done = overhead_s, pickup_s, on_done
         drawn = list(pickups_s)
         random.Random(0).shuffle(drawn)

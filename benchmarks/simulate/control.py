@@ -27,7 +27,7 @@ from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
 from routing.names import LANES, RELAXED, worker_queue
 from routing.placement import serving
-from routing.policy import WAITED_PAST_BUDGET, next_lane, relax_levels
+from routing.policy import WAITED_PAST_BUDGET, admission_waits, next_lane, relax_levels
 from tasks.broker.keys import PRIORITY_SEP, USAGE_BUCKET_S, lane_keys
 from tasks.broker.moves import MOVES_PER_ROUND
 
@@ -147,7 +147,8 @@ class Beat:
         config, lengths = self.config, self.lists.lengths()
         depths = lane_depths(None, self.record, lengths)
         loads = lane_loads(self.record, depths, config.default_service_s,
-                           self._queued_sample(lengths))
+                           self._queued_sample(lengths),
+                           admission_waits(config.budgets_s, config.release_ratio))
         policy = next_policy(self.policy, loads, config.budgets_s, config.release_ratio,
                              config.release_samples)
         self.policy = policy

@@ -16,7 +16,7 @@ from typing import Callable
 
 from routing.lanes import Route
 from routing.names import FAST, STANDARD
-from routing.policy import PolicyView, decide
+from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView, decide, over_budget
 from routing.snapshot import SnapshotCache
 
 from benchmarks.simulate.cluster import Cluster
@@ -60,17 +60,24 @@ class Router:
         refused = self.cache.refused()
         if refused:
             view = replace(view, full=view.full | refused)
+        if shut := self.cache.shut():
+            view = view.shut(shut)
         over_fast_limit, arrival = False, job.arrival
         model = arrival.model if self.config.route_hashing else None
         where = decide(arrival.tier, arrival.account, job.downgradable, view, model)
         while where is not None:
-            why = self._refusal(where.lane, arrival.account, over_fast_limit)
+            admit = view.admit.get(where.lane) if job.downgradable else None
+            why = self._refusal(where.lane, arrival.account, over_fast_limit, admit)
             if why is None:
                 self._publish(job, where)
                 return True
             if why == "full":
                 self.cache.note_full(where.lane)
                 view = replace(view, full=view.full | {where.lane})
+            elif why == "over_budget":
+                self.cache.note_over_budget(where.lane,
+                                            ADMIT_HOLD_SHARE * view.admit[where.lane].wait_s)
+                view = view.shut({where.lane})
             elif why == "fast_time":
                 view = replace(view, exhausted=view.exhausted | {arrival.account})
             else:
@@ -80,10 +87,13 @@ class Router:
         self.refused += 1
         return False
 
-    def _refusal(self, lane: str, account: str, over_fast_limit: bool) -> str | None:
+    def _refusal(self, lane: str, account: str, over_fast_limit: bool,
+                 admit: Admission | None = None) -> str | None:
         """Why the publish script refuses a job in ``lane`` (``tasks.broker.publish``)."""
         if self.lists.lane_depth[lane] >= self.config.max_depth[lane]:
             return "full"
+        if admit is not None and over_budget(self.lists.lane_depth, admit):
+            return "over_budget"
         if lane != FAST:
             return None
         if account in self.accounts.exhausted:

@@ -16,7 +16,7 @@ from celery.result import AsyncResult
 
 from routing.lanes import Route
 from routing.names import FAST, GENERATE_TASK, RELAXED
-from routing.policy import PolicyView, decide
+from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
@@ -78,7 +78,11 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
 
     The view's lane depths are an estimate; the publish itself checks the lane's
     depth in Redis. A lane found full there is held full in the view and the job
-    routed again, down the lanes, until one takes it or none can. A fast job
+    routed again, down the lanes, until one takes it or none can. A job that may move
+    down enters a budgeted lane only while the work queued ahead of it there, by the
+    live depths, is under the lane's admission (``routing.policy.over_budget``, the
+    snapshot's bound): else it is routed as if the lane were overloaded, down a lane,
+    keeping its place in time; beat's snapshot would say so a heartbeat later. A fast job
     takes one of its account's fast places in the same publish; with all of
     them taken it is routed again, as over its account's limit, and the account's
     next fast job goes over the limit at once, published only while every place is
@@ -99,18 +103,27 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
         view = replace(view, full=frozenset())
     elif refused := cache.refused():
         view = replace(view, full=view.full | refused)
+    if shut := cache.shut():
+        view = view.shut(shut)
     over_fast_limit = hinted = _hinted_over_fast_limit(job, view)
     where = _route(job, view, over_fast_limit)
     while where is not None:
         try:
             result = _publish(job, job_id, where, run, over_fast_limit, submitted_at,
-                              accepted, claim, places_taken=hinted)
+                              accepted, claim, places_taken=hinted,
+                              admit=view.admit.get(where.lane))
         except LaneAtLimit:
             cache.note_full(where.lane)
             view, claim = replace(view, full=view.full | {where.lane}), None  # it led
         except PublishRefused as refused:
-            view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
-            hinted, claim = False, None  # the claim led (a refusal comes after it)
+            if refused.why == "over_budget":  # as the snapshot says once beat sees it
+                cache.note_over_budget(where.lane,
+                                       ADMIT_HOLD_SHARE * view.admit[where.lane].wait_s)
+                view = view.shut({where.lane})
+            else:
+                view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
+                hinted = False
+            claim = None  # the claim led (a refusal comes after it)
         else:
             cache.note_sent(where.lane, where.node, job.model)
             return result
@@ -177,7 +190,8 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
 
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
-             claim: ClaimArgs | None = None, places_taken: bool = False) -> AsyncResult:
+             claim: ClaimArgs | None = None, places_taken: bool = False,
+             admit: Admission | None = None) -> AsyncResult:
     options = {"priority": where.priority} if where.priority else {}
     if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
         options.update(exchange=where.queue, routing_key=where.queue)
@@ -190,6 +204,7 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
     with publishing(limit=0 if accepted else settings.max_depth[where.lane],
+                    admit=None if accepted or not job.downgradable else admit,
                     **_fast_conditions(job, where, over_fast_limit, places_taken),
                     deadline=publish_deadline(),
                     run=(*run, settings.result_ttl_s) if run else None,

@@ -45,6 +45,7 @@ from typing import Any, Iterator
 import redis
 
 from routing.names import LANES
+from routing.policy import Admission
 from tasks.broker import scripts
 from tasks.broker.keys import (
     DUE_PREFIX,
@@ -92,6 +93,9 @@ class Conditions:
     #: a claim of the result cache made in the same step (``run`` names its pointer and
     #: run); answered by :class:`ClaimAnswered`
     claim: ClaimArgs | None = None
+    #: the lane's admission (``routing.policy.Admission``): refused (``over_budget``)
+    #: when the work queued ahead, by the live depths, is at or past its bound
+    admit: Admission | None = None
 
 
 @dataclass
@@ -115,7 +119,8 @@ class LaneAtLimit(Exception):
 
 class PublishRefused(Exception):
     """A publish inside :func:`publishing` failed a condition; nothing was written.
-    ``why``: ``late``, ``fast_places``, ``fence``, ``fast_time`` or ``place_free``."""
+    ``why``: ``late``, ``fast_places``, ``fence``, ``fast_time``, ``place_free`` or
+    ``over_budget``."""
 
     def __init__(self, why: str) -> None:
         super().__init__(f"publish refused: {why}")
@@ -132,7 +137,8 @@ class ClaimAnswered(Exception):
         self.verdict, self.value = verdict, value
 
 
-_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time", -5: "place_free"}
+_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time", -5: "place_free",
+             -6: "over_budget"}
 
 
 @contextmanager
@@ -188,7 +194,17 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
             [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
              token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
              "1" if when.front else "0", FAST_NEWS_PREFIX,
-             repr(due_clock(key, when.entered_at)), DUE_PREFIX, *claim_args])
+             repr(due_clock(key, when.entered_at)), DUE_PREFIX, *claim_args,
+             *_admission_args(when.admit)])
+
+
+def _admission_args(admission: Admission | None) -> list[str]:
+    """The publish script's last arguments: the admission bound ('' : none), then each
+    lane's name and seconds per queued job."""
+    if admission is None:
+        return [""]
+    return [repr(admission.bound_s),
+            *(part for lane, job_s in admission.per_job_s for part in (lane, repr(job_s)))]
 
 
 def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,

@@ -12,11 +12,13 @@
 -- front (the end taken next), the fast-news channels' prefix, the job's lane clock (unix s:
 -- when it entered its lane; 0: not indexed), the due indexes' key prefix; then the
 -- claim's admit flag, follower JSON, now, tier rank, claim lifetime s and run keys'
--- prefix (lua/claim.lua).
+-- prefix (lua/claim.lua); then the lane's admission bound ('' : none) and, for the lane
+-- and each above it, its name and seconds per queued job (routing.policy.over_budget).
 -- Returns 1 (pushed), or a refusal having written nothing: 0 the lane is full,
 -- -1 too late, -2 the account's fast places are taken, -3 the fence does not hold,
 -- -4 the account's fast time is spent (its balance is at or below zero), -5 the job was
--- routed over its account's fast limit but a fast place is free now.
+-- routed over its account's fast limit but a fast place is free now, -6 the work queued
+-- ahead (the lanes' live depths, each job priced) is at or past the admission bound.
 -- With a claim (a seeded job: ``tasks.jobs.cache``), the digest is claimed first, in
 -- the same step: a stored result ({'hit', result}), a run to follow ({'follow',
 -- leader}) or one being claimed ({'solo', ''}) is answered and nothing is pushed; a
@@ -55,6 +57,13 @@ if limit > 0 then
   if tonumber(redis.call('HGET', KEYS[10], lane_of(KEYS[1])) or '0') >= limit then
     return 0
   end
+end
+if ARGV[26] ~= '' then
+  local ahead = 0
+  for i = 27, #ARGV, 2 do
+    ahead = ahead + tonumber(redis.call('HGET', KEYS[10], ARGV[i]) or '0') * tonumber(ARGV[i + 1])
+  end
+  if ahead >= tonumber(ARGV[26]) then return -6 end
 end
 local places = tonumber(ARGV[5])
 if places ~= 0 then

@@ -1,0 +1,141 @@
+"""Admission at publish: a job that may move down enters a budgeted lane only while the
+work queued ahead of it, by the live depths, lets it start within the lane's admission
+wait; the lanes above take the slots they keep busy from the lanes below."""
+from __future__ import annotations
+
+import pytest
+
+from beat.heartbeat import BUSY_ALPHA, busy_slots, merge
+from beat.snapshot import lane_loads
+from routing.policy import (
+    ADMIT_HOLD_SHARE,
+    MIN_FREE_SHARE,
+    STANDARD_OVERLOADED,
+    Admission,
+    Hysteresis,
+    PolicyView,
+    admission_waits,
+    admissions,
+    decide,
+    expected_waits,
+    free_slots,
+    next_state,
+    over_budget,
+)
+from routing.snapshot import SnapshotCache, base_view
+from gpu_worker.runtime import Runtime
+from tasks.broker.keys import LANE_DEPTHS_KEY
+from tasks.broker.publish import PublishRefused, publishing
+
+SERVICE = {"fast": 1.0, "standard": 1.0, "relaxed": 1.0}
+
+
+def test_the_lanes_above_take_the_slots_they_keep_busy():
+    assert free_slots(4, {"fast": 1.5, "standard": 2.0}) == {
+        "fast": 4, "standard": 2.5, "relaxed": 0.5}
+    assert free_slots(4, {"fast": 9.0})["standard"] == MIN_FREE_SHARE * 4  # starved
+    busy = expected_waits({"standard": 6}, SERVICE, 0, 4, busy={"fast": 2.0})
+    idle = expected_waits({"standard": 6}, SERVICE, 0, 4)
+    assert idle["standard"] == 1.5 and busy["standard"] == 3.0  # 6 s of work on 2 slots
+    assert busy["fast"] == idle["fast"] == 0.0
+
+
+def test_a_runtime_counts_each_lanes_time_in_flight():
+    now = [100.0]
+    runtime = Runtime(clock=lambda: now[0])
+    runtime.job_started("fast")
+    now[0] = 101.0
+    runtime.job_started("fast")
+    runtime.job_started("standard")
+    now[0] = 102.5
+    runtime.job_finished("fast", 2500.0)
+    assert runtime.busy_until(103.0) == {"fast": 1 + 2 * 1.5 + 0.5, "standard": 2.0}
+    assert runtime.stats()["busy_s"] == runtime.busy_until(102.5)
+
+
+def test_busy_slots_come_from_each_workers_time_in_flight_growing():
+    first = {"incarnation": "w/1/0", "at": 10.0, "busy_s": {"fast": 1.0}}
+    assert busy_slots(None, first) == {}  # nothing to compare with yet
+    second = {**first, "at": 12.0, "busy_s": {"fast": 2.0, "standard": 2.0}}
+    record = merge({"w": {**first, "busy": {}}}, {"w": second}, now=12.0, misses_allowed=2)
+    assert record["w"]["busy"] == {"fast": 0.5, "standard": 1.0}
+    third = {**second, "at": 14.0, "busy_s": {"fast": 2.0, "standard": 4.0}}
+    # averaged with the rounds before: fast held no slot this round
+    assert busy_slots(record["w"], third) == {"fast": 0.5 * (1 - BUSY_ALPHA),
+                                              "standard": 1.0}
+    restarted = {**third, "incarnation": "w/2/13", "busy_s": {}}
+    assert busy_slots(record["w"], restarted) == {}
+
+
+WORKER = {"alive": True, "in_flight": {"fast": 1}, "concurrency": 1,
+          "lanes": ["fast", "standard", "relaxed"], "service_ms": {"fast": 500.0,
+                                                                "standard": 500.0}}
+
+
+def test_the_snapshot_states_each_budgeted_lanes_admission():
+    workers = {"a": {**WORKER, "busy": {"fast": 0.5}}, "b": {**WORKER, "busy": {}}}
+    waits = admission_waits({"fast": 5.0, "standard": 10.0}, 0.9)
+    assert waits == {"fast": 4.5, "standard": 9.0}
+    loads = lane_loads(workers, {"fast": 1, "standard": 4}, 1.0, admit_wait_s=waits)
+    # two slots, half of one busy with fast; two running jobs, half of each (0.5 s) ahead
+    assert loads["standard"]["admit_s"] == pytest.approx(9.0 * 1.5 - 0.5)
+    assert loads["fast"]["admit_s"] == pytest.approx(4.5 * 2 - 0.5)
+    assert "admit_s" not in loads["relaxed"]
+    view = base_view({"at": 1.0, "lanes": loads, "policy": {}, "workers": {}})
+    assert view.admit["standard"].per_job_s == (("fast", 0.5), ("standard", 0.5))
+    assert view.admit["standard"].wait_s == 9.0
+    assert not over_budget({"fast": 1, "standard": 24}, view.admit["standard"])
+    assert over_budget({"fast": 1, "standard": 25}, view.admit["standard"])
+    # what the admission lets in never makes the lane overloaded by itself
+    work = 0.5 * (1 + 24)
+    wait = (work + 0.5) / 1.5
+    assert wait < 9.0 and not next_state(Hysteresis(), wait, 10.0, 0.9, 3).overloaded
+    assert admissions({"relaxed": {"depth": 3}}) == {}
+
+
+def test_the_publish_checks_the_admission_on_the_live_depths(clean_redis, app):
+    from tasks.broker.app import app as gpulanes
+
+    admission = Admission(2.0, (("fast", 0.5), ("standard", 0.25)), 1.0)
+
+    def publish(i: int) -> str:
+        try:
+            with publishing(admit=admission):
+                gpulanes.send_task("noop", task_id=f"t{i}", queue="standard", retry=False)
+        except PublishRefused as refused:
+            return refused.why
+        return "pushed"
+
+    clean_redis.hset(LANE_DEPTHS_KEY, "fast", 2)  # 1 s of fast work queued ahead
+    outcomes = [publish(i) for i in range(6)]
+    assert outcomes == ["pushed"] * 4 + ["over_budget"] * 2  # 1 + 4 x 0.25 reaches 2
+    assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 4
+    assert over_budget({"fast": 2, "standard": 4}, admission)
+    assert not over_budget({"fast": 2, "standard": 3}, admission)
+
+
+def test_an_overloaded_lane_with_an_admission_leaves_the_choice_to_the_publish():
+    admission = Admission(2.0, (("fast", 0.5), ("standard", 0.25)), 1.0)
+    view = PolicyView(overloaded=frozenset({"standard"}), admit={"standard": admission})
+    assert decide("standard", "a", True, view).lane == "standard"  # the publish checks
+    shut = view.shut({"standard"})
+    moved = decide("standard", "a", True, shut)
+    assert (moved.lane, moved.downgrade_reason) == ("relaxed", STANDARD_OVERLOADED)
+    assert "standard" not in shut.admit
+    # without an admission (a snapshot of an older beat) the overload state moves it
+    assert decide("standard", "a", True, PolicyView(overloaded=frozenset({"standard"}))
+                  ).lane == "relaxed"
+    assert decide("standard", "a", False, shut).lane == "standard"  # may not move
+
+
+def test_a_lane_past_its_admission_is_shut_to_this_process_for_a_while():
+    now = [50.0]
+    cache = SnapshotCache(lambda: None, refresh_s=0.5, stale_s=5.0,
+                          max_depth={"fast": 9, "standard": 9, "relaxed": 9},
+                          clock=lambda: now[0])
+    cache.note_over_budget("standard", ADMIT_HOLD_SHARE * 9.0)
+    assert cache.shut() == {"standard"}
+    now[0] += ADMIT_HOLD_SHARE * 9.0 - 0.01
+    assert cache.shut() == {"standard"}
+    now[0] += 0.02
+    assert cache.shut() == frozenset()
