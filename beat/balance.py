@@ -71,7 +71,11 @@ def choose(workers: Mapping[str, Mapping[str, Any]], keys: Iterable[str], read: 
     idle_hosts = idle(workers)
     idle_set = set(idle_hosts)
     drains = {host: drain_s_of(w) for host, w in workers.items()}
-    # a worker that has measured no job yet: how long its queue waits is not known
+    # a worker that has measured no job yet goes at the pace the others measured; while
+    # none has, how long a queue waits is not known and nothing moves to idle workers
+    measured = sorted(drain for drain in drains.values() if drain)
+    pace_s = measured[len(measured) // 2] if measured else None
+    drains = {host: drain or pace_s for host, drain in drains.items()}
     waits = {host: backlog_s(w, drain) for host, w in workers.items()
              if serving(w) and (drain := drains[host])}
     busy = [(waits.get(node, 0.0), key) for key in keys

@@ -53,17 +53,22 @@ def test_each_job_moves_once_and_a_worker_gets_its_share_oldest_first():
         (2.0, "w1"), (3.0, "w1"), (4.0, "w1"), (1.0, "w2")]
 
 
-def test_nothing_moves_from_a_worker_whose_pace_is_not_known_yet(clean_redis, app):
-    """A worker that has measured no job yet: its queue's wait is not known, and a guess
-    (a second a job) moved the youngest jobs of a fresh cluster's queues ahead of older
-    ones that were about to run."""
+def test_a_worker_whose_pace_is_not_known_yet_goes_at_the_others_pace(clean_redis, app):
+    """A worker that has measured no job yet: its queue waits as long as the others'
+    measured pace says; with none measured, nothing moves (a guess, a second a job,
+    moved the youngest jobs of a fresh cluster's queues of millisecond jobs ahead of
+    older ones that were about to run)."""
     busy = "gpu0@fresh"
     bind_own_queues(app, worker_queue("standard", busy))
     for _ in range(3):
         _publish(worker_queue("standard", busy))
     workers = {busy: {**_record(3, 1, ["demo"]), "service_ms": {}},
-               "gpu1@idle": _record(0, 0, ["demo"])}
+               "gpu1@idle": {**_record(0, 0, ["demo"]), "service_ms": {}}}
     assert give_idle_work(clean_redis, workers, _lengths(clean_redis), 1.0, 1.0) == 0
+    workers["gpu1@idle"]["service_ms"] = {"standard": 10.0}  # 40 ms of queue: it stays
+    assert give_idle_work(clean_redis, workers, _lengths(clean_redis), 1.0, 1.0) == 0
+    workers["gpu1@idle"]["service_ms"] = {"standard": 1000.0}
+    assert give_idle_work(clean_redis, workers, _lengths(clean_redis), 1.0, 1.0) == 1
 
 
 def test_a_job_that_would_wait_less_than_a_heartbeat_stays():
