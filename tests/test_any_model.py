@@ -8,7 +8,7 @@ import pytest
 from conftest import SMALL
 
 from tasks import submit
-from tasks.broker.keys import WORKER_STATS_AT_KEY, WORKER_STATS_KEY
+from tasks.broker.keys import LEDGER_KEY
 from tasks.errors import InvalidJob, JobFailed, ModelError
 from tasks.jobs.artifacts import open_artifact
 
@@ -88,10 +88,12 @@ def test_a_bad_input_is_named_before_anything_is_enqueued(call, field, clean_red
     with pytest.raises(InvalidJob) as caught:
         submit(**call)
     assert caught.value.field == field
-    # nothing of a job: only kombu's bindings and the running workers' pushed stats
-    stats = {WORKER_STATS_KEY.encode(), WORKER_STATS_AT_KEY.encode()}
-    assert not [k for k in clean_redis.scan_iter()
-                if not k.startswith(b"_kombu") and k not in stats]
+    # nothing of a job: no message in any list, no ledger entry, no result (the running
+    # workers push their stats, counters and the usage of earlier jobs on their own,
+    # whenever they like)
+    assert not [k for k in clean_redis.scan_iter() if clean_redis.type(k) == b"list"]
+    assert not clean_redis.exists(LEDGER_KEY)
+    assert not list(clean_redis.scan_iter("celery-task-meta-*"))
 
 
 def test_inputs_over_the_size_limit_are_refused(clean_redis, monkeypatch):
