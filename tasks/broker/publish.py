@@ -10,6 +10,9 @@ It checks, before it writes anything, what the publisher asked for in
   :class:`LaneAtLimit`. Any number of submitters together never pass the
   limit. Messages published outside it (retries, restores) are never refused:
   a job once accepted is not dropped for want of room;
+- a lane's admission (``submit()``, a job that may move down): the work queued
+  ahead of it, each lane's depth counter priced per job, under the bound beat stated
+  (``routing.policy.over_budget``), else :class:`PublishRefused` (``over_budget``);
 - a deadline (``submit()``): a publish that reaches Redis after its caller gave
   up (a Redis frozen for a while executes what was sent meanwhile) writes
   nothing (:class:`PublishRefused`, ``late``);
