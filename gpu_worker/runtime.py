@@ -163,10 +163,10 @@ class Runtime:
     def stats(self) -> dict[str, Any]:
         """The heartbeat reply: liveness and load, JSON-ready."""
         now = self.clock()
-        busy_s = self.busy_until(now)
         with self._lock:
             return {
-                "device": self.device, "pid": os.getpid(), "at": now, "busy_s": busy_s,
+                "device": self.device, "pid": os.getpid(), "at": now,
+                "busy_s": {lane: round(self._busy_until(lane, now), 3) for lane in self.busy_s},
                 "incarnation": self.incarnation, "started_at": self.started_at,
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),

@@ -28,7 +28,7 @@ from routing.fleet import Fleet, Measured, build_fleet, measure, policy_view
 from routing.fluid import DrainingSum
 from routing.names import FAST, LANES
 from routing.placement import assign_homes
-from routing.policy import PolicyView
+from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView
 from routing.ringorder import PATCH_MAX, changed_set, order_asked
 
 log = logging.getLogger(__name__)
@@ -328,11 +328,12 @@ class SnapshotCache:
         since = self.clock() - 2 * self.refresh_s
         return frozenset(lane for lane, at in self._refused.items() if at >= since)
 
-    def note_over_budget(self, lane: str, hold_s: float) -> None:
-        """A publish found ``lane`` past its admission: shut it for ``hold_s`` to this
-        process's jobs that may move down (``routing.policy.ADMIT_HOLD_SHARE``)."""
+    def note_over_budget(self, lane: str, admission: Admission) -> None:
+        """A publish found ``lane`` past its ``admission``: shut it to this process's jobs
+        that may move down for ``ADMIT_HOLD_SHARE`` of the admission's wait."""
         with self._lock:
-            self._shut = {**self._shut, lane: self.clock() + hold_s}
+            self._shut = {**self._shut,
+                          lane: self.clock() + ADMIT_HOLD_SHARE * admission.wait_s}
 
     def shut(self) -> frozenset[str]:
         """Lanes shut since a publish found them past their admission."""

@@ -133,7 +133,7 @@ def test_a_lane_past_its_admission_is_shut_to_this_process_for_a_while():
     cache = SnapshotCache(lambda: None, refresh_s=0.5, stale_s=5.0,
                           max_depth={"fast": 9, "standard": 9, "relaxed": 9},
                           clock=lambda: now[0])
-    cache.note_over_budget("standard", ADMIT_HOLD_SHARE * 9.0)
+    cache.note_over_budget("standard", Admission(1.0, (("standard", 0.1),), 9.0))
     assert cache.shut() == {"standard"}
     now[0] += ADMIT_HOLD_SHARE * 9.0 - 0.01
     assert cache.shut() == {"standard"}

@@ -16,7 +16,7 @@ from typing import Callable
 
 from routing.lanes import Route
 from routing.names import FAST, STANDARD
-from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView, decide, over_budget
+from routing.policy import Admission, PolicyView, decide, over_budget
 from routing.snapshot import SnapshotCache
 
 from benchmarks.simulate.cluster import Cluster
@@ -75,8 +75,7 @@ class Router:
                 self.cache.note_full(where.lane)
                 view = replace(view, full=view.full | {where.lane})
             elif why == "over_budget":
-                self.cache.note_over_budget(where.lane,
-                                            ADMIT_HOLD_SHARE * view.admit[where.lane].wait_s)
+                self.cache.note_over_budget(where.lane, view.admit[where.lane])
                 view = view.shut({where.lane})
             elif why == "fast_time":
                 view = replace(view, exhausted=view.exhausted | {arrival.account})

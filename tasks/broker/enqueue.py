@@ -16,7 +16,7 @@ from celery.result import AsyncResult
 
 from routing.lanes import Route
 from routing.names import FAST, GENERATE_TASK, RELAXED
-from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView, decide
+from routing.policy import Admission, PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
@@ -117,8 +117,7 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             view, claim = replace(view, full=view.full | {where.lane}), None  # it led
         except PublishRefused as refused:
             if refused.why == "over_budget":  # as the snapshot says once beat sees it
-                cache.note_over_budget(where.lane,
-                                       ADMIT_HOLD_SHARE * view.admit[where.lane].wait_s)
+                cache.note_over_budget(where.lane, view.admit[where.lane])
                 view = view.shut({where.lane})
             else:
                 view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
