@@ -96,6 +96,41 @@ def new_gate() -> str:
     return uuid.uuid4().hex[:12]
 
 
+#: Lines of each cluster log a failed test's report ends with, of what it wrote meanwhile.
+LOG_LINES = 200
+#: Where a test's item keeps the cluster logs' sizes as it began.
+_LOGS_AT = pytest.StashKey[dict]()
+
+
+def _cluster_logs() -> dict[Path, int]:
+    """Every cluster log of this session and its size now."""
+    return {log: log.stat().st_size for log in (STATE_DIR / "logs").glob("*/*.log")}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    item.stash[_LOGS_AT] = _cluster_logs()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries what the clusters' processes logged while it ran
+    (the tail of it): a failure on a loaded CI machine can be read afterwards."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed or _LOGS_AT not in item.stash:
+        return
+    before = item.stash[_LOGS_AT]
+    for log, size in sorted(_cluster_logs().items()):
+        with open(log, "rb") as f:
+            f.seek(before.get(log, 0) if size >= before.get(log, 0) else 0)
+            lines = f.read().decode(errors="replace").splitlines()[-LOG_LINES:]
+        if lines:
+            report.sections.append((f"cluster log {log.parent.name}/{log.name}",
+                                    "\n".join(lines)))
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     server = EmbeddedRedis(STATE_DIR).start()
