@@ -304,7 +304,7 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path,
                   file=sys.stderr, flush=True)
     return {"capacity_jobs_s": capacity, "run_ms": run_ms, "capacity_by_side": by_side,
             "offered_jobs_s": rate, "mix": settings.mix, "budgets": asdict(budgets),
-            "summary": summary(trials, budgets)}
+            "summary": summary(trials, budgets, settings.mix)}
 
 
 def run_both(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:

@@ -104,12 +104,39 @@ def idle_tail_s(trial: Trial) -> float:
     return max(ends.values()) - min(ends.values()) if ends else 0.0
 
 
-def summary(trials: list[Trial], budgets: Budgets) -> dict[str, Any]:
-    """Per mode: a row per tier and one for the mode as a whole."""
+def standard_most(load: float, mix: dict[str, float]) -> float:
+    """The largest share of standard jobs that can start within budget at ``load`` (jobs
+    offered over jobs the pool serves), once fast jobs take their share of the pool:
+    (1 - fast x load) / (standard x load), between 0 and 1."""
+    if load <= 0 or not mix.get("standard"):
+        return 1.0
+    return max(0.0, min(1.0, (1 - mix["fast"] * load) / (mix["standard"] * load)))
+
+
+def trial_row(trial: Trial, budgets: Budgets, mix: dict[str, float]) -> dict[str, Any]:
+    """One trial on its own: the rate its pool served at (every accepted job over its
+    window and drain: the pool never ran dry in an overload trial), so the load it
+    really met, and standard jobs within budget against the most that load allows. This
+    machine's speed drifts between trials, and with it the load each one meets."""
+    done = [o["result"] for o in trial.outcomes if o["state"] == "done"]
+    served = len(done) / max(1e-9, trial.submit_s + trial.drain_s)
+    load = trial.offered / max(1e-9, trial.submit_s) / served if served else 0.0
+    standard = [latency_s(r) for o in trial.outcomes if o["tier"] == "standard"
+                and o["state"] == "done" for r in [o["result"]]]
+    within = sum(x <= budgets.standard_s for x in standard) / len(standard) if standard else None
+    return {"mode": trial.mode, "served_jobs_s": served, "load": load,
+            "standard_within": within, "standard_most": standard_most(load, mix)}
+
+
+def summary(trials: list[Trial], budgets: Budgets,
+            mix: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per mode: a row per tier and one for the mode as a whole; per trial, in order, the
+    load it met (with ``mix``)."""
     by_mode = {m: [t for t in trials if t.mode == m] for m in MODES}
     return {"tiers": {m: {tier: tier_row(ts, tier, budgets) for tier in TIERS}
                       for m, ts in by_mode.items()},
-            "modes": {m: mode_row(ts) for m, ts in by_mode.items()}}
+            "modes": {m: mode_row(ts) for m, ts in by_mode.items()},
+            "trials": [trial_row(t, budgets, mix) for t in trials] if mix else []}
 
 
 # --- report ----------------------------------------------------------------------------
@@ -149,6 +176,18 @@ def mode_table(modes: dict[str, dict]) -> str:
                            "client CPU ms/job", "beat CPU (of one core)",
                            "ms between a worker's jobs", "idle tail s", "workers CPU ms/job",
                            "Redis CPU ms/job"], rows)
+
+
+def trial_table(trials: list[dict[str, Any]]) -> str:
+    """One row per trial, in the order they ran: the load it met and standard's share."""
+    rows = [[i + 1, t["mode"], f"{t['served_jobs_s']:.1f}", f"{t['load']:.2f}x",
+             fmt(t["standard_within"], "{:.0%}"), f"{t['standard_most']:.0%}",
+             fmt(t["standard_within"] / t["standard_most"] if t["standard_most"]
+                 and t["standard_within"] is not None else None, "{:.0%}")]
+            for i, t in enumerate(trials)]
+    return markdown_table(["trial", "mode", "served jobs/s", "load met",
+                           "standard within budget", "the most at that load",
+                           "share of the most"], rows)
 
 
 def compare(tiers: dict[str, dict[str, dict]], tier: str, key: str) -> str:
@@ -219,6 +258,9 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     print()
     print(mode_table(report["summary"]["modes"]))
     print()
+    if report["summary"].get("trials"):
+        print(trial_table(report["summary"]["trials"]))
+        print()
     for line in verdict(report):
         print(f"- {line}")
     b = report["budgets"]
