@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from routing.names import LANES
 from routing.placement import serving
-from routing.policy import Hysteresis, expected_waits, free_slots, next_state
+from routing.policy import Hysteresis, admitted_wait, expected_waits, free_slots, next_state
 
 #: (model, cost, how many queued jobs it stands for) of one sampled job (``beat.costs``).
 QueuedJob = tuple[str, float, float]
@@ -80,7 +80,9 @@ def lane_loads(workers: Mapping[str, dict], depths: Mapping[str, int],
                     "busy": round(busy[lane], 3),
                     "expected_wait_s": round(waits[lane], 3)} for lane in LANES}
     free, running_work_s = free_slots(slots, busy), sum(in_flight.values()) * running_s / 2
-    for lane, wait_s in (admit_wait_s or {}).items():
+    for lane, target_s in (admit_wait_s or {}).items():
+        above = {up: (busy[up], job_s[up]) for up in LANES[:LANES.index(lane)]}
+        wait_s = admitted_wait(target_s, above, free[lane])
         loads[lane].update(admit_s=round(max(0.0, wait_s * free[lane] - running_work_s), 4),
                            admit_wait_s=round(wait_s, 4))
     return loads

@@ -95,6 +95,8 @@ class JobStats(Hook):
 
     def __init__(self) -> None:
         self._began: dict[int, tuple[str, float, str, float]] = {}
+        #: (wall, perf_counter) time of the latest job's end in this process.
+        self._ended: tuple[float, float] | None = None
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
@@ -103,13 +105,19 @@ class JobStats(Hook):
         if task.name == GENERATE_TASK:
             lane = lane_of(task.request.delivery_info.get("routing_key") or "unknown")
             model, cost = Job.model_and_cost(task.request.kwargs)
-            self._began[threading.get_ident()] = (lane, time.perf_counter(), model, cost)
+            now = time.perf_counter()
+            ended, submitted = self._ended, task.request.kwargs.get("submitted_at")
+            if ended is not None and isinstance(submitted, (int, float)) \
+                    and submitted <= ended[0]:
+                RUNTIME.between_jobs((now - ended[1]) * 1000)  # queued when a slot freed
+            self._began[threading.get_ident()] = (lane, now, model, cost)
             RUNTIME.job_started(lane)
 
     def on_postrun(self, state: str | None = None, **_: Any) -> None:
         began = self._began.pop(threading.get_ident(), None)
         if began is not None:
             lane, at, model, cost = began
+            self._ended = (time.time(), time.perf_counter())
             ok = state == "SUCCESS"
             RUNTIME.job_finished(lane, (time.perf_counter() - at) * 1000 if ok else None,
                                  model, cost)

@@ -6,9 +6,10 @@ import os
 import sys
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable
 
 from gpu_worker.costfit import CostFit
@@ -17,6 +18,9 @@ from gpu_worker.models import ImageModel, load_model
 log = logging.getLogger(__name__)
 #: Weight of the newest sample in the service-time moving average.
 EWMA_ALPHA = 0.2
+#: How many of the latest between-jobs times (``Runtime.between_jobs``) their median
+#: is taken over.
+BETWEEN_SAMPLES = 31
 
 
 @dataclass
@@ -36,8 +40,12 @@ class Runtime:
     in_flight: dict[str, int] = field(default_factory=dict)
     served: int = 0
     failed: int = 0
-    #: Moving average of service time per lane (a lane's jobs differ in size).
+    #: Moving average of service time per lane (a lane's jobs differ in size): the time
+    #: a job holds its slot, its run (prerun to postrun) and the worker's time between
+    #: jobs (``between_jobs``) together.
     service_ms: dict[str, float] = field(default_factory=dict)
+    #: The latest times from a job's end to the next one's start, while that one waited.
+    between_ms: deque[float] = field(default_factory=lambda: deque(maxlen=BETWEEN_SAMPLES))
     #: Per model, service time as a line in the job's cost (``Job.cost``): what beat
     #: prices each queued job by to estimate a lane's wait.
     cost_fits: dict[str, CostFit] = field(default_factory=dict)
@@ -145,15 +153,32 @@ class Runtime:
         with self._lock:
             return {lane: round(self._busy_until(lane, now), 3) for lane in self.busy_s}
 
+    def between_jobs(self, ms: float) -> None:
+        """The worker took ``ms`` from a job's end to the start of the next, a job that
+        was queued all that while: the message's ack, the next one's fetch, the task's
+        set-up. Its slot is busy then, though no run is."""
+        with self._lock:
+            self.between_ms.append(ms)
+
+    def _between(self) -> float:
+        """Milliseconds between jobs: the median of the latest (a job that was handed
+        over or due later waited for more than the worker)."""
+        return median(self.between_ms) if self.between_ms else 0.0
+
     def job_finished(self, lane: str, service_ms: float | None, model: str = "",
                      cost: float = 1.0) -> None:
-        """A job of ``model`` (of ``cost``) left ``lane``: in ``service_ms``, or failed (None)."""
+        """A job of ``model`` (of ``cost``) left ``lane``: its run took ``service_ms``, or
+        it failed (None). A run that came through holds its slot for the time between
+        jobs too: its service time and the lane's busy time count both."""
         with self._lock:
             self._in_flight_by(lane, -1)
             if service_ms is None:
                 self.failed += 1
                 return
             self.served += 1
+            between = self._between()
+            self.busy_s[lane] += between / 1000
+            service_ms += between
             prev = self.service_ms.get(lane)
             self.service_ms[lane] = service_ms if prev is None else \
                 prev + EWMA_ALPHA * (service_ms - prev)
@@ -170,6 +195,7 @@ class Runtime:
                 "incarnation": self.incarnation, "started_at": self.started_at,
                 "in_flight": dict(self.in_flight), "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),
+                "between_ms": round(self._between(), 3),
                 "cost_ms": {model: [round(part, 3) for part in fit.line()]
                             for model, fit in self.cost_fits.items()},
                 "warm_models": list(self.models), "slots": self.slots,

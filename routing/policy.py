@@ -6,6 +6,7 @@ here touches the network, so unit tests drive it with synthetic series.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping, NamedTuple
 
@@ -130,6 +131,32 @@ def admission_waits(budgets_s: Mapping[str, float], release_ratio: float) -> dic
     it overloaded by themselves. The overload state and its hysteresis answer what they
     cannot: a surge in the lanes above, capacity lost, a beat that stopped."""
     return {lane: release_ratio * budget_s for lane, budget_s in budgets_s.items()}
+
+
+#: How many standard deviations of the work the lanes above send meanwhile an admitted
+#: job's wait is kept within its admission wait (``admitted_wait``).
+ADMIT_SPREAD_Z = 2.0
+
+
+def admitted_wait(target_s: float, above: Mapping[str, tuple[float, float]],
+                  free: float) -> float:
+    """The expected wait an admission lets a job in at, so that its wait stays within
+    ``target_s`` (``admission_waits``) even when the lanes above send more than their
+    mean meanwhile.
+
+    A job that waits W on ``free`` job slots also waits for the jobs the lanes above send
+    in W: ``above`` holds each such lane's (busy slots, seconds per job). Arriving at
+    random, they bring busy x W slot-seconds on average, give or take
+    sqrt(busy x job_s x W) (a Poisson count of jobs of job_s each), which spread over the
+    free slots is the wait's own spread. W plus ``ADMIT_SPREAD_Z`` of it meets target_s at
+    W = ((-c + sqrt(c^2 + 4 target_s)) / 2)^2, c = z sqrt(sum busy x job_s) / free. Few
+    slots or long jobs above spread the wait most; at a fleet's scale W is target_s but
+    for a percent or two.
+    """
+    if target_s <= 0 or free <= 0:
+        return max(0.0, target_s)
+    c = ADMIT_SPREAD_Z * math.sqrt(sum(busy * job_s for busy, job_s in above.values())) / free
+    return ((-c + math.sqrt(c * c + 4 * target_s)) / 2) ** 2
 
 
 def admissions(lanes: Mapping[str, Mapping[str, Any]]) -> dict[str, Admission]:

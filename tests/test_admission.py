@@ -9,6 +9,7 @@ from beat.heartbeat import BUSY_ALPHA, busy_slots, merge
 from beat.snapshot import lane_loads
 from routing.policy import (
     ADMIT_HOLD_SHARE,
+    ADMIT_SPREAD_Z,
     MIN_FREE_SHARE,
     STANDARD_OVERLOADED,
     Admission,
@@ -16,6 +17,7 @@ from routing.policy import (
     PolicyView,
     admission_waits,
     admissions,
+    admitted_wait,
     decide,
     expected_waits,
     free_slots,
@@ -53,6 +55,21 @@ def test_a_runtime_counts_each_lanes_time_in_flight():
     assert runtime.stats()["busy_s"] == runtime.busy_until(102.5)
 
 
+def test_a_runtime_counts_the_time_between_queued_jobs_as_theirs():
+    now = [100.0]
+    runtime = Runtime(clock=lambda: now[0])
+    for gap_ms in (3.0, 2.0, 900.0):  # the last: a job handed over, waiting for more
+        runtime.between_jobs(gap_ms)
+    runtime.job_started("standard")
+    now[0] = 100.5
+    runtime.job_finished("standard", 500.0, "demo", 1.0)
+    # the median between: the job held its slot 3 ms more than its run
+    assert runtime.stats()["between_ms"] == 3.0
+    assert runtime.service_ms == {"standard": 503.0}
+    assert runtime.busy_until(100.5) == {"standard": 0.503}
+    assert Runtime().stats()["between_ms"] == 0.0  # nothing measured yet
+
+
 def test_busy_slots_come_from_each_workers_time_in_flight_growing():
     first = {"incarnation": "w/1/0", "at": 10.0, "busy_s": {"fast": 1.0}}
     assert busy_slots(None, first) == {}  # nothing to compare with yet
@@ -67,6 +84,22 @@ def test_busy_slots_come_from_each_workers_time_in_flight_growing():
     assert busy_slots(record["w"], restarted) == {}
 
 
+def test_an_admission_keeps_a_margin_for_what_the_lanes_above_may_send():
+    assert admitted_wait(9.0, {}, 2.0) == 9.0  # nothing above: the target itself
+    assert admitted_wait(9.0, {"fast": (0.0, 0.5)}, 2.0) == 9.0
+    # 2 slots, fast keeping 1.2 of them busy with jobs of 26 ms (overload.py's pool)
+    few = admitted_wait(0.72, {"fast": (1.2, 0.026)}, 0.8)
+    spread = ADMIT_SPREAD_Z * (1.2 * 0.026 * few) ** 0.5 / 0.8
+    assert few + spread == pytest.approx(0.72)  # two deviations more still start in time
+    assert 0.5 * 0.72 < few < 0.8 * 0.72
+    # 1,000 GPUs, fast keeping 200 busy with 5.7 s jobs: the margin is a percent or two
+    fleet = admitted_wait(54.0, {"fast": (200.0, 5.7)}, 800.0)
+    assert 0.97 * 54.0 < fleet < 54.0
+    # more busy slots above, or longer jobs there, widen the margin
+    assert admitted_wait(0.72, {"fast": (1.2, 0.052)}, 0.8) < few
+    assert admitted_wait(9.0, {}, 0.0) == 9.0  # no free slot: nothing to spread over
+
+
 WORKER = {"alive": True, "in_flight": {"fast": 1}, "concurrency": 1,
           "lanes": ["fast", "standard", "relaxed"], "service_ms": {"fast": 500.0,
                                                                 "standard": 500.0}}
@@ -77,19 +110,25 @@ def test_the_snapshot_states_each_budgeted_lanes_admission():
     waits = admission_waits({"fast": 5.0, "standard": 10.0}, 0.9)
     assert waits == {"fast": 4.5, "standard": 9.0}
     loads = lane_loads(workers, {"fast": 1, "standard": 4}, 1.0, admit_wait_s=waits)
-    # two slots, half of one busy with fast; two running jobs, half of each (0.5 s) ahead
-    assert loads["standard"]["admit_s"] == pytest.approx(9.0 * 1.5 - 0.5)
-    assert loads["fast"]["admit_s"] == pytest.approx(4.5 * 2 - 0.5)
+    # two slots, half of one busy with fast jobs of 0.5 s: standard waits on 1.5 slots,
+    # a margin below 9 s for the fast jobs that may come meanwhile; two running jobs,
+    # half of each (0.5 s) ahead
+    standard_wait = admitted_wait(9.0, {"fast": (0.5, 0.5)}, 1.5)
+    assert 6.0 < standard_wait < 8.0
+    assert loads["standard"]["admit_wait_s"] == pytest.approx(standard_wait, abs=1e-4)
+    assert loads["standard"]["admit_s"] == pytest.approx(standard_wait * 1.5 - 0.5, abs=1e-3)
+    assert loads["fast"]["admit_s"] == pytest.approx(4.5 * 2 - 0.5)  # nothing above fast
     assert "admit_s" not in loads["relaxed"]
     view = base_view({"at": 1.0, "lanes": loads, "policy": {}, "workers": {}})
     assert view.admit["standard"].per_job_s == (("fast", 0.5), ("standard", 0.5))
-    assert view.admit["standard"].wait_s == 9.0
-    assert not over_budget({"fast": 1, "standard": 24}, view.admit["standard"])
-    assert over_budget({"fast": 1, "standard": 25}, view.admit["standard"])
-    # what the admission lets in never makes the lane overloaded by itself
-    work = 0.5 * (1 + 24)
-    wait = (work + 0.5) / 1.5
-    assert wait < 9.0 and not next_state(Hysteresis(), wait, 10.0, 0.9, 3).overloaded
+    assert view.admit["standard"].wait_s == pytest.approx(standard_wait, abs=1e-4)
+    assert not over_budget({"fast": 1, "standard": 19}, view.admit["standard"])
+    assert over_budget({"fast": 1, "standard": 20}, view.admit["standard"])
+    # the last job let in starts within 9 s even with two deviations more fast work,
+    # and never makes the lane overloaded by itself
+    wait = (0.5 * (1 + 19) + 0.5) / 1.5
+    spread = ADMIT_SPREAD_Z * (0.5 * 0.5 * wait) ** 0.5 / 1.5
+    assert wait + spread < 9.0 and not next_state(Hysteresis(), wait, 10.0, 0.9, 3).overloaded
     assert admissions({"relaxed": {"depth": 3}}) == {}
 
 

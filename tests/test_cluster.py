@@ -120,3 +120,22 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     assert set(snapshot["lanes"]) == {"fast", "standard", "relaxed"}
     standard = snapshot["lanes"]["standard"]
     assert standard["workers"] == 1 and standard["depth"] == 0 and standard["service_s"] > 0
+
+
+def test_a_worker_counts_its_time_between_queued_jobs_in_their_service(cluster, clean_redis):
+    host, gate = cluster.hostnames[0], new_gate()
+    blocker = submit(f"gate:{gate} hold", model="flaky", tier="fast", **SMALL)
+    wait_at_gate(blocker, gate)
+    queued = [submit(f"queued {i}", tier="relaxed", seed=i, **SMALL) for i in range(8)]
+    open_gate(gate)
+    runs_ms = [r.get(timeout=60)["run_ms"] for r in queued]  # each waited for a slot
+
+    def measured():
+        info = json.loads(clean_redis.hget(WORKERS_KEY, host) or "{}")
+        idle = info.get("served") and not sum(info.get("in_flight", {}).values())
+        return info if idle and info.get("between_ms", 0) > 0 else None
+
+    info = wait_until(measured, timeout_s=20, what=f"{host}'s time between jobs")
+    # the ack, the next fetch and the task's set-up: real time, far less than a job's
+    assert 0 < info["between_ms"] < 1000
+    assert info["service_ms"]["relaxed"] > min(runs_ms)

@@ -12,6 +12,7 @@ from benchmarks.simulate.queues import read_order
 from benchmarks.simulate.run import Fleet, Run
 from benchmarks.simulate.scenarios import SCENARIOS, Scenario, run_scenario
 from benchmarks.simulate.workload import Arrival, ModelSpec, Profile, constant
+from gpu_worker.runtime import EWMA_ALPHA
 from routing.names import RELAX_PRIORITIES, worker_queues
 
 SMALL = Profile(models=12, heavy_accounts=3, light_accounts=40)
@@ -158,9 +159,10 @@ def test_a_run_is_told_of_a_fast_job_after_the_one_before_it_was_told_too() -> N
     assert second_fast.wait_s <= 9.0 / 30 + 1e-9
 
 
-def test_a_worker_reports_its_job_time_less_what_it_does_not_measure() -> None:
-    """Real workers measure a job's service from prerun to postrun; the fetch and ack
-    around it keep them busy unmeasured (``SimConfig.unmeasured_s``)."""
+def test_a_worker_measures_the_time_between_jobs_apart_from_their_runs() -> None:
+    """Real workers time a job's run from prerun to postrun; the ack and the next fetch
+    keep them busy between runs (``SimConfig.unmeasured_s``), which they time apart
+    while a job waits for them (``Runtime.between_jobs``)."""
     spec = ModelSpec("m", 0.0, 0.0, 0.0)
     jobs = [Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10),
             Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10)]
@@ -170,7 +172,31 @@ def test_a_worker_reports_its_job_time_less_what_it_does_not_measure() -> None:
     first, second = sorted(outcome.recorder.done, key=lambda job: job.id)
     assert second.started_at - first.started_at == pytest.approx(0.5)  # busy the whole run
     worker = next(iter(run.cluster.workers.values()))
-    assert worker.runtime.service_ms["standard"] == pytest.approx(400.0)  # 0.5 s - 0.1 s
+    assert list(worker.runtime.between_ms) == [pytest.approx(100.0)]  # the second waited
+    # the first job's run alone (400 ms: nothing measured between yet), then the second's
+    # run and the time between (500 ms), in the moving average
+    assert worker.runtime.service_ms["standard"] == pytest.approx(400.0 + EWMA_ALPHA * 100.0)
+
+
+def test_a_small_pool_past_capacity_keeps_standard_jobs_in_budget(tmp_path) -> None:
+    """overload.py's workload (``benchmarks.simulate.pool``): fast and standard alone
+    offer 1.4x a two-worker pool; the admission lets in as many standard jobs as can
+    start within budget, with a margin for the fast jobs that may come meanwhile, and
+    the workers' time between jobs counted in what they report."""
+    from benchmarks.simulate.pool import main as pool
+
+    out = tmp_path / "pool.json"
+    assert pool(["--duration", "12", "--seeds", "7", "--json", str(out)]) == 0
+    (seed,) = json.loads(out.read_text())["seeds"]
+    gpulanes, plain = seed["gpulanes"], seed["plain"]
+    assert seed["standard_most"] == 0.5  # (1 - 0.3 x 2) / (0.4 x 2)
+    standard = gpulanes["within_budget"]["standard"]
+    assert standard >= 0.8 * seed["standard_most"]
+    assert standard >= plain["within_budget"]["standard"] + 0.2
+    assert gpulanes["within_budget"]["fast"] >= 0.99
+    moved = gpulanes["downgrades"]
+    assert moved["standard_overloaded"] > 10 * moved.get("waited_past_budget", 0)
+    assert gpulanes["served_jobs_s"] >= 0.97 * plain["served_jobs_s"]
 
 
 def test_validation_sets_a_jobs_time_against_the_service_the_workers_report() -> None:

@@ -123,11 +123,16 @@ class Cluster:
         if self.preemptor is not None and job.lane == FAST and job.key is not None:
             self.preemptor.pushed(key)  # still waiting: one worker is told of it
 
-    def take(self, worker: SimWorker) -> None:
-        """``worker`` is free: it takes the first job of its lists, or blocks."""
+    def take(self, worker: SimWorker, after_job: bool = False) -> None:
+        """``worker`` is free: it takes the first job of its lists, or blocks.
+        ``after_job``: it just finished one, so a job it finds waited for it while the
+        worker spent ``unmeasured_s`` between the two, as a real worker measures
+        (``Runtime.between_jobs``)."""
         lists, depth = self.lists, self.lists.list_depth
         for key in worker.order:
             if key in depth:
+                if after_job:
+                    worker.runtime.between_jobs(self.unmeasured_s * 1000)
                 woken = self.idle.pop(worker.host, False) is None
                 self._start(worker, lists.pop(key), key, next(self._pickups) if woken else 0.0)
                 return
@@ -151,8 +156,9 @@ class Cluster:
         self.held[job.id] = (job, worker.incarnation, now, key)
         job.run_began_at = now + load_s
         run_s = job.arrival.run_s * (1 - job.steps_done / job.arrival.steps)
-        busy_s = load_s + run_s + self.overhead_s  # the worker's time on it; it reports
-        # this less ``unmeasured_s`` as the job's service time (prerun to postrun)
+        # the worker's time on it, but for ``unmeasured_s`` at its end (the real postrun):
+        # the span it measures (prerun to postrun)
+        busy_s = load_s + run_s + self.overhead_s - self.unmeasured_s
         self.clock.at(now + busy_s, self._finish, worker, job, job.token, worker.incarnation,
                       busy_s)
         if self.preemptor is not None:
@@ -168,13 +174,16 @@ class Cluster:
         if token != job.token or not worker.alive or worker.incarnation != incarnation:
             return  # that run died with its worker or stepped aside: the job runs again
         job.finished_at, job.served = self.clock.now, job.served + 1
-        worker.runtime.job_finished(job.lane, max(0.0, busy_s - self.unmeasured_s) * 1000,
+        worker.runtime.job_finished(job.lane, max(0.0, busy_s) * 1000,
                                     job.arrival.model, job.arrival.cost)
         worker.changed()
         del self.held[job.id]
         worker.running = None
         self.on_done(job)
-        self.take(worker)
+        if self.unmeasured_s:  # the ack, the next fetch: then the next job
+            self.clock.after(self.unmeasured_s, self._next, worker, worker.incarnation, True)
+        else:
+            self.take(worker)
 
     def step_aside(self, worker: SimWorker, job: SimJob, own_queue: str) -> None:
         """The run stops at a step boundary (preempted): its job to the front of
@@ -187,10 +196,10 @@ class Cluster:
         self.push(job, own_queue, front=True)
         self.clock.after(self.overhead_s, self._next, worker, worker.incarnation)
 
-    def _next(self, worker: SimWorker, incarnation: str) -> None:
-        """After a stopped run's teardown: the next job, unless the worker died."""
+    def _next(self, worker: SimWorker, incarnation: str, after_job: bool = False) -> None:
+        """After a run's teardown: the next job, unless the worker died."""
         if worker.alive and worker.incarnation == incarnation and worker.running is None:
-            self.take(worker)
+            self.take(worker, after_job)
 
     def kill(self, host: str) -> None:
         """The worker dies: it stops pushing stats and taking jobs; what it runs stays
