@@ -89,21 +89,26 @@ def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, ap
     gate, seed = new_gate(), 22
     prompt = f"transient:1@6 gate:{gate} retried, frozen, then its new holder killed"
     job = submit(prompt, model="flaky", seed=seed, **SMALL)
-    holder = wait_until(lambda: runs_started(prompt, seed) == 1 and _holder_of(clean_redis,
-                                                                               job.id),
-                        timeout_s=30, what="a worker to hold the retry, waiting 6 s")
-    os.kill(_pid(holder), signal.SIGSTOP)
     try:
-        wait_until(lambda: runs_started(prompt, seed) == 2, timeout_s=40,
-                   what="the retry put back and begun on the other worker")
+        # the retry held, and the first run's end recorded (RETRY): frozen earlier, the
+        # woken worker would record it over the second run's STARTED
+        holder = wait_until(lambda: runs_started(prompt, seed) == 1 and job.state == "RETRY"
+                            and _holder_of(clean_redis, job.id),
+                            timeout_s=30, what="a worker to hold the retry, waiting 6 s")
+        os.kill(_pid(holder), signal.SIGSTOP)
+        try:
+            wait_until(lambda: runs_started(prompt, seed) == 2 and isinstance(job.info, dict)
+                       and job.info.get("pid") not in (None, _pid(holder)),
+                       timeout_s=40, what="the retry put back and begun on the other worker")
+        finally:
+            os.kill(_pid(holder), signal.SIGCONT)
+        second = job.info
+        assert second["pid"] != _pid(holder)
+        wait_until(lambda: _logged(cluster, f"gpulanes.generate[{job.id}] ignored"),
+                   timeout_s=30, what="the woken holder's copy to step aside")
+        os.kill(second["pid"], signal.SIGKILL)  # the new holder dies mid-run
     finally:
-        os.kill(_pid(holder), signal.SIGCONT)
-    second = job.info
-    assert second["pid"] != _pid(holder)
-    wait_until(lambda: _logged(cluster, f"gpulanes.generate[{job.id}] ignored"), timeout_s=30,
-               what="the woken holder's copy to step aside")
-    os.kill(second["pid"], signal.SIGKILL)  # the new holder dies mid-run
-    open_gate(gate)
+        open_gate(gate)  # a failure above leaves no job at the gate for the next tests
     out = job.get(timeout=60)  # beat put its copy back: a third run
     assert out["attempts"] == 3 and runs_finished(prompt, seed) == 1
     assert wait_replaced(app, second["hostname"], second["pid"])
