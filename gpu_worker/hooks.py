@@ -25,7 +25,7 @@ from gpu_worker.runtime import RUNTIME
 from gpu_worker.stats import StatsPush
 from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
-from tasks.broker.message import Job
+from tasks.broker.message import Job, JobMessage
 from tasks.broker.outage import OUTAGE
 from tasks.broker.holder import note_unanswered, set_holder, unanswered_since
 from tasks.broker.transport import put_back_held
@@ -95,8 +95,10 @@ class JobStats(Hook):
 
     def __init__(self) -> None:
         self._began: dict[int, tuple[str, float, str, float]] = {}
-        #: (wall, perf_counter) time of the latest job's end in this process.
-        self._ended: tuple[float, float] | None = None
+        #: (wall, perf_counter) times of job ends whose slot no job has taken since,
+        #: oldest first: a start takes the slot that freed first.
+        self._ended: deque[tuple[float, float]] = deque(maxlen=64)
+        self._ended_lock = threading.Lock()
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
@@ -105,11 +107,12 @@ class JobStats(Hook):
         if task.name == GENERATE_TASK:
             lane = lane_of(task.request.delivery_info.get("routing_key") or "unknown")
             model, cost = Job.model_and_cost(task.request.kwargs)
+            with self._ended_lock:
+                ended = self._ended.popleft() if self._ended else None
             now = time.perf_counter()
-            ended, submitted = self._ended, task.request.kwargs.get("submitted_at")
-            if ended is not None and isinstance(submitted, (int, float)) \
-                    and submitted <= ended[0]:
-                RUNTIME.between_jobs((now - ended[1]) * 1000)  # queued when a slot freed
+            waiting_since = JobMessage.lane_clock_of(task.request.kwargs)
+            if ended is not None and waiting_since is not None and waiting_since <= ended[0]:
+                RUNTIME.between_jobs((now - ended[1]) * 1000)  # it waited in its lane then
             self._began[threading.get_ident()] = (lane, now, model, cost)
             RUNTIME.job_started(lane)
 
@@ -117,7 +120,8 @@ class JobStats(Hook):
         began = self._began.pop(threading.get_ident(), None)
         if began is not None:
             lane, at, model, cost = began
-            self._ended = (time.time(), time.perf_counter())
+            with self._ended_lock:
+                self._ended.append((time.time(), time.perf_counter()))
             ok = state == "SUCCESS"
             RUNTIME.job_finished(lane, (time.perf_counter() - at) * 1000 if ok else None,
                                  model, cost)

@@ -19,8 +19,12 @@ log = logging.getLogger(__name__)
 #: Weight of the newest sample in the service-time moving average.
 EWMA_ALPHA = 0.2
 #: How many of the latest between-jobs times (``Runtime.between_jobs``) their median
-#: is taken over.
+#: is taken over, and how many it needs first.
 BETWEEN_SAMPLES = 31
+BETWEEN_FIRST = 5
+#: A gap between jobs longer than this is no worker's bookkeeping: the job came to it
+#: some other way (handed over by beat from another worker's queue) and is left out.
+BETWEEN_MAX_MS = 1000.0
 
 
 @dataclass
@@ -157,13 +161,14 @@ class Runtime:
         """The worker took ``ms`` from a job's end to the start of the next, a job that
         was queued all that while: the message's ack, the next one's fetch, the task's
         set-up. Its slot is busy then, though no run is."""
-        with self._lock:
-            self.between_ms.append(ms)
+        if 0.0 <= ms <= BETWEEN_MAX_MS:
+            with self._lock:
+                self.between_ms.append(ms)
 
     def _between(self) -> float:
-        """Milliseconds between jobs: the median of the latest (a job that was handed
-        over or due later waited for more than the worker)."""
-        return median(self.between_ms) if self.between_ms else 0.0
+        """Milliseconds between jobs: the median of the latest, once there are a few (a
+        job handed over from another worker's queue waited for more than this worker)."""
+        return median(self.between_ms) if len(self.between_ms) >= BETWEEN_FIRST else 0.0
 
     def job_finished(self, lane: str, service_ms: float | None, model: str = "",
                      cost: float = 1.0) -> None:

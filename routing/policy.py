@@ -153,9 +153,10 @@ def admitted_wait(target_s: float, above: Mapping[str, tuple[float, float]],
     slots or long jobs above spread the wait most; at a fleet's scale W is target_s but
     for a percent or two.
     """
-    if target_s <= 0 or free <= 0:
-        return max(0.0, target_s)
-    c = ADMIT_SPREAD_Z * math.sqrt(sum(busy * job_s for busy, job_s in above.values())) / free
+    spread = sum(max(0.0, busy * job_s) for busy, job_s in above.values())
+    if target_s <= 0 or free <= 0 or not math.isfinite(spread):
+        return max(0.0, target_s)  # a malformed reply widens nothing
+    c = ADMIT_SPREAD_Z * math.sqrt(spread) / free
     return ((-c + math.sqrt(c * c + 4 * target_s)) / 2) ** 2
 
 

@@ -25,8 +25,9 @@ from routing.policy import (
     over_budget,
 )
 from routing.snapshot import SnapshotCache, base_view
-from gpu_worker.runtime import Runtime
+from gpu_worker.runtime import BETWEEN_MAX_MS, Runtime
 from tasks.broker.keys import LANE_DEPTHS_KEY
+from tasks.broker.message import JobMessage
 from tasks.broker.publish import PublishRefused, publishing
 
 SERVICE = {"fast": 1.0, "standard": 1.0, "relaxed": 1.0}
@@ -58,16 +59,34 @@ def test_a_runtime_counts_each_lanes_time_in_flight():
 def test_a_runtime_counts_the_time_between_queued_jobs_as_theirs():
     now = [100.0]
     runtime = Runtime(clock=lambda: now[0])
-    for gap_ms in (3.0, 2.0, 900.0):  # the last: a job handed over, waiting for more
+    for gap_ms in (3.0, 2.0, 4.0, 3.5):
         runtime.between_jobs(gap_ms)
+    assert runtime.stats()["between_ms"] == 0.0  # too few to go by yet
+    # a job handed over from another worker's queue waited for more than the worker:
+    # the median leaves out one that stays within BETWEEN_MAX_MS, the bound the others
+    runtime.between_jobs(900.0)
+    runtime.between_jobs(BETWEEN_MAX_MS + 1)
+    runtime.between_jobs(-1.0)
+    assert len(runtime.between_ms) == 5
     runtime.job_started("standard")
     now[0] = 100.5
     runtime.job_finished("standard", 500.0, "demo", 1.0)
-    # the median between: the job held its slot 3 ms more than its run
-    assert runtime.stats()["between_ms"] == 3.0
-    assert runtime.service_ms == {"standard": 503.0}
-    assert runtime.busy_until(100.5) == {"standard": 0.503}
+    # the median between: the job held its slot 3.5 ms more than its run
+    assert runtime.stats()["between_ms"] == 3.5
+    assert runtime.service_ms == {"standard": 503.5}
+    assert runtime.busy_s == {"standard": pytest.approx(0.5035)}
     assert Runtime().stats()["between_ms"] == 0.0  # nothing measured yet
+
+
+def test_a_job_tells_since_when_it_waited_in_its_lane():
+    kwargs = {"job": {}, "route": {"lane": "standard"}, "submitted_at": 5.0}
+    assert JobMessage.lane_clock_of(kwargs) == 5.0
+    retried = {**kwargs, "route": {"lane": "standard", "lane_since": 9.0}}
+    assert JobMessage.lane_clock_of(retried) == 9.0  # due again then, not at its submit
+    deferred = {**kwargs, "route": {"lane": "standard", "deferred": True}}
+    assert JobMessage.lane_clock_of(deferred) is None  # sent back: it waited on a run
+    assert JobMessage.lane_clock_of({"submitted_at": "x"}) is None
+    assert JobMessage.lane_clock_of(None) is None
 
 
 def test_busy_slots_come_from_each_workers_time_in_flight_growing():
@@ -98,6 +117,9 @@ def test_an_admission_keeps_a_margin_for_what_the_lanes_above_may_send():
     # more busy slots above, or longer jobs there, widen the margin
     assert admitted_wait(0.72, {"fast": (1.2, 0.052)}, 0.8) < few
     assert admitted_wait(9.0, {}, 0.0) == 9.0  # no free slot: nothing to spread over
+    # a malformed reply (negative or endless seconds) widens nothing
+    assert admitted_wait(9.0, {"fast": (-1.0, 0.5)}, 2.0) == 9.0
+    assert admitted_wait(9.0, {"fast": (1.0, float("inf"))}, 2.0) == 9.0
 
 
 WORKER = {"alive": True, "in_flight": {"fast": 1}, "concurrency": 1,

@@ -164,18 +164,21 @@ def test_a_worker_measures_the_time_between_jobs_apart_from_their_runs() -> None
     keep them busy between runs (``SimConfig.unmeasured_s``), which they time apart
     while a job waits for them (``Runtime.between_jobs``)."""
     spec = ModelSpec("m", 0.0, 0.0, 0.0)
-    jobs = [Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10),
-            Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10)]
+    jobs = [Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10)] * 7
     config = SimConfig(unmeasured_s=0.1)
     run = Run(jobs, [spec], Fleet(1, slots=(1,)), "gpulanes", config, window_s=5.0)
     outcome = run.go()
-    first, second = sorted(outcome.recorder.done, key=lambda job: job.id)
-    assert second.started_at - first.started_at == pytest.approx(0.5)  # busy the whole run
+    done = sorted(outcome.recorder.done, key=lambda job: job.id)
+    assert [b.started_at - a.started_at for a, b in zip(done, done[1:])] == \
+        [pytest.approx(0.5)] * 6  # the worker busy the whole 0.5 s a job
     worker = next(iter(run.cluster.workers.values()))
-    assert list(worker.runtime.between_ms) == [pytest.approx(100.0)]  # the second waited
-    # the first job's run alone (400 ms: nothing measured between yet), then the second's
-    # run and the time between (500 ms), in the moving average
-    assert worker.runtime.service_ms["standard"] == pytest.approx(400.0 + EWMA_ALPHA * 100.0)
+    # each of the six later jobs waited for the worker, which took 100 ms between
+    assert list(worker.runtime.between_ms) == [pytest.approx(100.0)] * 6
+    # five jobs' runs alone (400 ms: too few times between yet), then two jobs' runs
+    # with the time between (500 ms), in the moving average
+    after_five = 400.0 + EWMA_ALPHA * 100.0
+    assert worker.runtime.service_ms["standard"] == pytest.approx(
+        after_five + EWMA_ALPHA * (500.0 - after_five))
 
 
 def test_a_small_pool_past_capacity_keeps_standard_jobs_in_budget(tmp_path) -> None:

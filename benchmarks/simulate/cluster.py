@@ -123,18 +123,19 @@ class Cluster:
         if self.preemptor is not None and job.lane == FAST and job.key is not None:
             self.preemptor.pushed(key)  # still waiting: one worker is told of it
 
-    def take(self, worker: SimWorker, after_job: bool = False) -> None:
+    def take(self, worker: SimWorker, ended_at: float | None = None) -> None:
         """``worker`` is free: it takes the first job of its lists, or blocks.
-        ``after_job``: it just finished one, so a job it finds waited for it while the
-        worker spent ``unmeasured_s`` between the two, as a real worker measures
-        (``Runtime.between_jobs``)."""
+        ``ended_at``: its last job ended then, ``unmeasured_s`` ago; a job that waited in
+        its lane since then tells the worker its time between jobs, as a real worker
+        measures it (``Runtime.between_jobs``)."""
         lists, depth = self.lists, self.lists.list_depth
         for key in worker.order:
             if key in depth:
-                if after_job:
-                    worker.runtime.between_jobs(self.unmeasured_s * 1000)
+                job = lists.pop(key)
+                if ended_at is not None and job.lane_since <= ended_at:
+                    worker.runtime.between_jobs((self.clock.now - ended_at) * 1000)
                 woken = self.idle.pop(worker.host, False) is None
-                self._start(worker, lists.pop(key), key, next(self._pickups) if woken else 0.0)
+                self._start(worker, job, key, next(self._pickups) if woken else 0.0)
                 return
         self.idle[worker.host] = None
 
@@ -181,7 +182,8 @@ class Cluster:
         worker.running = None
         self.on_done(job)
         if self.unmeasured_s:  # the ack, the next fetch: then the next job
-            self.clock.after(self.unmeasured_s, self._next, worker, worker.incarnation, True)
+            self.clock.after(self.unmeasured_s, self._next, worker, worker.incarnation,
+                             self.clock.now)
         else:
             self.take(worker)
 
@@ -196,10 +198,10 @@ class Cluster:
         self.push(job, own_queue, front=True)
         self.clock.after(self.overhead_s, self._next, worker, worker.incarnation)
 
-    def _next(self, worker: SimWorker, incarnation: str, after_job: bool = False) -> None:
+    def _next(self, worker: SimWorker, incarnation: str, ended_at: float | None = None) -> None:
         """After a run's teardown: the next job, unless the worker died."""
         if worker.alive and worker.incarnation == incarnation and worker.running is None:
-            self.take(worker, after_job)
+            self.take(worker, ended_at)
 
     def kill(self, host: str) -> None:
         """The worker dies: it stops pushing stats and taking jobs; what it runs stays

@@ -73,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         default=[7, 8, 9])
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if not 0 <= args.unmeasured_ms <= args.between_ms:
+        parser.error("--unmeasured-ms is part of --between-ms")
     results = [one_seed(args, seed) for seed in args.seeds]
     print("| seed | standard within budget gpulanes / plain (most) | fast gpulanes / plain "
           "| moved at submit / past budget | served jobs/s gpulanes / plain |")

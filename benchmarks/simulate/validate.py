@@ -210,8 +210,11 @@ RECENT_JOBS = 50
 
 
 def reported_service_s(hosts: list[str]) -> dict[str, float]:
-    """Per lane, the service time (prerun to postrun, a moving average over recent jobs)
-    the trial's workers last reported in beat's worker record, the mean over workers."""
+    """Per lane, the service time (a job's run, prerun to postrun, plus the worker's
+    measured time between jobs; a moving average over recent jobs) the trial's workers
+    last reported in beat's worker record, the mean over workers. Reports saved before
+    workers measured the time between jobs hold the run alone: a replay of one sets the
+    simulated workers' time between jobs, which they now count too, from it."""
     from tasks.broker.app import redis_client
     from tasks.broker.keys import WORKERS_KEY
 

@@ -179,6 +179,20 @@ class JobMessage:
         """When its wait in its lane began (moved in, retried), else when it was submitted."""
         return self.route.lane_since if self.route.lane_since is not None else self.submitted_at
 
+    @staticmethod
+    def lane_clock_of(kwargs: Any) -> float | None:
+        """:attr:`lane_clock` of a raw ``generate`` call, unchecked: None where it is
+        missing or malformed, or for a copy sent back while another run held the job
+        (estimates only read it)."""
+        if not isinstance(kwargs, dict):
+            return None
+        route = kwargs.get("route")
+        route = route if isinstance(route, dict) else {}
+        since = route.get("lane_since", kwargs.get("submitted_at"))
+        if route.get("deferred") or isinstance(since, bool) or not isinstance(since, (int, float)):
+            return None
+        return float(since)
+
 
 @dataclass(frozen=True)
 class Result:
