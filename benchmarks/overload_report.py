@@ -124,19 +124,20 @@ def trial_row(trial: Trial, budgets: Budgets, mix: dict[str, float]) -> dict[str
     standard = [latency_s(r) for o in trial.outcomes if o["tier"] == "standard"
                 and o["state"] == "done" for r in [o["result"]]]
     within = sum(x <= budgets.standard_s for x in standard) / len(standard) if standard else None
+    most = standard_most(load, mix)
     return {"mode": trial.mode, "served_jobs_s": served, "load": load,
-            "standard_within": within, "standard_most": standard_most(load, mix)}
+            "standard_within": within, "standard_most": most,
+            "share_of_most": within / most if within is not None and most else None}
 
 
-def summary(trials: list[Trial], budgets: Budgets,
-            mix: dict[str, float] | None = None) -> dict[str, Any]:
+def summary(trials: list[Trial], budgets: Budgets, mix: dict[str, float]) -> dict[str, Any]:
     """Per mode: a row per tier and one for the mode as a whole; per trial, in order, the
-    load it met (with ``mix``)."""
+    load it met."""
     by_mode = {m: [t for t in trials if t.mode == m] for m in MODES}
     return {"tiers": {m: {tier: tier_row(ts, tier, budgets) for tier in TIERS}
                       for m, ts in by_mode.items()},
             "modes": {m: mode_row(ts) for m, ts in by_mode.items()},
-            "trials": [trial_row(t, budgets, mix) for t in trials] if mix else []}
+            "trials": [trial_row(t, budgets, mix) for t in trials]}
 
 
 # --- report ----------------------------------------------------------------------------
@@ -182,8 +183,7 @@ def trial_table(trials: list[dict[str, Any]]) -> str:
     """One row per trial, in the order they ran: the load it met and standard's share."""
     rows = [[i + 1, t["mode"], f"{t['served_jobs_s']:.1f}", f"{t['load']:.2f}x",
              fmt(t["standard_within"], "{:.0%}"), f"{t['standard_most']:.0%}",
-             fmt(t["standard_within"] / t["standard_most"] if t["standard_most"]
-                 and t["standard_within"] is not None else None, "{:.0%}")]
+             fmt(t["share_of_most"], "{:.0%}")]
             for i, t in enumerate(trials)]
     return markdown_table(["trial", "mode", "served jobs/s", "load met",
                            "standard within budget", "the most at that load",
@@ -258,9 +258,8 @@ def print_report(report: dict[str, Any], settings: Settings) -> None:
     print()
     print(mode_table(report["summary"]["modes"]))
     print()
-    if report["summary"].get("trials"):
-        print(trial_table(report["summary"]["trials"]))
-        print()
+    print(trial_table(report["summary"]["trials"]))
+    print()
     for line in verdict(report):
         print(f"- {line}")
     b = report["budgets"]

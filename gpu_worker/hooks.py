@@ -120,11 +120,11 @@ class JobStats(Hook):
         began = self._began.pop(threading.get_ident(), None)
         if began is not None:
             lane, at, model, cost = began
+            now = time.perf_counter()
             with self._ended_lock:
-                self._ended.append((time.time(), time.perf_counter()))
+                self._ended.append((time.time(), now))
             ok = state == "SUCCESS"
-            RUNTIME.job_finished(lane, (time.perf_counter() - at) * 1000 if ok else None,
-                                 model, cost)
+            RUNTIME.job_finished(lane, (now - at) * 1000 if ok else None, model, cost)
 
 
 class HeldJobs(Hook):
