@@ -92,6 +92,27 @@ def test_out_of_memory_is_retried_and_never_kills_the_worker(cluster):
     assert pids() == before and len(before) == 1  # the same worker process, alive
 
 
+def test_a_worker_keeps_the_memory_a_job_frees_for_the_next_one(cluster):
+    """glibc's default would map each big buffer afresh and fault it in page by page,
+    every job (``gpu_worker.launcher.MALLOC_ENV``)."""
+    from tasks import app
+
+    answers = app.control.broadcast(STATS_COMMAND, reply=True, timeout=1.0)
+    pid = next(reply["pid"] for answer in answers for reply in answer.values())
+
+    def page_faults() -> int:  # minor faults of the worker process (Linux /proc)
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+    size = dict(steps=4, width=128, height=128)
+    for seed in range(3):
+        submit("warm", tier="fast", seed=seed, **size).get(timeout=60)
+    before = page_faults()
+    for seed in range(3, 11):
+        submit("a lighthouse", tier="fast", seed=seed, **size).get(timeout=60)
+    per_job = (page_faults() - before) / 8
+    assert per_job < 200, per_job  # glibc's default here: about 600 a job
+
+
 def test_bug_fails_at_once_with_a_clear_error(cluster):
     result = submit("bug in the weights", model="flaky", seed=3, **SMALL)
     with pytest.raises(JobFailed, match="attempt 1: ValueError: simulated bug"):

@@ -9,7 +9,7 @@ import time
 import pytest
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
-from gpu_worker.launcher import worker_command, worker_env
+from gpu_worker.launcher import MALLOC_ENV, worker_command, worker_env
 from routing.names import STATS_COMMAND
 from tasks import submit
 from tests.flaky_model import open_gate
@@ -56,6 +56,14 @@ def test_cuda_pinning_narrows_the_operators_mask(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert worker_env(1, "cuda")["CUDA_VISIBLE_DEVICES"] == "1"
     assert worker_env(1, "cpu")["GPULANES_WORKER_DEVICE"] == "cpu"
+
+
+def test_a_worker_malloc_keeps_freed_memory_unless_the_operator_says_otherwise(monkeypatch):
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    env = worker_env(0, "cpu")
+    assert env["MALLOC_TRIM_THRESHOLD_"] == MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "131072"  # the operator's
 
 
 def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_factory, app):
