@@ -237,3 +237,25 @@ def test_an_idle_worker_takes_the_youngest_queued_job_of_a_model_it_holds() -> N
     assert holder.running is jobs[2] and busy.running is jobs[0]
     assert other.running is None
     assert run.lists.lists[worker_queue("standard", busy.host)][0] is jobs[1]
+
+
+def test_validation_replays_a_job_published_just_before_a_slot_frees_after_the_next_one():
+    """A worker takes its next job a pick lag before it starts it: a fast job published
+    inside that lag runs after the relaxed job the worker took already."""
+    from benchmarks.simulate.validate import pick_lag_s, simulated
+
+    trial = {"hosts": ["gpu0@sim"], "steps": 1, "job_s": 0.1, "overhead_s": 0.0,
+             "budgets_s": {"fast": 10.0, "standard": 60.0}, "heartbeat_s": 1.0,
+             "heartbeat_reply_s": 0.5, "pickup_s": 0.003, "pickups_s": [0.003] * 9 + [0.004],
+             "preempt": False}
+    # the first job starts 3 ms after its stamp and frees the worker at 0.103 s; the
+    # fast job, stamped at 0.1015 s, is published after that
+    jobs = [{"submitted": 100.0, "tier": "relaxed", "run_s": 0.1, "preempted": 0},
+            {"submitted": 100.01, "tier": "relaxed", "run_s": 0.1, "preempted": 0},
+            {"submitted": 100.1015, "tier": "fast", "run_s": 0.1, "preempted": 0}]
+    lag = pick_lag_s({"0.5x": {"trial": trial}})
+    assert lag == 0.003 and pick_lag_s({}) == 0.0
+    waits = {job["lane"]: job["wait_s"] for job in simulated(jobs, {**trial, "pick_lag_s": lag})}
+    assert waits["fast"] > 0.1  # behind the relaxed job the worker took before
+    waits = {job["lane"]: job["wait_s"] for job in simulated(jobs, trial)}
+    assert waits["fast"] < 0.01  # with no lag it would have been taken first
