@@ -137,7 +137,7 @@ def simulated(jobs: list[dict[str, Any]], trial: dict[str, Any]) -> list[dict[st
              "preempted": job.preemptions} for job in outcome.recorder.done]
 
 
-def simulate_all(report: dict[str, Any]) -> dict[str, Any]:
+def simulate_loads(report: dict[str, Any]) -> dict[str, Any]:
     """Every load's real jobs through the simulator, with the pick lag of them all."""
     lag = pick_lag_s(report["loads"])
     for found in report["loads"].values():
@@ -210,7 +210,7 @@ def measure(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         loads = {f"{load:g}x": one_load(args, beat, load * jobs_s, base) for load in args.loads}
     finally:
         cluster.stop()
-    return simulate_all({"capacity_jobs_s": jobs_s, "run_ms": run_ms, **base, "loads": loads})
+    return simulate_loads({"capacity_jobs_s": jobs_s, "run_ms": run_ms, **base, "loads": loads})
 
 
 def one_load(args: argparse.Namespace, beat: Any, rate: float,
@@ -283,7 +283,7 @@ def replay(path: Path) -> dict[str, Any]:
                                                                             default_s)
         trial["unmeasured_s"] = unmeasured_s(found["jobs"], trial["overhead_s"],
                                              trial.get("service_s"))
-    return simulate_all(report)
+    return simulate_loads(report)
 
 
 def print_table(report: dict[str, Any]) -> None:
