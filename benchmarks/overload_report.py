@@ -26,16 +26,23 @@ def latency_s(result: dict) -> float:
     return (result["queued_ms"] + result["run_ms"]) / 1000
 
 
+def within(latencies: list[float], tier: str, budgets: Budgets) -> float | None:
+    """Share of ``latencies`` within ``tier``'s budget; None for a tier without one, or
+    no latencies."""
+    budget = {"fast": budgets.fast_s, "standard": budgets.standard_s}.get(tier)
+    return sum(x <= budget for x in latencies) / len(latencies) if budget and latencies \
+        else None
+
+
 def tier_row(trials: list[Trial], tier: str, budgets: Budgets) -> dict[str, Any]:
     """One (mode, tier) row over every repeat of that mode."""
     outs = [o for t in trials for o in t.outcomes if o["tier"] == tier]
     done = [o["result"] for o in outs if o["state"] == "done"]
     lat = [latency_s(r) for r in done]
-    budget = {"fast": budgets.fast_s, "standard": budgets.standard_s}.get(tier)
     return {
         "accepted": len(outs), "refused": sum(t.refused[tier] for t in trials),
         "p50_s": percentile(lat, 0.50), "p95_s": percentile(lat, 0.95),
-        "within_budget": (sum(x <= budget for x in lat) / len(lat)) if budget and lat else None,
+        "within_budget": within(lat, tier, budgets),
         "moved": moved_latency(done),
         "ran_in": dict(Counter(r["lane"] for r in done)),
         "failed": sum(o["state"] == "failed" for o in outs),
@@ -142,20 +149,14 @@ def trial_row(trial: Trial, budgets: Budgets, mix: dict[str, float]) -> dict[str
     done = [o["result"] for o in trial.outcomes if o["state"] == "done"]
     served = len(done) / max(1e-9, trial.submit_s + trial.drain_s)
     load = trial.offered / max(1e-9, trial.submit_s) / served if served else 0.0
-    within = {tier: _within(trial, tier, budget) for tier, budget
-              in (("fast", budgets.fast_s), ("standard", budgets.standard_s))}
+    shares = {tier: within([latency_s(o["result"]) for o in trial.outcomes
+                            if o["tier"] == tier and o["state"] == "done"], tier, budgets)
+              for tier in ("fast", "standard")}
     most = standard_most(load, mix)
-    share = within["standard"] / most if within["standard"] is not None and most else None
+    share = shares["standard"] / most if shares["standard"] is not None and most else None
     return {"mode": trial.mode, "served_jobs_s": served, "load": load,
-            "fast_within": within["fast"], "standard_within": within["standard"],
+            "fast_within": shares["fast"], "standard_within": shares["standard"],
             "standard_most": most, "share_of_most": share, "slow_s": slow_s(done)}
-
-
-def _within(trial: Trial, tier: str, budget_s: float) -> float | None:
-    """Share of ``tier``'s finished jobs of ``trial`` within ``budget_s``."""
-    latencies = [latency_s(o["result"]) for o in trial.outcomes
-                 if o["tier"] == tier and o["state"] == "done"]
-    return sum(x <= budget_s for x in latencies) / len(latencies) if latencies else None
 
 
 def summary(trials: list[Trial], budgets: Budgets, mix: dict[str, float]) -> dict[str, Any]:

@@ -295,7 +295,7 @@ def print_table(report: dict[str, Any]) -> None:
         trial = found["trial"]
         print(f"{load}: overhead {trial['overhead_s'] * 1000:.1f} ms, pickup "
               f"{trial['pickup_s'] * 1000:.1f} ms, pick lag "
-              f"{trial.get('pick_lag_s', 0.0) * 1000:.1f} ms; moved down {found['downgrades']}; "
+              f"{trial['pick_lag_s'] * 1000:.1f} ms; moved down {found['downgrades']}; "
               f"preempted {found['preempted']}")
     print()
     rows = [[load, *row] for load, found in report["loads"].items()
