@@ -10,11 +10,15 @@ that order: gpulanes' (``LocalCluster``, no beat yet) and a plain Celery user's
    over their start-to-start time; a pool's capacity is the best of its three
    bursts, the two pools' taking turns (other load on the machine only lowers a
    burst's rate). The higher of the two is *the* capacity, so each pool is
-   offered at least 2x its own; one *job-time* is ``workers / capacity``. The gpulanes budgets follow from it (fast 10, standard
-   60 job-times) and are printed; heartbeat 1 s (``GPULANES_HEARTBEAT_S=1``: beat
-   works in whole seconds, where a setting below 1 acts as 1).
+   offered at least 2x its own; one *job-time* is ``workers / capacity``. The gpulanes
+   budgets follow from it (fast 10, standard 60 job-times) and are printed; heartbeat
+   1 s (``GPULANES_HEARTBEAT_S=1``: beat works in whole seconds, where a setting below 1
+   acts as 1).
 2. **a trial per mode** (``--repeats`` each, the order alternating): an open
-   loop offers evenly spaced jobs at 2x capacity for ``--duration`` s, by
+   loop offers evenly spaced jobs at 2x capacity, as many as ``--duration`` s holds;
+   after its first 3 s it holds the rate at 2x the jobs/s its pool has served so far
+   in the trial (``Pace``: this machine's speed drifts by a quarter between minutes,
+   so a rate fixed from the bursts met 1.9x-2.7x; ``--fixed-rate`` keeps it fixed). By
    default 20% fast, 30% standard, 50% relaxed (``--mix``) from four accounts,
    the same seeded sequence in both modes; then it waits (at most ``--drain``
    s) for every accepted job. With the default mix fast+standard alone offer
@@ -69,6 +73,7 @@ from benchmarks.common import PROMPT, TIERS, JobSize, check_size, run_private, w
 from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
 from benchmarks.overload_trial import (  # noqa: E402
     ACCOUNTS,
+    Pace,
     Send,
     Trial,
     capacity_burst,
@@ -221,6 +226,8 @@ class Sides:
     plain: PlainClient
     size: JobSize
     drain_s: float
+    #: The load each trial is held at (``Pace``); None: the plan's fixed rate.
+    load: float | None = None
     #: Each mode's worker processes (gpulanes': its supervisor, the workers below it);
     #: a mode not named here reports no workers' CPU.
     worker_pids: dict[str, list[int]] = field(default_factory=dict)
@@ -231,7 +238,7 @@ class Sides:
         pids = self.worker_pids.get(mode, [])
         workers, redis = tree_cpu_s(pids), redis_cpu_s(self.beat.client)
         if mode == "plain":
-            trial = self.plain.call(plain_trial, plan, self.size, self.drain_s)
+            trial = self.plain.call(plain_trial, plan, self.size, self.drain_s, self.load)
         else:
             trial = self.gpulanes_trial(plan)
         trial.workers_cpu_s = tree_cpu_s(pids) - workers
@@ -246,7 +253,8 @@ class Sides:
         try:
             self.beat.start()
             beat_cpu_s = self.beat.cpu_s()  # beat's start-up is not the trial's cost
-            offer(trial, plan, gpulanes_send(self.size), (LaneFull,))
+            pace = Pace(self.load, lambda: lanes_depth(self.beat.client)) if self.load else None
+            offer(trial, plan, gpulanes_send(self.size), (LaneFull,), pace)
             drain(trial, self.drain_s, lambda: lanes_depth(self.beat.client))
             trial.beat_cpu_s = self.beat.cpu_s() - beat_cpu_s
         finally:
@@ -266,6 +274,7 @@ class Settings:
     size: JobSize
     mix: dict[str, float]
     seed: int
+    paced: bool = True
 
 
 def capacities(plain: PlainClient, size: JobSize) -> dict[str, tuple[float, float]]:
@@ -294,7 +303,7 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path,
           f"fast {budgets.fast_s:.2f}s, standard {budgets.standard_s:.2f}s",
           file=sys.stderr, flush=True)
     sides = Sides(Beat(cluster, budgets, state / "logs"), plain, settings.size, settings.drain_s,
-                  worker_pids)
+                  LOAD_FACTOR if settings.paced else None, worker_pids)
     plan, trials = workload(rate, settings.duration_s, settings.mix, settings.seed), []
     for repeat in range(settings.repeats):
         for mode in (MODES if repeat % 2 == 0 else MODES[::-1]):
@@ -366,6 +375,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--mix", type=tier_mix, default=tier_mix(DEFAULT_MIX),
                         help="percent fast,standard,relaxed (default: %s)" % DEFAULT_MIX)
     parser.add_argument("--seed", type=int, default=7, help="seed of the job sequence")
+    parser.add_argument("--fixed-rate", action="store_true",
+                        help="offer at 2x the capacity bursts throughout, not at 2x what "
+                             "each trial's pool serves")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.repeats < 1 or args.duration <= 0:
@@ -377,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its report; 130 after Ctrl-C."""
     args = parse_args(argv)
     settings = Settings(args.workers, args.duration, args.drain or 2 * args.duration + 30,
-                        args.repeats, JobSize(args.steps, args.size), args.mix, args.seed)
+                        args.repeats, JobSize(args.steps, args.size), args.mix, args.seed,
+                        not args.fixed_rate)
     report = run_private("gl-ovl-", lambda state: benchmark(settings, state),
                          "the cluster is stopped", **CLUSTER_ENV)
     if report is None:

@@ -78,15 +78,54 @@ def capacity_burst(send: Send) -> tuple[float, float]:
 
 
 # --- one trial ---------------------------------------------------------------------------
+#: The first seconds of a paced trial run at the plan's own rate: the pool's served rate
+#: is measured from then on.
+PACE_AFTER_S = 3.0
+#: How often a paced trial reads the backlog and sets its rate again.
+PACE_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Hold an open loop at ``load`` times what its pool really serves: the machine's
+    speed drifts by a quarter between minutes, and a rate fixed from the capacity bursts
+    would meet anything from 1.9x to 2.7x. ``depth()`` reads the jobs still queued."""
+
+    load: float
+    depth: Callable[[], int]
+    after_s: float = PACE_AFTER_S
+    every_s: float = PACE_EVERY_S
+
+    def speed(self, accepted: int, elapsed_s: float, plan_rate: float) -> float | None:
+        """How fast the plan's clock should run: ``load`` x the jobs/s served so far
+        (accepted, less those still queued) over the plan's own rate; None before
+        ``after_s`` or before a job has started."""
+        if elapsed_s < self.after_s:
+            return None
+        served = accepted - self.depth()
+        return self.load * served / elapsed_s / plan_rate if served > 0 else None
+
+
 def offer(trial: Trial, plan: list[tuple[float, str, str]], send: Send,
-          refusals: tuple[type[BaseException], ...] = ()) -> None:
+          refusals: tuple[type[BaseException], ...] = (), pace: Pace | None = None) -> None:
     """Open loop: each job at its time (at once when late), whatever the backlog; a
-    publish raising one of ``refusals`` counts as refused."""
+    publish raising one of ``refusals`` counts as refused. With ``pace`` the plan's
+    clock runs at ``pace.speed()``: the same jobs in the same order, at ``pace.load``
+    times the rate the pool serves in this trial."""
     began, cpu = time.monotonic(), time.process_time()
+    plan_rate = len(plan) / plan[-1][0] if len(plan) > 1 and plan[-1][0] > 0 else 1.0
+    clock, speed, last, paced_at = 0.0, 1.0, began, began
     for seed, (offset, tier, account) in enumerate(plan):
-        pause = began + offset - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+        while True:
+            now = time.monotonic()
+            clock, last = clock + speed * (now - last), now
+            if pace is not None and now - paced_at >= pace.every_s:
+                paced_at = now
+                speed = pace.speed(len(trial.accepted), now - began, plan_rate) or speed
+            if clock >= offset:
+                break
+            wait = (offset - clock) / speed
+            time.sleep(wait if pace is None else min(wait, pace.every_s))
         try:
             trial.accepted.append((tier, send(tier, account, seed)))
         except refusals:
@@ -132,11 +171,13 @@ def plain_burst(size: JobSize) -> tuple[float, float]:
     return capacity_burst(plain_send(size))
 
 
-def plain_trial(plan: list[tuple[float, str, str]], size: JobSize, drain_s: float) -> Trial:
-    """One plain trial: the open loop and the drain, through the plain app only."""
+def plain_trial(plan: list[tuple[float, str, str]], size: JobSize, drain_s: float,
+                load: float | None = None) -> Trial:
+    """One plain trial: the open loop (paced at ``load`` when given) and the drain,
+    through the plain app only."""
     from benchmarks import plain_app
 
     trial = Trial("plain")
-    offer(trial, plan, plain_send(size))
+    offer(trial, plan, plain_send(size), pace=Pace(load, plain_app.depth) if load else None)
     drain(trial, drain_s, plain_app.depth)
     return trial

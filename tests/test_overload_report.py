@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from benchmarks.overload import Budgets
-from benchmarks.overload_report import SLOW_BIN_S, slow_s, trial_row, trial_table
+from benchmarks.overload_report import (SLOW_BIN_S, slow_s, trial_row, trial_table,
+                                       window_served)
 from benchmarks.overload_trial import Trial
 
 
@@ -34,3 +35,18 @@ def test_a_trial_row_gives_fast_and_standard_within_budget_and_its_slow_time():
     assert row["fast_within"] == 0.9 and row["standard_within"] == 0.5
     assert row["served_jobs_s"] == 6.0 and row["slow_s"] == 0.0
     assert "90.0%" in trial_table([row])
+
+
+def test_the_load_met_counts_what_the_pool_served_while_jobs_were_offered():
+    budgets = Budgets.from_capacity(40.0, 2)
+    trial = Trial("plain")
+    # 40 jobs published over 1 s (40/s); 20 started in that second, 20 more in the next
+    trial.offered, trial.submit_s, trial.drain_s = 40, 1.0, 1.0
+    trial.outcomes = [{"tier": "relaxed", "state": "done",
+                       "result": result(i * 0.05, 30.0, (i * 0.05 - i * 0.025) * 1000)}
+                      for i in range(40)]
+    assert abs(window_served([o["result"] for o in trial.outcomes]) - 20 / 0.975) < 1e-6
+    row = trial_row(trial, budgets, {"fast": 0.3, "standard": 0.4, "relaxed": 0.3})
+    assert abs(row["load"] - 1.95) < 1e-6  # 40/s against the 20.5/s served while offering
+    assert row["load_with_drain"] == 2.0  # against the 20/s over window and drain
+    assert window_served([]) == 0.0
