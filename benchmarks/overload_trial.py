@@ -113,7 +113,7 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], send: Send,
     clock runs at ``pace.speed()``: the same jobs in the same order, at ``pace.load``
     times the rate the pool serves in this trial."""
     began, cpu = time.monotonic(), time.process_time()
-    plan_rate = len(plan) / plan[-1][0] if len(plan) > 1 and plan[-1][0] > 0 else 1.0
+    plan_rate = (len(plan) - 1) / plan[-1][0] if len(plan) > 1 and plan[-1][0] > 0 else 1.0
     clock, speed, last, paced_at = 0.0, 1.0, began, began
     for seed, (offset, tier, account) in enumerate(plan):
         while True:
