@@ -9,8 +9,8 @@ that order: gpulanes' (``LocalCluster``, no beat yet) and a plain Celery user's
    (``--steps``, ``--size``); a burst's jobs/s is the sum over workers of one
    over their start-to-start time; a pool's capacity is the best of its three
    bursts, the two pools' taking turns (other load on the machine only lowers a
-   burst's rate). The higher of the two is *the* capacity, so each pool is
-   offered at least 2x its own; one *job-time* is ``workers / capacity``. The gpulanes
+   burst's rate). The higher of the two is *the* capacity, so each pool starts at
+   2x its own or more; one *job-time* is ``workers / capacity``. The gpulanes
    budgets follow from it (fast 10, standard 60 job-times) and are printed; heartbeat
    1 s (``GPULANES_HEARTBEAT_S=1``: beat works in whole seconds, where a setting below 1
    acts as 1).
@@ -52,8 +52,8 @@ waiting between jobs, it adds no capacity), the drain time, the client's CPU
 per job (the publishing process's: this one for gpulanes, the plain publisher's for
 plain), beat's CPU as a share of one core, and the CPU per served job of the mode's
 worker processes and of Redis (each side idle while the other serves). The lines
-below compare the modes; the first says how hard the pool was really driven,
-against what it served in plain mode.
+below compare the modes; the first says how hard each pool was really driven: the
+rate offered over the rate it served while jobs were offered.
 """
 from __future__ import annotations
 
@@ -312,8 +312,8 @@ def run_all(cluster: Any, plain: PlainClient, settings: Settings, state: Path,
                   f"refused {sum(t.refused.values())}, drained in {t.drain_s:.1f}s",
                   file=sys.stderr, flush=True)
     return {"capacity_jobs_s": capacity, "run_ms": run_ms, "capacity_by_side": by_side,
-            "offered_jobs_s": rate, "mix": settings.mix, "budgets": asdict(budgets),
-            "summary": summary(trials, budgets, settings.mix)}
+            "offered_jobs_s": rate, "paced": settings.paced, "mix": settings.mix,
+            "budgets": asdict(budgets), "summary": summary(trials, budgets, settings.mix)}
 
 
 def run_both(cluster: Any, settings: Settings, state: Path) -> dict[str, Any]:

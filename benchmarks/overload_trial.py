@@ -78,11 +78,14 @@ def capacity_burst(send: Send) -> tuple[float, float]:
 
 
 # --- one trial ---------------------------------------------------------------------------
-#: The first seconds of a paced trial run at the plan's own rate: the pool's served rate
-#: is measured from then on.
+#: The first seconds of a paced trial run at the plan's own rate; from then on it runs
+#: at the rate its pool has served since the trial began.
 PACE_AFTER_S = 3.0
 #: How often a paced trial reads the backlog and sets its rate again.
 PACE_EVERY_S = 0.5
+#: The slowest a paced plan's clock runs: a pool that stalls still gets every job of
+#: the plan within four times its length, and the drain's limit reports what was lost.
+PACE_MIN_SPEED = 0.25
 
 
 @dataclass(frozen=True)
@@ -96,14 +99,22 @@ class Pace:
     after_s: float = PACE_AFTER_S
     every_s: float = PACE_EVERY_S
 
-    def speed(self, accepted: int, elapsed_s: float, plan_rate: float) -> float | None:
+    def __post_init__(self) -> None:
+        if self.load <= 0 or self.every_s <= 0:
+            raise ValueError("a pace needs load > 0 and every_s > 0")
+
+    def speed(self, accepted: int, elapsed_s: float, plan_rate: float,
+              queued_before: int = 0) -> float | None:
         """How fast the plan's clock should run: ``load`` x the jobs/s served so far
-        (accepted, less those still queued) over the plan's own rate; None before
-        ``after_s`` or before a job has started."""
+        (the ``accepted`` and the ``queued_before`` the trial, less those still queued:
+        jobs taken off the lists) over the plan's own rate, at least ``PACE_MIN_SPEED``;
+        None before ``after_s`` or before a job was taken."""
         if elapsed_s < self.after_s:
             return None
-        served = accepted - self.depth()
-        return self.load * served / elapsed_s / plan_rate if served > 0 else None
+        served = accepted + queued_before - self.depth()
+        if served <= 0:
+            return None
+        return max(PACE_MIN_SPEED, self.load * served / elapsed_s / plan_rate)
 
 
 def offer(trial: Trial, plan: list[tuple[float, str, str]], send: Send,
@@ -115,13 +126,15 @@ def offer(trial: Trial, plan: list[tuple[float, str, str]], send: Send,
     began, cpu = time.monotonic(), time.process_time()
     plan_rate = (len(plan) - 1) / plan[-1][0] if len(plan) > 1 and plan[-1][0] > 0 else 1.0
     clock, speed, last, paced_at = 0.0, 1.0, began, began
+    before = pace.depth() if pace is not None else 0  # left from an earlier trial
     for seed, (offset, tier, account) in enumerate(plan):
         while True:
             now = time.monotonic()
             clock, last = clock + speed * (now - last), now
             if pace is not None and now - paced_at >= pace.every_s:
                 paced_at = now
-                speed = pace.speed(len(trial.accepted), now - began, plan_rate) or speed
+                speed = pace.speed(len(trial.accepted), now - began, plan_rate,
+                                   before) or speed
             if clock >= offset:
                 break
             wait = (offset - clock) / speed
