@@ -59,11 +59,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +69,7 @@ if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import PROMPT, TIERS, JobSize, check_size, run_private, write_json  # noqa: E402
 from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
+from benchmarks.overload_side import Beat, lanes_depth, redis_cpu_s, tree_cpu_s  # noqa: E402
 from benchmarks.overload_trial import (  # noqa: E402
     ACCOUNTS,
     Pace,
@@ -127,97 +126,6 @@ def gpulanes_send(size: JobSize) -> Send:
                                               height=size.size)
 
 
-# --- beat, for the gpulanes trials only ------------------------------------------------
-class Beat:
-    """One ``celery beat`` process with the budgets; a fresh snapshot each start."""
-
-    def __init__(self, cluster: Any, budgets: Budgets, log_dir: Path) -> None:
-        self.env = {**cluster.env, **budgets.env()}
-        self.log_dir = log_dir
-        self.process: subprocess.Popen | None = None
-        self.client = cluster.redis.client()
-
-    def start(self) -> None:
-        """Start beat on an empty snapshot and wait until this process routes from its own."""
-        from gpu_worker.processes import spawn
-        from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
-
-        self.client.delete(SNAPSHOT_KEY, WORKERS_KEY)  # no hysteresis carried over
-        log = open(self.log_dir / "beat.log", "ab")
-        self.process = spawn([sys.executable, "-m", "celery", "-A", "tasks", "beat",
-                              "--loglevel", "INFO"], env=self.env, stdout=log,
-                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        wait_for_live_view(self.client, time.time(), self.process)
-
-    def cpu_s(self) -> float:
-        """CPU seconds beat has used so far (Linux ``/proc``; 0 elsewhere)."""
-        try:
-            fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, AttributeError, IndexError):
-            return 0.0
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        """Terminate beat (kill it after 10 s); a no-op when it is not running."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-
-def tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds used so far by ``pids`` and every process below them (Linux
-    ``/proc``; 0 elsewhere)."""
-    total, seen, todo = 0.0, set(), list(pids)
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            for task in Path(f"/proc/{pid}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-def redis_cpu_s(client: Any) -> float:
-    """CPU seconds the Redis server has used so far, its forks (AOF rewrites) included
-    (``INFO cpu``)."""
-    info = client.info("cpu")
-    return sum(float(info[f"used_cpu_{kind}"]) for kind in
-               ("user", "sys", "user_children", "sys_children"))
-
-
-def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
-                       timeout_s: float = 60) -> None:
-    """Block until this process routes from a snapshot beat wrote after ``since``."""
-    from tasks.broker.enqueue import snapshot_cache
-    from tasks.broker.keys import SNAPSHOT_KEY
-
-    deadline = time.monotonic() + timeout_s
-    while not client.exists(SNAPSHOT_KEY) or (view := snapshot_cache().view()) is None \
-            or view.at < since:
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("beat wrote no snapshot; see logs/beat.log")
-        time.sleep(0.1)
-
-
-def lanes_depth(client: Any) -> int:
-    """Jobs waiting in all lanes together."""
-    from beat.heartbeat import lane_depths
-
-    return sum(lane_depths(client).values())
-
-
 @dataclass
 class Sides:
     """What drives each side's trials: gpulanes' beat, the plain publisher's process."""
@@ -253,9 +161,10 @@ class Sides:
         try:
             self.beat.start()
             beat_cpu_s = self.beat.cpu_s()  # beat's start-up is not the trial's cost
-            pace = Pace(self.load, lambda: lanes_depth(self.beat.client)) if self.load else None
-            offer(trial, plan, gpulanes_send(self.size), (LaneFull,), pace)
-            drain(trial, self.drain_s, lambda: lanes_depth(self.beat.client))
+            depth = partial(lanes_depth, self.beat.client)
+            offer(trial, plan, gpulanes_send(self.size), (LaneFull,),
+                  Pace(self.load, depth) if self.load else None)
+            drain(trial, self.drain_s, depth)
             trial.beat_cpu_s = self.beat.cpu_s() - beat_cpu_s
         finally:
             self.beat.stop()

@@ -251,12 +251,12 @@ def load_line(report: dict[str, Any]) -> str:
     standard alone asked for."""
     trials = report["summary"]["trials"]
     above = sum(report["mix"][t] for t in ("fast", "standard"))
-    loads = {m: [t["load"] for t in trials if t["mode"] == m] for m in MODES}
-    mean = {m: statistics.fmean(ls) if ls else 0.0 for m, ls in loads.items()}
+    mean = {m: statistics.fmean([t["load"] for t in trials if t["mode"] == m] or [0.0])
+            for m in MODES}
+    loads = [t["load"] for t in trials]
     return ("load met (offered over served while offering), gpulanes / plain: "
             + " / ".join(f"{mean[m]:.2f}x" for m in MODES)
-            + f" (trials {min(min(ls) for ls in loads.values() if ls):.2f}x-"
-            f"{max(max(ls) for ls in loads.values() if ls):.2f}x); fast+standard alone "
+            + f" (trials {min(loads):.2f}x-{max(loads):.2f}x); fast+standard alone "
             f"{above * mean['plain']:.2f}x")
 
 

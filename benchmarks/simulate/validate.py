@@ -188,7 +188,8 @@ def capacity(size: JobSize) -> tuple[float, float]:
 
 def measure(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Capacity, then a real gpulanes trial and its simulation per load."""
-    from benchmarks.overload import Beat, Budgets
+    from benchmarks.overload import Budgets
+    from benchmarks.overload_side import Beat
     from tasks import app
     from tasks.dev.cluster import LocalCluster
     from tasks.settings import settings
