@@ -26,7 +26,11 @@ per second:
    job runs on another worker, resumed, and the new holder is SIGKILLed;
 6. **supervisor restart**: ``python -m gpu_worker`` is SIGKILLed (its workers
    get SIGTERM and finish what they hold) and started again at once;
-7. **long jobs** (only with ``--visibility-s``, shorter than the jobs):
+7. **full disk** (root only): the workers write artifacts to a 1 MB tmpfs held
+   full for ``--full-disk-s`` under ``--full-disk-jobs`` jobs of 100 kB artifacts
+   (``benchmarks/full_disk.py``): no worker comes back while it is full, and no
+   model runs twice to its end;
+8. **long jobs** (only with ``--visibility-s``, shorter than the jobs):
    ``--long-jobs`` jobs that run longer than the visibility timeout, among the
    stream; each must be delivered and run once.
 
@@ -66,8 +70,10 @@ from benchmarks.faults import (  # noqa: E402
     small_job,
     wait_replaced,
 )
+from benchmarks.full_disk import full_disk  # noqa: E402
 
-SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor", "long")
+SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor",
+             "full-disk", "long")
 #: Run unless ``--only`` says otherwise (``long`` needs a short ``--visibility-s``).
 DEFAULT_SCENARIOS = SCENARIOS[:-1]
 #: A long job: about ten seconds of the demo model on one CPU thread here.
@@ -92,6 +98,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--visibility-s", type=int, default=None,
                         help="visibility timeout (default: gpulanes' own, 630 s)")
     parser.add_argument("--long-jobs", type=int, default=4)
+    parser.add_argument("--full-disk-jobs", type=int, default=100)
+    parser.add_argument("--full-disk-s", type=float, default=90.0,
+                        help="how long the artifact disk is held full")
     parser.add_argument("--quick", action="store_true", help="a small size (the tests')")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
     parser.add_argument("--json", type=Path)
@@ -99,6 +108,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.kills, args.kill_every_s, args.stream_s, args.redis_down_s = 2, 3.0, 5.0, 2.0
         args.freezes, args.long_jobs = 1, 1
+        args.full_disk_jobs, args.full_disk_s = 30, 20.0
     if "long" in (args.only or ()) and args.visibility_s is None:
         parser.error("--only long needs --visibility-s shorter than a long job (say 3)")
     return args
@@ -328,7 +338,7 @@ def supervisor_restart(args: argparse.Namespace, cluster: Any, app: Any,
 RUNS: dict[str, Callable[..., Counts]] = {
     "kill": worker_kills, "freeze": worker_freezes, "redis": redis_restart,
     "redis-freeze": redis_freeze, "freeze-crash": freeze_then_crash,
-    "supervisor": supervisor_restart, "long": long_jobs}
+    "supervisor": supervisor_restart, "full-disk": full_disk, "long": long_jobs}
 
 
 def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:

@@ -6,16 +6,19 @@ disk that is full or read-only, a folder that vanished, a device that errors.
 to :data:`HEALTH` and sends a job that failed so back to its shared lane, for
 another worker, without spending its retries (``gpu_worker.faults`` sorts
 failures and holds the self-checks). After ``GPULANES_SICK_AFTER`` such
-failures in a row the worker stops consuming (heartbeats report ``sick``, so
-routers and beat leave it out) and checks itself every ``GPULANES_SICK_PROBE_S``
-until the cause is gone; then it consumes again.
+failures in a row, or at once when the artifact store refuses a finished run's
+output (``tasks.worker.saving``), the worker stops consuming (heartbeats report
+``sick``, so routers and beat leave it out) and checks itself until the cause is
+gone; then it consumes again. The checks back off while they fail: the first after
+``GPULANES_SICK_PROBE_S``, each next one twice as late, up to :data:`PROBE_CAP_S`, and
+the back-off starts over only once a job succeeds here: a worker whose disk stays full
+comes back at most once a minute, however often it tries.
 """
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from celery import signals
 from celery.utils.dispatch import Signal
@@ -23,10 +26,23 @@ from celery.utils.dispatch import Signal
 from gpu_worker.faults import is_worker_fault, self_check
 from gpu_worker.hook import Hook
 from routing.names import CONSUME_COMMAND, worker_queues
+from tasks.jobs.expiry import Sweeper
 from tasks.settings import settings
 
-__all__ = ["HEALTH", "HEALTH_HOOK", "HealthHook", "Lever", "SelfHealth", "is_worker_fault"]
+__all__ = ["HEALTH", "HEALTH_HOOK", "PROBE_CAP_S", "HealthHook", "Lever", "SelfHealth",
+           "is_worker_fault", "probe_delays_s"]
 log = logging.getLogger(__name__)
+#: Longest wait between two self-checks of a worker that keeps failing them.
+PROBE_CAP_S = 60.0
+
+
+def probe_delays_s(first_s: float, cap_s: float = PROBE_CAP_S) -> Iterator[float]:
+    """Waits before each self-check while they fail: ``first_s``, then doubling up to
+    ``cap_s`` (a first wait above the cap stays as it is)."""
+    delay_s = first_s
+    while True:
+        yield delay_s
+        delay_s = max(first_s, min(2 * delay_s, cap_s))
 
 
 class Lever:
@@ -61,11 +77,15 @@ class SelfHealth:
         self.lever: Lever | None = None  # set once the worker consumes (HealthHook)
         self._check: Callable[[], None] = lambda: None
         self._lock = threading.Lock()
+        self._delays_s = probe_delays_s(self.probe_s)  # kept across sick spells
+        self._wake = threading.Event()
 
     def succeeded(self) -> None:
-        """A run finished: the faults before it were not in a row."""
+        """A run finished: the faults before it were not in a row, and the checks'
+        back-off starts over."""
         with self._lock:
             self.faults_in_a_row = 0
+            self._delays_s = probe_delays_s(self.probe_s)
 
     def failed(self, exc: BaseException) -> None:
         """Every failed run; only worker faults count. The one that makes the worker
@@ -74,10 +94,28 @@ class SelfHealth:
             return
         with self._lock:
             self.faults_in_a_row += 1
-            if self.faults_in_a_row < self.sick_after or self.sick is not None:
+            if self.faults_in_a_row < self.sick_after:
                 return
-            self.sick = (f"{self.faults_in_a_row} jobs in a row failed here: "
-                         f"{type(exc).__name__}: {exc}")
+            reason = f"{self.faults_in_a_row} jobs in a row failed here"
+        self._step_aside(reason, exc)
+
+    def store_refused(self, exc: BaseException) -> None:
+        """The artifact store refused a finished run's output: step aside at once
+        (another job taken now would run its model for an output it cannot store)."""
+        self._step_aside("the artifact store refused a finished job's output", exc)
+
+    def store_took(self) -> None:
+        """A refused output was written after all: check now, not at the back-off's
+        next turn (whether the store has room for more is the check's to say)."""
+        with self._lock:
+            if self.sick is not None:  # a wake-up left set would cut the next spell's wait
+                self._wake.set()
+
+    def _step_aside(self, reason: str, exc: BaseException) -> None:
+        with self._lock:
+            if self.sick is not None:
+                return
+            self.sick = f"{reason}: {type(exc).__name__}: {exc}"
             self._check = self_check(exc)
         log.error("stepping aside (no more jobs until a self-check passes): %s", self.sick)
         if self.lever is not None:
@@ -106,7 +144,11 @@ class SelfHealth:
 
     def _probe_until_well(self) -> None:
         while True:
-            time.sleep(self.probe_s)
+            with self._lock:
+                delay_s = next(self._delays_s)
+            log.info("next self-check in %.2fs", delay_s)
+            self._wake.wait(delay_s)
+            self._wake.clear()
             if self.probe():
                 return
 
@@ -130,10 +172,11 @@ HEALTH = SelfHealth()
 
 
 class HealthHook(Hook):
-    """Gives :data:`HEALTH` its lever once the worker consumes."""
+    """Gives :data:`HEALTH` its lever once the worker consumes, and starts sweeping
+    expired artifacts from its store (``tasks.jobs.expiry``): what would fill the disk."""
 
-    def __init__(self, health: SelfHealth = HEALTH) -> None:
-        self.health = health
+    def __init__(self, health: SelfHealth = HEALTH, sweeper: Sweeper | None = None) -> None:
+        self.health, self.sweeper = health, sweeper or Sweeper()
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_ready: self.on_ready}
@@ -142,6 +185,7 @@ class HealthHook(Hook):
         # In the consumer thread: its queue list is safe to read here.
         queues = [queue.name for queue in sender.task_consumer.queues]
         self.health.lever = Lever(sender.app, sender.hostname, queues)
+        self.sweeper.start()
 
 
 HEALTH_HOOK = HealthHook()

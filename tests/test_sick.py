@@ -138,11 +138,22 @@ def test_each_kind_of_fault_gets_its_own_check(monkeypatch, tmp_path):
     assert folder_of(OSError(errno.ENOSPC, "No space left on device")) is None
     checked: list = []
     monkeypatch.setattr(faults, "check_folders", checked.append)
-    self_check(denied)()
+    monkeypatch.setattr(faults, "check_store", lambda root, n: checked.append((root, n)))
+    written = faults.ArtifactBytes()
+    written.ran(1234)
+    self_check(denied, written)()
     wrapped = ArtifactError("cannot write the PNG")
     wrapped.__cause__ = denied
-    self_check(wrapped)()
-    assert checked == [[tmp_path, Path(settings.artifact_dir)]] * 2
+    self_check(wrapped, written)()
+    # the folder that failed, and room in the store for what recent jobs wrote
+    assert checked == [[tmp_path], (settings.artifact_root, 1234)] * 2
+    checked.clear()
+    full = ArtifactError("cannot write the PNG")  # refused in the artifact folder itself
+    full.__cause__ = OSError(errno.ENOSPC, "No space left on device",
+                             str(Path(settings.artifact_dir) / "x.png"))
+    written.ran(99)
+    self_check(full, written)()
+    assert checked == [[], (settings.artifact_root, 1234)]  # one check of the store
     monkeypatch.setattr(RUNTIME, "device", "cpu")
     check = self_check(RuntimeError("CUDA error: device-side assert triggered"))
     assert check is faults.check_device
@@ -153,12 +164,14 @@ def test_the_hook_gives_the_lever_in_priority_order():
     from gpu_worker import health as health_module
 
     health, host = SelfHealth(sick_after=1, probe_s=3600), "gpu1@h"
-    hook = HealthHook(health)
+    sweeps: list = []
+    hook = HealthHook(health, SimpleNamespace(start=lambda: sweeps.append(1)))
     queues = [SimpleNamespace(name=q) for q in reversed(worker_queues(host))]
     consumer = SimpleNamespace(app=SimpleNamespace(control=FakeControl()), hostname=host,
                                task_consumer=SimpleNamespace(queues=queues))
     hook.on_ready(sender=consumer)
     assert health.lever.queues == worker_queues(host) and health.lever.hostname == host
+    assert sweeps == [1]  # and the artifact sweep started, once
     assert set(hook.handlers().values()) == {hook.on_ready}
     assert health_module.HEALTH_HOOK.health is health_module.HEALTH
 
@@ -324,9 +337,10 @@ def test_a_worker_with_a_broken_disk_steps_aside_and_comes_back(cluster, clean_r
         assert row.split()[1] == "SICK:" and str(scratch_dir(broken)) in row
     finally:
         mend_disk(broken)
-    # a few probe periods (plus a heartbeat) later it serves again, queues in order
+    # at its next self-check (plus a heartbeat) it serves again, queues in order: the
+    # checks back off while they fail (1 s, 2 s, 4 s...), a minute apart at most
     wait_until(lambda: (r := _record(clean_redis, broken)).get("queues") == worker_queues(broken)
-               and not r.get("sick"), timeout_s=30, what=f"{broken} to consume again, in order")
+               and not r.get("sick"), timeout_s=75, what=f"{broken} to consume again, in order")
     snapshot_cache().forget()  # a fresh router: both workers on the ring again
     wait_until(lambda: _router_sees(hosts), timeout_s=30, what="the router to see both again")
     # flaky is warm on both: its jobs take the shared lane, and the mended worker runs its

@@ -13,9 +13,11 @@ imports this module (the result cache) and, with the local default, never needs 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
+import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -104,7 +106,8 @@ def _sha256(file: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
-def _filesystem(url: str) -> tuple[Any, str]:
+def filesystem(url: str) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path in it."""
     import fsspec  # on first use only: see the module's docstring
 
     return fsspec.core.url_to_fs(url)
@@ -122,12 +125,46 @@ def store_bytes(job_id: str, run: int | None, name: str, data: bytes, media_type
     data = data if isinstance(data, bytes) else bytes(data)
     try:
         if "://" in url:
-            _put(*_filesystem(url), data)
+            _put(*filesystem(url), data)
         else:  # the local folder: the standard library, as fsspec's file system would
             _put_local(url, data)
     except Exception as exc:  # noqa: BLE001  each store raises its own kinds of refusal
         raise ArtifactError(f"cannot write {url}: {type(exc).__name__}: {exc}") from exc
     return ArtifactRef(url, media_type, len(data), hashlib.sha256(data).hexdigest())
+
+
+#: A probe's file name starts so: never an artifact's, and swept if a probe is cut short.
+PROBE_PREFIX = ".gpulanes-probe-"
+
+
+def local_folder(root: str) -> Path | None:
+    """The local folder of store ``root`` (a plain path or a ``file://`` URL); None for
+    any other store."""
+    if "://" not in root:
+        return Path(root)
+    if root.startswith("file://"):
+        return Path(filesystem(root)[1])
+    return None
+
+
+def probe_store(root: str, n_bytes: int) -> None:
+    """Write ``n_bytes`` (at least a few) under a probe name into store ``root`` as an
+    artifact is written, then remove them; raise as the store refuses. A local folder
+    (made if missing, as a job would) must first show that much free space: a full
+    disk is refused without a write."""
+    folder, name = local_folder(root), f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+    data = os.urandom(max(n_bytes, 8))  # random: a compressing file system stores it all
+    if folder is None:
+        fs, path = filesystem(artifact_url(root, name))
+        _put(fs, path, data)
+        fs.rm(path)
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    if (free_bytes := shutil.disk_usage(folder).free) < n_bytes:
+        raise OSError(errno.ENOSPC, f"No space left: {free_bytes} bytes free, {n_bytes} "
+                      "needed", str(folder))
+    _put_local(str(folder / name), data)
+    os.unlink(folder / name)
 
 
 def _put(fs: Any, path: str, data: bytes) -> None:
@@ -195,7 +232,7 @@ def open_artifact(ref_or_result: Mapping[str, Any] | str) -> IO[bytes]:
     """Open an artifact for reading, from any host that can reach the store: a
     reference (``{"url": ...}``, as in a result's ``output``), a result (its
     ``image``) or a URL. ``with open_artifact(result) as file: png = file.read()``."""
-    fs, path = _filesystem(_url_of(ref_or_result))
+    fs, path = filesystem(_url_of(ref_or_result))
     return fs.open(path, "rb")
 
 
@@ -236,7 +273,7 @@ def _same_size(size: int, ref: Mapping[str, Any]) -> bool:
 
 def _remote_intact(url: str, ref: Mapping[str, Any]) -> bool:
     try:
-        fs, path = _filesystem(url)
+        fs, path = filesystem(url)
         if "sha256" not in ref:
             return bool(fs.isfile(path))
         if not _same_size(fs.size(path), ref):  # metadata first: spares reading a changed one

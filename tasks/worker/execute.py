@@ -17,13 +17,16 @@ from typing import Any
 
 from gpu_worker.batch_run import BATCHER
 from gpu_worker.batching import Ran
+from gpu_worker.lease import Lease
 from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
 from tasks.broker.message import Job
 from tasks.jobs import catalog
+from tasks.jobs.artifacts import IMAGE
 from tasks.settings import settings
-from tasks.worker.outputs import stored_output
-from tasks.worker.png import store_png
+from tasks.worker.outputs import Blob, encoded_output, with_references
+from tasks.worker.png import PNG, png_bytes
+from tasks.worker.saving import write_all
 from tasks.worker.steps import StepGuard
 
 
@@ -86,9 +89,15 @@ def _predict(model: Any, job: Job, guard: StepGuard, resume: tuple[int, Any] | N
     return model.predict(inputs, progress, **({"resume": resume} if resume else {}))
 
 
-def kept(job_id: str, run: int, ran: Ran) -> dict[str, Any]:
-    """What the run made, stored: the result's ``image`` fields, or its ``output``."""
+def kept(job_id: str, lease: Lease, ran: Ran, started_at: float) -> dict[str, Any]:
+    """What ``lease``'s run (begun at unix time ``started_at``) made, stored: the result's
+    ``image`` fields, or its ``output``. All of it is encoded first and held in memory
+    while a refusing store is waited out (``tasks.worker.saving``): a finished model's
+    work is not lost to a full disk."""
     if ran.output is not None or ran.pixels is None:
-        return {"output": stored_output(job_id, run, ran.output)}
-    ref = store_png(job_id, ran.pixels, run)  # the artifact store: a local path by default
+        encoded, blobs = encoded_output(ran.output)
+        refs = write_all(job_id, lease, blobs, started_at)
+        return {"output": with_references(encoded, refs)}
+    image = Blob(IMAGE, png_bytes(ran.pixels), PNG)
+    ref = write_all(job_id, lease, [image], started_at)[IMAGE]  # url: a local path by default
     return {"image": ref.url, "bytes": ref.bytes, "sha256": ref.sha256}

@@ -16,7 +16,8 @@ a job are numbered; the run that begins holds the job's lease
   (``gpu_worker.preempt``): its next copy goes to the front of its lane;
 - a failure of the worker's own (disk, device) sends the job back to its shared
   lane without spending its retries, for another worker once this one steps
-  aside (``gpu_worker.health``); another transient
+  aside (``gpu_worker.health``); a store that refuses a finished run's artifacts is
+  waited out, the output kept in memory (``tasks.worker.saving``); another transient
   failure retries one lane down after a backoff; anything else, or too many
   tries, dead-letters it;
 - outcomes are recorded through Redis outages (``tasks.broker.outage.persist``): a
@@ -349,7 +350,7 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     try:
         ran = run_job(message.job, lane, guard, resume)
         lease.check()  # a stale run writes no artifact
-        made = kept(self.request.id, lease.attempt, ran)
+        made = kept(self.request.id, lease, ran, started_at)  # waits out a full store
     except Exception as exc:  # noqa: BLE001  sorted into retry or failure below
         _fail_or_retry(self, exc, lease, message, guard)
     # a run its caller revoked (it went on for others) leaves its entry to the revoke
