@@ -34,6 +34,7 @@ TEST_ENV = {
                                  "flaky=tests.flaky_model:load", "echo=tasks.models.echo:Echo",
                                  "odd=tests.odd_models:Odd", "tiny-sd=tests.odd_models:TinySd",
                                  "tiny-bert=tests.odd_models:TinyBert",
+                                 "typed=tests.typed_model:Typed",
                                  "blob=tests.blob_model:Blob"]),
     "GPULANES_DEVICE": "cpu",
     "GPULANES_HEARTBEAT_S": "1",

@@ -24,6 +24,7 @@ from tasks.jobs import catalog
 from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, check_job, model_names
 from tasks.settings import settings as gl
 from tasks.worker.rejects import check_call, check_content
+from tests.typed_model import TypedInput, TypedPart
 
 #: Deterministic and database-free: CI sees the same examples on every run.
 FUZZ = settings(max_examples=200, deadline=None, derandomize=True, database=None,
@@ -135,13 +136,21 @@ def _queued(client) -> list[bytes]:
             for raw in client.lrange(key, 0, -1)]
 
 
+def _standard_json(text: bytes | str) -> object:
+    """``text`` parsed as standard JSON: a NaN or Infinity token fails the test."""
+    def refuse(token: str) -> None:
+        raise AssertionError(f"a message holds the non-standard JSON token {token}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def _call_of(raw: bytes) -> tuple[list, dict]:
-    """The arguments inside one message, read from plain JSON as a worker reads them."""
-    envelope = json.loads(raw)
+    """The arguments inside one message, read from standard JSON as a worker reads them."""
+    envelope = _standard_json(raw)
     assert envelope["content-type"] == "application/json"
     body = base64.b64decode(envelope["body"]) \
         if envelope["properties"].get("body_encoding") == "base64" else envelope["body"]
-    args, kwargs, _ = json.loads(body)
+    args, kwargs, _ = _standard_json(body)
     return args, kwargs
 
 
@@ -205,3 +214,114 @@ def test_one_bad_keyword_among_good_ones_is_named(field, value, redis_server):
         submit(call.pop("prompt"), **call)
     assert caught.value.field == field
     assert _keys(client) == []
+
+
+def _nested(levels: int, leaf: object = 0, key: str | None = None) -> object:
+    for _ in range(levels):
+        leaf = [leaf] if key is None else {key: leaf}
+    return leaf
+
+
+#: Text, lone surrogates among it.
+SHORT_TEXT = st.one_of(st.text(max_size=6), st.sampled_from(["\ud800", "a\udfffb", "\x00"]))
+FLOAT = st.floats(allow_nan=True, allow_infinity=True)
+#: Leaves of a class model's inputs: JSON's, and what JSON cannot carry as given.
+LEAVES = st.one_of(
+    st.none(), st.booleans(), st.integers(), FLOAT, SHORT_TEXT, st.binary(max_size=6),
+    st.sampled_from([2**4096 - 1, -(2**4096), 2**14000, object(), memoryview(b"x"),
+                     (1, 2), frozenset({1.5}), b"\xff", "nan", "-1e999"]))
+KEYS = st.one_of(st.text(max_size=4), st.sampled_from([1, None, 1.5, (1, 2), "\ud800", True]))
+VALUES = st.recursive(LEAVES, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(KEYS, inner, max_size=3),
+    st.tuples(inner)), max_leaves=6)
+#: Nesting around the bound of 64, and far past it.
+DEEP = st.one_of(st.integers(62, 66).map(_nested),
+                 st.integers(62, 66).map(lambda n: _nested(n, key="k")),
+                 st.just(5000).map(_nested))
+FLOATS = st.one_of(FLOAT, st.integers(), st.sampled_from(["nan", "-inf", "1e999", "2.5"]),
+                   VALUES)
+PART = st.one_of(
+    st.fixed_dictionaries({}, optional={"ratio": FLOATS, "tags": st.lists(SHORT_TEXT, max_size=2),
+                                        "extra": st.one_of(VALUES, DEEP)}),
+    st.builds(TypedPart, ratio=FLOAT), VALUES)
+#: For each input of the ``typed`` model: values of its type, hazards mixed in.
+TYPED_FIELDS = {
+    "number": FLOATS, "maybe": FLOATS,
+    "count": st.one_of(st.integers(), st.sampled_from([2**4096, -(2**5000)]), VALUES),
+    "text": st.one_of(SHORT_TEXT, st.binary(max_size=6), VALUES),
+    "blob": st.one_of(st.binary(max_size=6), SHORT_TEXT, VALUES),
+    "items": st.one_of(st.lists(VALUES, max_size=3), DEEP, VALUES),
+    "mapping": st.one_of(st.dictionaries(KEYS, VALUES, max_size=3),
+                         DEEP.map(lambda deep: {"a": deep}), VALUES),
+    "anything": st.one_of(VALUES, DEEP), "part": PART, "parts": st.lists(PART, max_size=2),
+}
+#: A few inputs a call: each value gets its turn at the checks.
+TYPED_CALLS = st.sets(st.sampled_from(sorted(TYPED_FIELDS)), max_size=3).flatmap(
+    lambda names: st.fixed_dictionaries({name: TYPED_FIELDS[name] for name in names}))
+MAX_LEVELS = 64  # the issue's bound, stated here independently of tasks.jobs.schema
+
+
+def _unfit(value: object, level: int) -> bool:
+    """Whether ``value`` holds what standard JSON cannot carry as given: nesting past
+    the bound, NaN or infinity, a key that is not a string, bytes that are not UTF-8,
+    a lone surrogate, an integer of more than 4096 bits. ``level``: of the container
+    ``value`` would be (an input's own value is at level 1)."""
+    if isinstance(value, TypedPart):
+        value = dict(value)
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, int):
+        return value.bit_length() > 4096
+    if isinstance(value, (bytes, bytearray)):
+        return not _utf8_bytes(value)
+    if isinstance(value, str):
+        return not _utf8(value)
+    if isinstance(value, (dict, list, tuple, set, frozenset)) and level > MAX_LEVELS:
+        return True
+    if isinstance(value, dict):
+        return any(not isinstance(key, str) or not _utf8(key) or _unfit(item, level + 1)
+                   for key, item in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_unfit(item, level + 1) for item in value)
+    return False
+
+
+def _utf8_bytes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _acceptable(call: dict) -> bool:
+    """The oracle: pydantic takes ``call`` and can write it, within the size limit, and
+    nothing in it is unfit for JSON."""
+    try:
+        typed = TypedInput.model_validate(call)
+        size = len(json.dumps(typed.model_dump(mode="json"), ensure_ascii=False).encode())
+    except (ValueError, TypeError):  # pydantic refuses it, or cannot write it
+        return False
+    return size <= gl.max_input_bytes and not any(_unfit(item, 1) for item in dict(typed).values())
+
+
+@FUZZ
+@given(call=TYPED_CALLS)
+def test_class_model_inputs_are_refused_naming_a_field_or_sent_as_standard_json(call,
+                                                                                 redis_server):
+    client = redis_server.client()
+    _flush(client)
+    try:
+        submit(model="typed", **call)
+    except InvalidJob as exc:
+        event(f"refused: {exc.field.split('.')[0]}")
+        assert exc.field.split(".")[0] in call or exc.field == "inputs", exc
+        assert str(exc).startswith(f"{exc.field}: ") and len(str(exc)) < 500
+        assert not _acceptable(call), f"refused acceptable inputs: {exc}"
+        assert _keys(client) == []
+    else:
+        event("accepted")
+        assert _acceptable(call), f"accepted inputs JSON cannot carry: {call!r}"
+        (message,) = _queued(client)
+        job = _call_of(message)[1]["job"]
+        assert check_job(job).model == "typed"  # the worker's checks pass on it again

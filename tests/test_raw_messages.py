@@ -185,3 +185,13 @@ def test_operators_see_a_refused_message_and_cannot_requeue_it(cluster, app, cle
     assert "steps: must be an integer" in failed("dead", "requeue", entry["job_id"])
     assert [e["job_id"] for e in dead_jobs(clean_redis)] == [entry["job_id"]]  # kept
     assert clean_redis.llen(STANDARD) == 0
+
+
+def test_a_refused_jobs_letter_is_standard_json():
+    """A forged job holding NaN or infinity is kept in its dead letter as text: the
+    letter stays standard JSON."""
+    from tasks.worker.rejects import _kept
+
+    kept = _kept({"prompt": "p", "seed": float("nan"), "steps": float("-inf"), "n": 1.5})
+    assert json.loads(json.dumps(kept, allow_nan=False)) == {
+        "prompt": "p", "seed": "nan", "steps": "-inf", "n": 1.5}

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import reprlib
 import secrets
 import unicodedata
 from types import MappingProxyType
@@ -15,22 +14,11 @@ from routing.names import TIERS
 from tasks.broker.message import BOOKKEEPING, ROUTING, Job, is_cost
 from tasks.errors import InvalidJob, ModelError
 from tasks.jobs import catalog
+from tasks.jobs.jsonfit import TOO_DEEP, as_json, dotted, fit_for_json, shown
 from tasks.settings import settings
 
 MAX_SEED = 2**63 - 1
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
-#: Error messages quote a bad value only this far: a caller's 10 MB string stays out of logs.
-_SHORT = reprlib.Repr()
-_SHORT.maxstring = _SHORT.maxother = 60
-
-
-def shown(value: Any) -> str:
-    """``value`` as an error message quotes it: short, and safe for any object."""
-    if type(value) is int and value.bit_length() > 64:  # str() of a huge int can raise
-        return f"an integer of {value.bit_length()} bits"
-    return _SHORT.repr(value)
-
-
 def model_names() -> tuple[str, ...]:
     """The models a job may name (``GPULANES_MODELS``)."""
     return tuple(sorted(settings.models))
@@ -153,20 +141,26 @@ def _checked(found: catalog.ModelSpec, raw: dict[str, Any],
         typed = found.Input.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = ".".join(map(str, first["loc"])) or "inputs"
-        raise InvalidJob(field, first["msg"]) from None
-    return _within_size(typed.model_dump(mode="json")), typed
+        deep = first["type"] in ("recursion_depth_exceeded", "recursion_loop")  # or cyclic
+        message = TOO_DEEP if deep else first["msg"]
+        raise InvalidJob(dotted(first["loc"]) or "inputs", message) from None
+    fit_for_json(typed)
+    return _within_size(as_json(typed)), typed
 
 
 def _no_unknown(raw: dict[str, Any], known: Any) -> None:
     if unknown := [name for name in raw if name not in known]:
-        raise InvalidJob(str(unknown[0]), f"is not an input of this model; it takes "
+        raise InvalidJob(dotted(unknown[:1]), f"is not an input of this model; it takes "
                          f"{', '.join(known) or 'none'}")
 
 
 def _within_size(inputs: dict[str, Any]) -> dict[str, Any]:
-    """Validated inputs, if their JSON is within ``GPULANES_MAX_INPUT_BYTES``."""
-    size = len(json.dumps(inputs, ensure_ascii=False).encode())
+    """Validated inputs, if their JSON is standard and within ``GPULANES_MAX_INPUT_BYTES``."""
+    try:
+        size = len(json.dumps(inputs, ensure_ascii=False, allow_nan=False).encode())
+    except ValueError as exc:  # only a model's own serializer can get here
+        raise InvalidJob("inputs", f"cannot be written as standard JSON ({exc}); the "
+                         "model's Input must write finite numbers and valid text") from exc
     if size > settings.max_input_bytes:
         raise InvalidJob("inputs", f"are {size} bytes as JSON; the limit is "
                          f"GPULANES_MAX_INPUT_BYTES={settings.max_input_bytes}")

@@ -49,7 +49,10 @@ KEPT_CHARS = 200
 
 
 def _kept(value: Any) -> Any:
-    """``value`` cut down for a dead letter: long strings shortened, odd types shown."""
+    """``value`` cut down for a dead letter: long strings shortened, odd types and numbers
+    standard JSON has no word for (NaN, infinity) shown as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return shown(value)
     if isinstance(value, dict):
         return {str(k)[:KEPT_CHARS]: _kept(v) for k, v in list(value.items())[:20]}
     if isinstance(value, str) and len(value) > KEPT_CHARS:
