@@ -2,16 +2,17 @@
 
 Flower never starts open: give it basic auth (``FLOWER_BASIC_AUTH=user:password``
 or ``--basic-auth=...``) or OAuth (``FLOWER_AUTH`` with ``FLOWER_OAUTH2_KEY``,
-``FLOWER_OAUTH2_SECRET``, ``FLOWER_OAUTH2_REDIRECT_URI``; see Flower's docs).
+``FLOWER_OAUTH2_SECRET``, ``FLOWER_OAUTH2_REDIRECT_URI``; see Flower's docs), in any
+argv form (``tasks.ops.flower_login``).
 """
 import os
 import sys
 
-_AUTH_FLAGS = ("--basic-auth", "--basic_auth", "--auth")
-if not (os.environ.get("FLOWER_BASIC_AUTH") or os.environ.get("FLOWER_AUTH")
-        or any(arg.startswith(_AUTH_FLAGS) for arg in sys.argv)):
-    raise SystemExit("gpulanes: Flower will not start without authentication; set "
-                     "FLOWER_BASIC_AUTH=user:password (or FLOWER_AUTH for OAuth)")
+from tasks.ops.flower_login import login_problem as _login_problem
+
+_problem = _login_problem(sys.argv, os.environ)
+if _problem:
+    raise SystemExit(f"gpulanes: Flower will not start without authentication: {_problem}")
 
 # Purge workers that have been gone for a minute from the dashboard.
 purge_offline_workers = 60

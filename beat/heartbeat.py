@@ -215,7 +215,10 @@ def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict]
 
 
 def expire_dead_letters(client: redis.Redis, now: float) -> int:
-    """Drop one batch of the dead letters older than the retention; how many."""
+    """Drop one batch of the dead letters older than the retention; how many (none
+    outside a leader's epoch)."""
+    if not leader.leading("dead-letter expiry"):
+        return 0
     dropped = drop_dead(client, now - settings.dead_ttl_s)
     if dropped:
         log.info("dropped %d dead letter(s) older than %ss (GPULANES_DEAD_TTL_S)", dropped,
@@ -225,7 +228,10 @@ def expire_dead_letters(client: redis.Redis, now: float) -> int:
 
 @app.task(name=HEARTBEAT_TASK)
 def heartbeat() -> str:
-    """One heartbeat round: store the snapshot; return a one-line summary."""
+    """One heartbeat round: store the snapshot; return a one-line summary. Only under a
+    leader's epoch (beat's scheduler): anywhere else it writes nothing."""
+    if not leader.leading("the heartbeat round"):
+        return leader.NOT_LEADING
     client = redis_client()
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
     replies = ask_workers(client)

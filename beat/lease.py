@@ -35,6 +35,7 @@ class Leadership:
         self.client, self.clock = client, clock
         self.lease_s = settings.beat_lease_s if lease_s is None else lease_s
         self.epoch, self._renewed_at = 0, 0.0
+        self.highest = 0  # the highest epoch this beat has seen: a new lead goes above it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -42,7 +43,8 @@ class Leadership:
         """Take or keep the lead once; the epoch led (0: another beat leads)."""
         started = self.clock()
         try:
-            epoch = leader.lead(self.client or redis_client(), self.identity, self.lease_s)
+            epoch, seen = leader.lead(self.client or redis_client(), self.identity,
+                                      self.lease_s, self.highest)
         except redis.RedisError as exc:  # unreachable: lead no longer once the lease lapsed
             if self.epoch and self.clock() - self._renewed_at >= self.lease_s:
                 log.warning("beat %s cannot renew its lease (%s): standing by",
@@ -53,6 +55,7 @@ class Leadership:
             log.warning("beat %s %s", self.identity,
                         f"leads (epoch {epoch})" if epoch else "stands by: another beat leads")
         self.epoch, self._renewed_at = epoch, started
+        self.highest = max(self.highest, seen)
         return epoch
 
     def _loop(self) -> None:

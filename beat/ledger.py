@@ -187,7 +187,10 @@ def recover_lost(client: redis.Redis, grace_s: float, now: float | None = None,
     """One round: note messages gone missing, put back those missing past ``grace_s``.
 
     ``audit``: compare in full even when the sizes agree (default: every ``AUDIT_S``).
+    Only under a leader's epoch: anywhere else it reads and writes nothing.
     """
+    if not leader.leading("the ledger audit"):
+        return 0
     now = time.time() if now is None else now
     if not _should_compare(client, audit):
         return 0

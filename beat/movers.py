@@ -38,6 +38,7 @@ from beat.ledger import recover_lost
 from beat.balance import node_of
 from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
+from tasks.broker import leader
 from tasks.broker.app import app, redis_client
 from tasks.broker.keys import PRIORITY_SEP, lane_keys
 from tasks.broker.moves import STOP, Queued, move_due
@@ -95,7 +96,9 @@ def age_relaxed(client: redis.Redis, aging_s: float, now: float | None = None) -
 
 @app.task(name=MOVERS_TASK)
 def move_queued() -> str:
-    """One round of deadline downgrades and relax aging."""
+    """One round of deadline downgrades and relax aging, under a leader's epoch only."""
+    if not leader.leading("the movers round"):
+        return leader.NOT_LEADING
     client = redis_client()
     moved = enforce_deadlines(client, settings.max_wait_s)
     lifted = age_relaxed(client, settings.fair_aging_s)

@@ -59,7 +59,9 @@ def record(i: int, now: float) -> dict[str, Any]:
 def populate(client: Any, app: Any, size: int) -> list[str]:
     """``size`` workers' stats, own queues with jobs, shared jobs; their hostnames."""
     from beat.heartbeat import heartbeat
+    from beat.lease import Leadership
     from routing.names import worker_queue
+    from tasks.broker.leader import fenced
     from tasks.broker.stats import push_stats
     from tasks.jobs.schema import validate
     from tasks.worker.generate import generate
@@ -83,7 +85,10 @@ def populate(client: Any, app: Any, size: int) -> list[str]:
         for _ in range(100):
             generate.apply_async(kwargs={"job": job, "route": {"lane": lane,
                                  "requested_tier": lane}, "submitted_at": now}, queue=lane)
-    heartbeat()  # beat's first round: the worker record the next rounds start from
+    lead = Leadership(client)  # beat's rounds write only under a leader's epoch
+    with fenced(lead.renew()):
+        heartbeat()  # beat's first round: the worker record the next rounds start from
+    lead.stop()  # steps down: the rounds measured lead afresh
     return hosts
 
 

@@ -20,6 +20,7 @@ from gpu_worker.devices import worker_device
 from gpu_worker.health import HEALTH_HOOK
 from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
+from gpu_worker.no_eviction import NoEviction
 from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
 from gpu_worker.stats import StatsPush
@@ -357,8 +358,8 @@ class ConsumerRestarts(bootsteps.StartStopStep):
 
 
 HELD_JOBS = HeldJobs()
-HOOKS: list[Hook] = [OwnQueues(), WarmModels(), WorkerSetup(), JobStats(), HELD_JOBS,
-                     KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush()]
+HOOKS: list[Hook] = [NoEviction(), OwnQueues(), WarmModels(), WorkerSetup(), JobStats(),
+                     HELD_JOBS, KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush()]
 
 
 def install() -> None:

@@ -4,9 +4,9 @@
 Ctrl-C) asks every worker for a warm shutdown: each finishes the job it holds,
 and kombu puts back anything it had reserved.
 
-A worker whose models cannot load exits with 78 (EX_CONFIG). Restarting it
-cannot help, so after ``CONFIG_FAILURES_ALLOWED`` such exits in a row the
-supervisor gives up on it; once it has given up on every worker it exits 78
+A worker whose models cannot load, or whose Redis may evict keys, exits with 78
+(EX_CONFIG). Restarting it cannot help, so after ``CONFIG_FAILURES_ALLOWED`` such
+exits in a row the supervisor gives up on it; once it has given up on every worker it exits 78
 itself, so systemd or Docker see a configuration error, not a crash loop.
 """
 from __future__ import annotations
@@ -145,7 +145,8 @@ class Supervisor:
         delay = RESTART_BACKOFF_S[min(child.crashes, len(RESTART_BACKOFF_S) - 1)]
         child.crashes += 1
         child.restart_at = now + delay
-        why = " (its models could not load)" if code == EXIT_CONFIG else ""
+        why = " (a configuration error: its models, or Redis' maxmemory-policy)" \
+            if code == EXIT_CONFIG else ""
         log.warning("gpu%d exited with %s%s; restarting in %.0fs",
                     child.index, code, why, delay)
 
@@ -153,8 +154,9 @@ class Supervisor:
         """Stop restarting ``child``: its configuration, not luck, keeps it down."""
         child.given_up = True
         log.error("gpu%d exited with %d (EX_CONFIG) %d times in a row: its models could not "
-                  "load. Not restarting it. Check GPULANES_MODELS / GPULANES_WARM_MODELS / "
-                  "the model store (GPULANES_MODEL_DIR); see the worker's log above for the "
+                  "load, or Redis may evict keys. Not restarting it. Check GPULANES_MODELS / "
+                  "GPULANES_WARM_MODELS / the model store (GPULANES_MODEL_DIR) and Redis' "
+                  "maxmemory-policy (noeviction); see the worker's log above for the "
                   "error, fix it and restart `python -m gpu_worker`.",
                   child.index, EXIT_CONFIG, child.config_failures)
 

@@ -2,7 +2,8 @@
 
 Used when ``GPULANES_BROKER_URL`` is unset, and by tests and the demo, which
 need a Redis of their own that they can kill and restart. AOF is on, so an
-accepted job survives a restart.
+accepted job survives a restart; ``noeviction``, so a full Redis refuses writes
+rather than dropping keys (``tasks.broker.eviction``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import redis
 
@@ -28,12 +29,14 @@ def redis_binary() -> str:
 
 
 class EmbeddedRedis:
-    """One ``redis-server`` process on a Unix socket (and optionally a TCP port)."""
+    """One ``redis-server`` process on a Unix socket (and optionally a TCP port);
+    ``extra_args``: more ``redis-server`` options, after gpulanes' own."""
 
-    def __init__(self, data_dir: Path, port: int = 0) -> None:
+    def __init__(self, data_dir: Path, port: int = 0, extra_args: Sequence[str] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.socket = self.data_dir / "redis.sock"
         self.port = port
+        self.extra_args = list(extra_args)
         self.process: subprocess.Popen | None = None
 
     @property
@@ -58,7 +61,9 @@ class EmbeddedRedis:
                 "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                 "--dir", str(self.data_dir), "--appendonly", "yes",
                 "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-                "--logfile", "redis.log"]
+                # full: refuse writes, never drop lanes, results or epochs in silence
+                "--maxmemory-policy", "noeviction",
+                "--logfile", "redis.log", *self.extra_args]
         self.process = spawn(args, stdin=subprocess.DEVNULL)
         self._wait(timeout_s)
         return self

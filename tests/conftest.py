@@ -164,6 +164,17 @@ def app(redis_server):
     return app
 
 
+@pytest.fixture
+def leading(clean_redis):
+    """The test runs beat's code as beat's scheduler does: under a leader's epoch (beat's
+    rounds write nothing without one)."""
+    from beat.lease import Leadership
+    from tasks.broker.leader import fenced
+
+    with fenced(Leadership(clean_redis).renew()):
+        yield
+
+
 @pytest.fixture(scope="module")
 def cluster_factory(redis_server, app, request):
     """Start local clusters on the session Redis; all are stopped after the module."""

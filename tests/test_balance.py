@@ -205,7 +205,7 @@ def test_a_fast_job_stuck_behind_a_fast_run_moves_and_its_new_worker_is_told(cle
 
 
 def test_jobs_queued_for_a_worker_beat_never_heard_of_go_back_to_the_shared_lane(
-        clean_redis, app):
+        clean_redis, app, leading):
     """No one consumes the own queue of a worker missing from the record (forgotten after
     a long silence): beat's heartbeat hands its jobs back to the shared lane."""
     from beat.heartbeat import heartbeat

@@ -74,7 +74,7 @@ def test_a_requeue_that_fails_puts_letter_and_index_entry_back(clean_redis, monk
 
 
 def test_beat_drops_only_letters_past_the_retention_a_batch_per_round(clean_redis,
-                                                                    monkeypatch):
+                                                                    monkeypatch, leading):
     monkeypatch.setattr(deadletter, "EXPIRE_BATCH", 2)
     past_s = time.time() - settings.dead_ttl_s
     for i in range(3):
@@ -115,7 +115,7 @@ def test_purge_refuses_no_option_both_or_a_duration_without_unit(clean_redis, ar
     assert letters(clean_redis) == set(index(clean_redis)) == {job_id}
 
 
-def test_letters_written_before_the_index_get_indexed_and_expire(clean_redis):
+def test_letters_written_before_the_index_get_indexed_and_expire(clean_redis, leading):
     now = time.time()
     clean_redis.hset(DEAD_KEY, mapping={  # as the code before the index wrote them
         "legacy-old": json.dumps({"job_id": "legacy-old",

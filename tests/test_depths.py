@@ -131,7 +131,7 @@ def test_aging_reads_the_index_of_the_higher_levels_only(clean_redis):
     assert _depths(clean_redis)[1] == {"relaxed": 1} == _lengths(clean_redis)
 
 
-def test_the_audit_corrects_counts_gone_wrong(clean_redis):
+def test_the_audit_corrects_counts_gone_wrong(clean_redis, leading):
     for _ in range(3):
         submit("p", tier="standard", **SMALL)
     clean_redis.hset(LANE_DEPTHS_KEY, mapping={"standard": 7, "fast": 2})  # a lost write

@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import free_port, http_status, wait_until
+
+from tasks.ops.flower_login import login_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,3 +51,58 @@ def test_flower_requires_its_credentials(redis_server, tmp_path):
         assert _status(port, "ops:s3cret") == 200
     finally:
         _stop(proc)
+
+
+# --- what counts as a login ---------------------------------------------------------
+
+FLOWER = ["celery", "-A", "tasks", "flower", "--port=5555"]
+OAUTH_ENV = {"FLOWER_AUTH": r".*@example\.com", "FLOWER_OAUTH2_KEY": "k",
+             "FLOWER_OAUTH2_SECRET": "s", "FLOWER_OAUTH2_REDIRECT_URI": "https://f/login"}
+
+
+@pytest.mark.parametrize("args, env", [
+    ([], {}),
+    (["--auth="], {}),
+    (["--auth_provider=flower.views.auth.GithubLoginHandler"], {}),
+    (["--auth-provider", "flower.views.auth.GithubLoginHandler"], {}),
+    (["--basic-auth=:"], {}),
+    (["--basic-auth=u:"], {}),
+    (["--basic_auth=:p"], {}),
+    (["--basic-auth", "u:"], {}),
+    (["--basic-auth=ops:s3cret,guest:"], {}),  # one login without a password
+    (["--basic-auth="], {"FLOWER_BASIC_AUTH": "ops:s3cret"}),  # argv wins, empty
+    ([], {"FLOWER_BASIC_AUTH": "ops:"}),
+    ([], {"FLOWER_AUTH": r".*@example\.com"}),  # OAuth without its provider's keys
+    (["--auth=.*"], {**OAUTH_ENV, "FLOWER_OAUTH2_SECRET": ""}),
+    (["--oauth2_key="], OAUTH_ENV),
+])
+def test_an_empty_or_partial_login_is_refused(args, env):
+    assert login_problem([*FLOWER, *args], env)
+
+
+@pytest.mark.parametrize("args, env", [
+    (["--basic-auth=ops:s3cret"], {}),
+    (["--basic_auth", "ops:s3cret"], {}),
+    (["---basic-auth=ops:s3cret,dev:pw"], {}),
+    ([], {"FLOWER_BASIC_AUTH": "ops:s3cret"}),
+    ([], OAUTH_ENV),
+    (["--auth=.*", "--oauth2_key=k", "--oauth2-secret=s",
+      "--oauth2_redirect_uri=https://f/login"], {}),
+])
+def test_a_real_login_is_accepted(args, env):
+    assert login_problem([*FLOWER, *args], env) is None
+
+
+def test_flower_with_an_auth_provider_alone_will_not_start(redis_server):
+    """``--auth_provider`` used to pass for ``--auth``: Flower started open."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                             f"--port={free_port()}", "--address=127.0.0.1",
+                             "--auth_provider=flower.views.auth.GithubLoginHandler"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        _stop(proc)
+    assert proc.returncode != 0 and "without authentication" in out, out

@@ -33,7 +33,7 @@ def test_every_publish_is_in_the_ledger_with_its_list(clean_redis):
     assert not missing(clean_redis)
 
 
-def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_redis):
+def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_redis, leading):
     kept = submit("kept", tier="standard", **SMALL)
     lost = submit("lost", tier="standard", **SMALL)
     raw = clean_redis.rpop("standard")  # a worker's BRPOP, then SIGKILL: nothing else
@@ -53,7 +53,8 @@ def test_a_message_popped_and_never_recorded_is_put_back_after_the_grace(clean_r
     assert not clean_redis.exists(LEDGER_SUSPECTS_KEY)
 
 
-def test_the_audit_forgets_empty_lists_and_a_put_back_adds_its_list_again(clean_redis):
+def test_the_audit_forgets_empty_lists_and_a_put_back_adds_its_list_again(clean_redis,
+                                                                          leading):
     """Lane depth is read from each lane's set of lists: empty ones leave it once a
     minute, a list that holds a job is always in it."""
     submit("waits", tier="relaxed", **SMALL)
@@ -78,7 +79,7 @@ def test_a_list_that_joins_the_lanes_while_the_ledger_is_read_is_read_too(monkey
     assert ledger._sizes(clean_redis) == (1, 1)
 
 
-def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis):
+def test_a_message_taken_properly_or_finished_is_never_put_back(clean_redis, leading):
     taken = submit("taken", tier="fast", **SMALL)
     done = submit("done", tier="fast", **SMALL)
     for raw in [clean_redis.rpop("fast"), clean_redis.rpop("fast")]:

@@ -256,7 +256,7 @@ def test_status_and_metrics_say_why(clean_redis):
         "gpu0@h": 0.0, "gpu1@h": 1.0, "gpu2@h": 0.0}
 
 
-def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis):
+def test_beat_returns_a_sick_workers_queued_jobs_to_the_shared_lane(clean_redis, leading):
     from beat.heartbeat import heartbeat
     from tasks.jobs.schema import validate
     from tasks.worker.generate import generate

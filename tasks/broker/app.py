@@ -1,8 +1,9 @@
 """The Celery app, configured from ``celeryconfig`` on gpulanes' transport.
 
-The worker's task and beat's tasks are named in ``include``: a worker or beat
-imports them when it starts (``tasks.worker.generate`` wires the worker's hooks);
-a process that only submits never does."""
+The worker's task is named in ``include``: a worker imports it when it starts
+(``tasks.worker.generate`` wires the worker's hooks); a process that only submits never
+does. Beat's tasks are not: only beat's scheduler (``beat.scheduler``) imports them, so
+a GPU worker refuses a control task sent to it (dead-lettered) instead of running it."""
 from __future__ import annotations
 
 from functools import lru_cache
@@ -34,8 +35,7 @@ class LanesCelery(Celery):
         return backend.ours(cls)(app=self, url=url)
 
 
-app = LanesCelery("gpulanes", include=["tasks.worker.generate", "beat.heartbeat",
-                                       "beat.movers"],
+app = LanesCelery("gpulanes", include=["tasks.worker.generate"],
                   amqp=LanesAMQP, control="tasks.broker.control:LanesControl")  # revokes in Redis
 app.config_from_object("celeryconfig")
 

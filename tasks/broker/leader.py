@@ -10,10 +10,12 @@ wakes up after a standby took over, changes nothing.
 
 The epoch a write is made under travels in a context variable that beat sets around
 each round (:func:`fenced`); a write made outside one (a worker's, the CLI's) is not
-fenced.
+fenced, but beat's own writes refuse to run outside one (:func:`leading`, and the
+scripts only beat runs).
 """
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Iterator
@@ -23,13 +25,21 @@ import redis
 from tasks.broker import scripts
 from tasks.broker.keys import BEAT_EPOCH_KEY, BEAT_LEADER_KEY
 
+log = logging.getLogger(__name__)
+#: What a round of beat's run outside a leader's epoch returns, having written nothing.
+NOT_LEADING = "not run under a leading beat's epoch: nothing written"
 _epoch: ContextVar[str] = ContextVar("gpulanes_beat_epoch", default="")
 
 
-def lead(client: redis.Redis, identity: str, lease_s: float) -> int:
-    """Take or renew the lead for ``lease_s``; the epoch led, 0 if another beat leads."""
-    return int(scripts.run(client, "lead", [BEAT_LEADER_KEY, BEAT_EPOCH_KEY],
-                           [identity, max(1, int(lease_s * 1000))]))
+def lead(client: redis.Redis, identity: str, lease_s: float,
+         floor: int = 0) -> tuple[int, int]:
+    """Take or renew the lead for ``lease_s``: (the epoch led, 0 if another beat leads;
+    the current epoch). ``floor``: the highest epoch the caller has seen; a new lead's
+    epoch is above it and above the epoch key's, so it never goes back, even if that
+    key was lost."""
+    led, current = scripts.run(client, "lead", [BEAT_LEADER_KEY, BEAT_EPOCH_KEY],
+                               [identity, max(1, int(lease_s * 1000)), int(floor)])
+    return int(led), int(current)
 
 
 def step_down(client: redis.Redis, identity: str) -> bool:
@@ -57,3 +67,14 @@ def fenced(epoch: int) -> Iterator[None]:
 def epoch() -> str:
     """The epoch the writes under way are fenced by ('' : not beat's, unfenced)."""
     return _epoch.get()
+
+
+def leading(what: str) -> bool:
+    """Whether beat's ``what`` may write: only under a leader's epoch (:func:`fenced`).
+    Outside one (beat's code run elsewhere, a control task sent to a worker) it is
+    refused, and logged: shared scripts let an empty epoch through for workers."""
+    if _epoch.get():
+        return True
+    log.error("%s refused: it runs only in the leading beat, under its epoch; "
+              "nothing written", what)
+    return False

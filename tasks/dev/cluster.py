@@ -17,6 +17,7 @@ from typing import Any
 from gpu_worker.processes import spawn
 from gpu_worker.redis_server import EmbeddedRedis
 from routing.names import worker_hostname
+from tasks.broker.eviction import check_no_eviction
 from tasks.errors import GpulanesError
 from tasks.settings import settings
 
@@ -66,6 +67,7 @@ class LocalCluster:
             self.owns_redis = True
             if fresh:
                 self.redis.client().flushall()
+        check_no_eviction(self.redis.client())
         self.start_workers()
         if self.with_beat:
             self.beat = self._spawn("beat", ["-m", "celery", "-A", "tasks", "beat",

@@ -8,7 +8,7 @@
 -- written nothing, when another beat leads, and -1 when the members doc it was to renew
 -- is gone (the caller writes it whole).
 -- include: fence
-if not leads(KEYS[1], ARGV[1]) then return 0 end
+if not beat_leads(KEYS[1], ARGV[1]) then return 0 end
 if ARGV[3] ~= '' then
   redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[4])
 elseif redis.call('EXPIRE', KEYS[4], ARGV[4]) == 0 then

@@ -4,7 +4,7 @@
 -- from one consistent read, so the pushes and takes since are kept; a count at or
 -- below 0 leaves its hash.
 -- include: fence
-if not leads(KEYS[3], ARGV[1]) then return 0 end
+if not beat_leads(KEYS[3], ARGV[1]) then return 0 end
 for i = 2, #ARGV, 2 do
   local hash, field = KEYS[1], ARGV[i]
   if string.sub(field, 1, 1) == '~' then hash, field = KEYS[2], string.sub(field, 2) end

@@ -6,7 +6,7 @@
 -- in flight counts): the new entry replaces the old at the same place in the due index.
 -- include: ledger
 -- include: fence
-if not leads(KEYS[6], ARGV[6]) then return 0 end
+if not beat_leads(KEYS[6], ARGV[6]) then return 0 end
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then return 0 end
 local cut = string.find(ARGV[2], '\n', 1, true)
