@@ -63,12 +63,14 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.simulate
 
 # The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
-# and frozen, with the default visibility timeout; then jobs longer than a short one),
-# then a 20,000-job burst. Each prints its table and exits non-zero if a job was lost,
+# and frozen, a full artifact disk, with the default visibility timeout; then jobs longer
+# than a short one), Redis refusing writes (out of memory, MISCONF), then a 20,000-job
+# burst. Each prints its table and exits non-zero if a job was lost,
 # falsely failed, or a bound broken.
 soak: $(STAMP)
 	$(PY) benchmarks/soak_faults.py
 	$(PY) benchmarks/soak_faults.py --only long --visibility-s 3
+	$(PY) benchmarks/soak_refusals.py
 	$(PY) benchmarks/soak_load.py --max-depth 500,2000,4000
 
 clean:

@@ -21,6 +21,9 @@ broker_url = _settings.broker_url
 result_backend = _settings.result_backend
 #: How long Redis keeps a finished job's result (Celery's and gpulanes' copy).
 result_expires = _settings.result_ttl_s
+#: A worker's result writes wait out an outage (gpu_worker.hooks.WorkerSetup turns the
+#: retries on): tried again within a second of Redis taking writes again.
+result_backend_max_sleep_between_retries_ms = 1000
 # Every Redis call has a timeout: a Redis that stops answering without closing
 # the connection must not hang a submitter, a worker or beat.
 redis_socket_timeout = _settings.redis_timeout_s

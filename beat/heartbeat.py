@@ -33,9 +33,12 @@ from routing.placement import serving
 from routing.policy import admission_waits, relax_levels
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
+from tasks.broker.memory import memory_use
+from tasks.broker.outage import RedisRefused
 from tasks.broker.stats import fresh_stats
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
+    BEAT_PROBE_KEY,
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
     LIST_DEPTHS_KEY,
@@ -187,7 +190,8 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float,
             "lanes": loads, "policy": policy,
             "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
-            "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s)}
+            "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s),
+            "redis": memory_use(client)}
 
 
 class _Written:
@@ -226,6 +230,19 @@ def expire_dead_letters(client: redis.Redis, now: float) -> int:
     return dropped
 
 
+def takes_no_writes(client: redis.Redis) -> str | None:
+    """Why Redis refuses writes now (out of memory, its disk...), or None. Workers' stats
+    pushes are refused too, then: a round would count them missed and put back the jobs
+    of workers that are alive and running them."""
+    try:
+        client.set(BEAT_PROBE_KEY, leader.epoch(), px=int(2000 * settings.heartbeat_s))
+    except RedisRefused as exc:
+        log.warning("Redis refuses writes (%s): no worker is judged until it takes them",
+                    exc.said)
+        return exc.reason
+    return None
+
+
 @app.task(name=HEARTBEAT_TASK)
 def heartbeat() -> str:
     """One heartbeat round: store the snapshot; return a one-line summary. Only under a
@@ -233,6 +250,8 @@ def heartbeat() -> str:
     if not leader.leading("the heartbeat round"):
         return leader.NOT_LEADING
     client = redis_client()
+    if refused := takes_no_writes(client):
+        return f"Redis refuses writes ({refused}): no round, no worker judged"
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
     replies = ask_workers(client)
     now = time.time()

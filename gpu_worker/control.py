@@ -8,12 +8,14 @@ from celery.worker.control import control_command, inspect_command
 from gpu_worker.batch_run import BATCHER
 from gpu_worker.health import HEALTH
 from gpu_worker.runtime import RUNTIME
+from gpu_worker.stuck import WATCHDOG
 from routing.names import CONSUME_COMMAND, PREWARM_COMMAND, STATS_COMMAND, lane_of
 
 
 def stats_of(consumer: Any) -> dict[str, Any]:
-    """gpulanes load figures: device, in-flight jobs, service time, warm models, and
-    ``sick`` (why this worker stepped aside, or None): what it pushes every heartbeat
+    """gpulanes load figures: device, in-flight jobs, service time, warm models,
+    ``sick`` (why this worker stepped aside, or None) and ``stuck`` (why its own
+    bookkeeping is wedged, or None): what it pushes every heartbeat
     (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
     reply = RUNTIME.stats()
     queues = [q.name for q in consumer.task_consumer.queues]
@@ -22,6 +24,7 @@ def stats_of(consumer: Any) -> dict[str, Any]:
     reply["concurrency"] = consumer.controller.concurrency
     reply["batching"] = BATCHER.stats()
     reply.update(HEALTH.stats())
+    reply.update(WATCHDOG.stats())
     return reply
 
 

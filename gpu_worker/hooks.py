@@ -24,6 +24,8 @@ from gpu_worker.no_eviction import NoEviction
 from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
 from gpu_worker.stats import StatsPush
+from gpu_worker.stopping import BoundedStop
+from gpu_worker.stuck import WATCHDOG
 from routing.names import GENERATE_TASK, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.message import Job, JobMessage
@@ -175,8 +177,10 @@ class HeldJobs(Hook):
 
     def on_postrun(self, **_: Any) -> None:
         with self._lock:
-            self._running.pop(threading.get_ident(), None)
+            ran = self._running.pop(threading.get_ident(), None)
             self._leases.pop(threading.get_ident(), None)
+        if ran is not None:  # its message is settled next, or the worker is stuck
+            WATCHDOG.ended(*ran, time.monotonic())
 
     def keep_only(self, job_ids: set[str]) -> int:
         """Forget the messages received and not yet running, but for ``job_ids``'s; how
@@ -186,6 +190,11 @@ class HeldJobs(Hook):
             for job_id in gone:
                 del self._received[job_id]
         return len(gone)
+
+    def running(self) -> int:
+        """How many runs are in flight in this process."""
+        with self._lock:
+            return len(self._running)
 
     def attach(self, lease: Lease) -> None:
         """The run on this pool thread holds ``lease``: keep it extended."""
@@ -210,6 +219,8 @@ class HeldJobs(Hook):
                     and not lease.abandoned]
 
     def on_shutdown(self, **_: Any) -> None:
+        if not WATCHDOG.takes_writes:  # Redis away: beat settles what is left once it is
+            return
         with contextlib.suppress(*OUTAGE):
             settle_orphans(set(self.held()[0]), confirmed=None)
 
@@ -290,10 +301,15 @@ class KeepHeld(Hook):
             if self._settle_rounds or self._suspects:
                 self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
                 self._settle_rounds = max(0, self._settle_rounds - 1)
-            return False
-        except Exception:  # noqa: BLE001  Redis away: try again next round
-            log.warning("could not keep held jobs fresh", exc_info=True)
+        except Exception as exc:  # noqa: BLE001  Redis away: try again next round
+            if not failed:  # once an outage, not every round of it
+                log.warning("could not keep held jobs fresh (%s: %s); trying every %ss",
+                            type(exc).__name__, exc, settings.keepalive_s,
+                            exc_info=not isinstance(exc, OUTAGE))
             return True
+        if failed:
+            log.warning("held jobs kept fresh again")
+        return False
 
     def refresh(self) -> None:
         for tag, lease in self.held.hung():
@@ -316,8 +332,8 @@ def give_up_hung(tag: str, lease: Lease) -> None:
 class WorkerSetup(Hook):
     """What a worker process sets up once its identity is known (after the models load):
     its takes record it as holder; it listens for fast jobs to step aside for; its
-    outcome writes wait out a Redis outage instead of failing the job; the revokes made
-    while it was away are loaded."""
+    outcome writes wait out a Redis outage instead of failing the job (until it is told
+    to stop: ``gpu_worker.stopping``); the revokes made while it was away are loaded."""
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_init: self.on_worker_init}
@@ -359,7 +375,8 @@ class ConsumerRestarts(bootsteps.StartStopStep):
 
 HELD_JOBS = HeldJobs()
 HOOKS: list[Hook] = [NoEviction(), OwnQueues(), WarmModels(), WorkerSetup(), JobStats(),
-                     HELD_JOBS, KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush()]
+                     HELD_JOBS, KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush(),
+                     BoundedStop(HELD_JOBS.running)]
 
 
 def install() -> None:

@@ -18,6 +18,7 @@ from celery.utils.dispatch import Signal
 from gpu_worker.control import stats_of
 from gpu_worker.hook import Hook
 from gpu_worker.runtime import RUNTIME
+from gpu_worker.stuck import WATCHDOG
 from tasks.broker.stats import push_stats
 from tasks.jobs.usage import COUNTS
 from tasks.settings import settings
@@ -49,16 +50,20 @@ class StatsPush(Hook):
     def push(self) -> None:
         """This worker's stats, and its finished jobs' counts since the last push."""
         batch = COUNTS.batch()
+        WATCHDOG.check(time.monotonic())
         try:
             push_stats(self._client, RUNTIME.hostname, stats_of(self._consumer),
                        (RUNTIME.incarnation, *batch) if batch else None)
         except Exception:  # noqa: BLE001  Redis away: beat counts the missed round
             log.debug("could not push this worker's stats", exc_info=True)
+            WATCHDOG.answered(time.monotonic(), took_writes=False)
             return
         if batch:
             COUNTS.pushed(batch[0])
+        WATCHDOG.answered(time.monotonic(), took_writes=True)
 
     def on_shutdown(self, **_: Any) -> None:
-        """The counts of the last jobs, before the process ends."""
-        if getattr(self, "_client", None) is not None:
+        """The counts of the last jobs, before the process ends (unless Redis took none
+        of this worker's writes lately: a stopping worker does not wait on it)."""
+        if getattr(self, "_client", None) is not None and WATCHDOG.takes_writes:
             self.push()

@@ -128,4 +128,5 @@ def policy_view(measured: Measured, epsilon: float) -> PolicyView:
         drain_s=HostMap(fleet.index, measured.drain_s),
         cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
         admit=admissions(lanes),
+        memory_share=float(snapshot.get("redis", {}).get("memory_share", 0.0)),
     )

@@ -10,9 +10,10 @@ from routing.ringorder import ask, in_ring_order, kept_order
 
 
 def serving(worker: Mapping[str, Any]) -> bool:
-    """Whether jobs may go to this worker record: alive (it answers heartbeats) and
-    not sick (it did not step aside after failures of its own making)."""
-    return bool(worker.get("alive")) and not worker.get("sick")
+    """Whether jobs may go to this worker record: alive (it answers heartbeats), not
+    sick (it did not step aside after failures of its own making) and not stuck (a
+    finished run of its holds a job slot: ``gpu_worker.stuck``)."""
+    return bool(worker.get("alive")) and not worker.get("sick") and not worker.get("stuck")
 
 
 def holders(workers: Mapping[str, dict], model: str) -> list[str]:

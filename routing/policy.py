@@ -230,6 +230,8 @@ class PolicyView:
     admit: Mapping[str, Admission] = field(default_factory=dict)
     #: Each model's first worker (see ``routing.placement.assign_homes``).
     homes: Mapping[str, str] = field(default_factory=dict)
+    #: The share of its ``maxmemory`` Redis used as beat measured it (0: no limit set).
+    memory_share: float = 0.0
 
     def cold_load_s(self, model: str) -> float:
         """What loading ``model`` costs a worker that does not hold it."""

@@ -12,9 +12,9 @@ from typing import Any
 from celery.result import AsyncResult
 
 from tasks.broker.enqueue import enqueue
-from tasks.broker.outage import OUTAGE
+from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.publish import ClaimAnswered
-from tasks.errors import BrokerUnavailable
+from tasks.errors import BrokerRefused, BrokerUnavailable
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.schema import validate
 from tasks.settings import settings
@@ -48,7 +48,10 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     or input, a bad value), or :class:`tasks.errors.LaneFull` when the relaxed lane
     is full, before anything is enqueued; :class:`tasks.errors.BrokerUnavailable`
     when Redis does not answer within ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing
-    behind (no job, no cache claim, no fast place): submitting again is safe.
+    behind (no job, no cache claim, no fast place): submitting again is safe. When
+    Redis answers but refuses (out of memory, its disk failing, a read-only replica),
+    that error is :class:`tasks.errors.BrokerRefused` (a ``BrokerUnavailable``), its
+    message saying what Redis said.
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
@@ -79,8 +82,18 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     except BrokerUnavailable:
         raise
     except OUTAGE as exc:
-        raise BrokerUnavailable(f"Redis did not answer within GPULANES_REDIS_TIMEOUT_S="
-                                f"{settings.redis_timeout_s:g}s ({type(exc).__name__}: {exc}); "
-                                "nothing was enqueued, submit again later") from exc
+        raise unavailable(exc) from exc
+
+
+def unavailable(exc: BaseException) -> BrokerUnavailable:
+    """What a caller hears of an outage that stopped a submit: Redis refused it
+    (:class:`BrokerRefused`, saying what Redis said), or did not answer."""
+    if (refusal := refused(exc)) is not None:
+        return BrokerRefused(f"Redis {refusal.reason} and refused the job ({refusal.said}); "
+                             "nothing was enqueued, submit again once it recovers",
+                             refusal.code)
+    return BrokerUnavailable(f"Redis did not answer within GPULANES_REDIS_TIMEOUT_S="
+                             f"{settings.redis_timeout_s:g}s ({type(exc).__name__}: {exc}); "
+                             "nothing was enqueued, submit again later")
 
 

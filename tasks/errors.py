@@ -37,6 +37,20 @@ class BrokerUnavailable(GpulanesError, ConnectionError):
     """
 
 
+class BrokerRefused(BrokerUnavailable):
+    """Redis answered but refused the write (out of memory, its disk failing, a
+    read-only replica...: ``code`` is what it said), or is too near its ``maxmemory``
+    to take new jobs; nothing was enqueued. Submitting again once it recovers is safe.
+    """
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.code))
+
+
 class LaneFull(GpulanesError):
     """Every lane that could take the job is at its maximum depth; try again later."""
 
@@ -83,6 +97,12 @@ class ArtifactError(WorkerFault):
 class LeaseLost(GpulanesError):
     """This run no longer holds its job: a newer run took it over while this one was
     frozen or cut off. The run stops and writes nothing (never reaches a caller)."""
+
+
+class WorkerStopping(GpulanesError):
+    """This worker is stopping while Redis is away: the run gives up, writing nothing,
+    and its job goes back to its lane (or to the cluster's recovery, which puts a gone
+    worker's jobs back)."""
 
 
 class JobRevoked(GpulanesError):

@@ -151,6 +151,12 @@ class Settings(BaseSettings):
     sick_after: PositiveInt = 3
     #: How often a worker that stepped aside checks whether it can serve again.
     sick_probe_s: Positive = 5.0
+    #: A worker stuck this long while Redis takes its writes (a finished run never let
+    #: go of its job slot: ``gpu_worker.stuck``) exits, for its supervisor to restart.
+    stuck_exit_s: Positive = 60.0
+    #: New jobs are refused while Redis uses more than this share of its ``maxmemory``
+    #: (as beat last measured it): the rest is kept for the outcomes of accepted jobs.
+    redis_memory_limit: float = Field(default=0.9, gt=0, le=1)
     #: Celery's task-sent events (one more publish per submit).
     sent_events: bool = False
 

@@ -11,6 +11,7 @@ The prompt's leading words say how (several may be combined, in any order):
 - ``gate:NAME`` holds the job until the file ``$GPULANES_STATE_DIR/gates/NAME``
   exists (see ``open_gate``), so a test can act while it runs, whatever the
   machine's speed;
+- ``pace:MS`` makes each step take at least MS milliseconds;
 - ``io`` writes a scratch file in this worker's own folder first, as a model
   keeping a local cache would: a test that breaks that folder for one worker
   (``break_disk``) gives it real I/O errors, and only it.
@@ -129,7 +130,7 @@ class FlakyModel:
 
     def generate(self, prompt: str, *, seed: int, **kwargs):
         self._act_on(prompt, seed)
-        image = self.inner.generate(prompt, seed=seed, **kwargs)
+        image = self.inner.generate(prompt, seed=seed, **_paced(prompt, kwargs))
         _note(_run_log(prompt, seed, "finished"))
         return image
 
@@ -138,7 +139,7 @@ class FlakyModel:
         model's would); gates hold the whole pass."""
         for prompt, seed in zip(prompts, seeds):
             self._act_on(prompt, seed)
-        images = self.inner.generate_batch(prompts, seeds, **kwargs)
+        images = self.inner.generate_batch(prompts, seeds, **_paced(prompts[0], kwargs))
         for prompt, seed in zip(prompts, seeds):
             _note(_run_log(prompt, seed, "finished"))
         return images
@@ -163,6 +164,22 @@ class FlakyModel:
                 _wait_for_gate(how.split(":", 1)[1])
             if how == "bug":
                 raise ValueError("simulated bug in the model")
+
+
+def _paced(prompt: str, kwargs: dict) -> dict:
+    """``pace:MS``: each step takes at least MS milliseconds (a job of a known length
+    that still reports every step)."""
+    pace = [w for w in _directives(prompt) if w.startswith("pace:")]
+    if not pace:
+        return kwargs
+    delay_s, on_step = int(pace[0].split(":")[1]) / 1000, kwargs.get("on_step")
+
+    def paced(step: int) -> None:
+        time.sleep(delay_s)
+        if on_step is not None:
+            on_step(step)
+
+    return {**kwargs, "on_step": paced}
 
 
 def _scratch() -> None:

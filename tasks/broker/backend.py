@@ -18,6 +18,8 @@ from typing import Any, Iterator, NamedTuple
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
 
+from tasks.broker.outage import refusal_parser, stopping
+
 _skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
 
 
@@ -44,6 +46,16 @@ _stored: set[str] = set()
 
 
 class ResultBackend(RedisBackend):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a refusal (out of memory, MISCONF) is an outage: retried like a lost connection
+        self.connparams["parser_class"] = refusal_parser(self.connparams.get("protocol"))
+
+    def exception_safe_to_retry(self, exc: Exception) -> bool:
+        """Celery's rule (a lost connection, and so a refusal), except in a process
+        that is stopping: an outage then ends the write, never the shutdown."""
+        return not stopping() and super().exception_safe_to_retry(exc)
+
     def on_task_call(self, producer: Any, task_id: str) -> None:
         if not _skip.get():
             super().on_task_call(producer, task_id)

@@ -24,7 +24,7 @@ from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, m
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import ClaimArgs, LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import broker_client
-from tasks.errors import BrokerUnavailable, LaneFull
+from tasks.errors import BrokerRefused, BrokerUnavailable, LaneFull
 from tasks.settings import settings
 
 #: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
@@ -95,12 +95,19 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     a digest already taken raises :class:`ClaimAnswered` with nothing pushed; a
     publish refused after its claim led confirms the claim when it is tried again.
     ``accepted``: a job accepted earlier (a coalesced run's heir): no lane limit
-    refuses it, a job once accepted is not dropped for want of room.
+    refuses it, a job once accepted is not dropped for want of room. Any other job is
+    refused (:class:`BrokerRefused`) while Redis is over ``GPULANES_REDIS_MEMORY_LIMIT``
+    of its ``maxmemory``, as the snapshot says.
     """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
     if accepted:  # no lane is full for it
         view = replace(view, full=frozenset())
+    elif view.memory_share > settings.redis_memory_limit:
+        raise BrokerRefused(f"Redis uses {view.memory_share:.0%} of its maxmemory, over "
+                            f"GPULANES_REDIS_MEMORY_LIMIT={settings.redis_memory_limit:g}: new "
+                            "jobs are refused to keep room for the jobs accepted; nothing was "
+                            "enqueued, submit again later", "OOM")
     elif refused := cache.refused():
         view = replace(view, full=view.full | refused)
     if shut := cache.shut():

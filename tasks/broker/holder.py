@@ -77,3 +77,25 @@ def acked_earlier(tag: str) -> bool:
         _acked.discard(tag)
         return True
     return False
+
+
+#: Delivery tags acked or rejected here, with when (monotonic): what a worker's
+#: watchdog compares the runs that ended with (``gpu_worker.stuck``). Pruned as read.
+_settled: dict[str, float] = {}
+_settled_lock = threading.Lock()
+
+
+def settled(tag: str, at: float) -> None:
+    """The message ``tag`` was acked or rejected here at ``at`` (monotonic), whether or
+    not Redis heard of it: this process no longer holds it."""
+    with _settled_lock:
+        _settled[tag] = at
+
+
+def was_settled(tag: str, forget_before: float) -> bool:
+    """Whether ``tag`` was settled here (forgotten as it is asked); marks older than
+    ``forget_before`` (monotonic) are dropped on the way."""
+    with _settled_lock:
+        for old in [t for t, at in _settled.items() if at < forget_before]:
+            del _settled[old]
+        return _settled.pop(tag, None) is not None

@@ -190,6 +190,9 @@ BEAT_LEADER_KEY = f"{PREFIX}:beat:leader"
 #: Counter: the leader's fencing token, one more with each new lead; every write of
 #: beat's checks it in the same step (``lua/fence.lua``).
 BEAT_EPOCH_KEY = f"{PREFIX}:beat:epoch"
+#: Written first in each of beat's rounds, a write like a worker's stats push: refused,
+#: Redis takes no worker's stats either, and the round judges no worker.
+BEAT_PROBE_KEY = f"{PREFIX}:beat:probe"
 #: Pub/sub channels (``fast_news_channel``) start with this.
 FAST_NEWS_PREFIX = f"{PREFIX}:fast-waiting:"
 #: Sorted set: worker hostname -> its preemptible run's rank (2 + when it began for a

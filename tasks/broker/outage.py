@@ -1,21 +1,97 @@
 """What a Redis outage looks like to a caller, whichever client met it, and how a
-write that must not be lost waits one out."""
+write that must not be lost waits one out.
+
+Redis can answer and still refuse: out of memory (``maxmemory`` with
+``noeviction``), its disk failing (MISCONF), a replica demoted by a failover
+(READONLY), loading its data (LOADING), busy with a script (BUSY), too few
+replicas (NOREPLICAS, MASTERDOWN). Every client gpulanes makes parses such a reply
+as :class:`RedisRefused`, a ``ConnectionError``: redis-py, kombu and Celery then
+treat it as they treat a lost connection (retried, waited out), never as a bug in
+the command. Nothing a refusal answered has run: a refused script wrote nothing.
+"""
 from __future__ import annotations
 
 import logging
+import re
+import threading
 import time
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import redis
 from kombu.exceptions import LimitExceeded, OperationalError
+from redis._parsers import _RESP2Parser, _RESP3Parser
+
+from tasks.errors import WorkerStopping
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Redis did not answer (timeout), the connection broke, Redis is loading its
-#: data or is a read-only replica after a failover, or every pooled connection
-#: is stuck on it: the call may be tried again later. Errors in a command itself
-#: (a bad script) are not among them.
+#: What each refusal means, by the code Redis starts its reply with.
+REFUSALS: dict[str, str] = {
+    "OOM": "is out of memory (maxmemory reached)",
+    "MISCONF": "cannot write to its disk (MISCONF)",
+    "READONLY": "is a read-only replica (a failover demoted it)",
+    "LOADING": "is loading its data",
+    "BUSY": "is busy running a script",
+    "NOREPLICAS": "has too few replicas to take writes",
+    "MASTERDOWN": "lost its link to its primary",
+}
+#: A refusal's code, at the start of a reply or inside the error of a script that met
+#: it (Redis 6 wraps it: ``ERR Error running script (...): @user_script:9: ... -OOM ...``).
+_REFUSAL_CODE = re.compile(r"(?:^|: -)(%s) " % "|".join(REFUSALS))
+
+
+class RedisRefused(redis.exceptions.ConnectionError):
+    """Redis answered, but refused the command (``code``: OOM, MISCONF, READONLY,
+    LOADING, BUSY, NOREPLICAS, MASTERDOWN); the command did not run."""
+
+    def __init__(self, reply: str, code: str) -> None:
+        super().__init__(reply)
+        self.code = code
+        #: What Redis said, from its code on (a script's wrapping left out).
+        self.said = reply[reply.find(code):]
+
+    @property
+    def reason(self) -> str:
+        """What Redis said, in words: ``out of memory (maxmemory reached)``..."""
+        return REFUSALS[self.code]
+
+
+def refusal_code(reply: str) -> str | None:
+    """The refusal code of an error reply, or None for any other error."""
+    found = _REFUSAL_CODE.search(reply or "")
+    return found.group(1) if found else None
+
+
+class _Refusals:
+    """redis-py's parser, raising :class:`RedisRefused` for a refusal."""
+
+    @classmethod
+    def parse_error(cls, response: str) -> redis.exceptions.RedisError:
+        code = refusal_code(response)
+        if code is not None:
+            return RedisRefused(response, code)
+        return super().parse_error(response)  # type: ignore[misc]
+
+
+class _RESP2Refusals(_Refusals, _RESP2Parser):
+    pass
+
+
+class _RESP3Refusals(_Refusals, _RESP3Parser):
+    pass
+
+
+def refusal_parser(protocol: int | str | None = None) -> type:
+    """The parser class for a connection of ``protocol`` (redis-py's default: 3) that
+    raises :class:`RedisRefused` for a refusal."""
+    return _RESP2Refusals if str(protocol) == "2" else _RESP3Refusals
+
+
+#: Redis did not answer (timeout), the connection broke, it refused the command
+#: (:class:`RedisRefused`, a ``ConnectionError``), or every pooled connection is
+#: stuck on it: the call may be tried again later. Errors in a command itself (a bad
+#: script) are not among them.
 OUTAGE: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
     redis.exceptions.ReadOnlyError, OperationalError, LimitExceeded, OSError,
@@ -24,16 +100,71 @@ OUTAGE: tuple[type[BaseException], ...] = (
 PERSIST_BACKOFF_MAX_S = 2.0
 
 
+def refused(exc: BaseException) -> RedisRefused | None:
+    """The refusal behind ``exc`` (itself, or what it was raised from), if any."""
+    while exc is not None:
+        if isinstance(exc, RedisRefused):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def watched(client: redis.Redis, func: Callable[[Any], T], *keys: str) -> T:
+    """``func(pipe)``'s value, run as redis-py's ``client.transaction`` runs it (again
+    while a watched key changes), except that an outage met while watching raises:
+    redis-py would try again at once, a busy loop for as long as Redis refuses."""
+    with client.pipeline(True) as pipe:
+        while True:
+            try:
+                pipe.watch(*keys)
+                value = func(pipe)
+                pipe.execute()
+                return value
+            except redis.exceptions.WatchError as exc:
+                if isinstance(exc.__context__, OUTAGE):  # not a change: the connection
+                    raise exc.__context__ from None
+                continue
+
+
+#: Set once this process stops (a worker's warm shutdown): an outage is no longer
+#: waited out, so the process stops within a Redis timeout or two.
+_stopping = threading.Event()
+#: Set when a write gave up on an outage because the process is stopping.
+_gave_up = threading.Event()
+
+
+def stop_waiting() -> None:
+    """This process is stopping: :func:`persist` raises :class:`WorkerStopping` at its
+    next outage instead of waiting it out."""
+    _stopping.set()
+
+
+def stopping() -> bool:
+    """Whether this process is stopping (:func:`stop_waiting`)."""
+    return _stopping.is_set()
+
+
+def stopped_by_outage() -> bool:
+    """Whether a write of this stopping process gave up on an outage."""
+    return _gave_up.is_set()
+
+
 def persist(write: Callable[[], T], what: str) -> T:
-    """``write()``, tried again until Redis answers (an outcome is never dropped);
-    ``what`` names it in the log."""
+    """``write()``, tried again until Redis answers and takes it (an outcome is never
+    dropped); ``what`` names it in the log. In a process that is stopping, an outage
+    raises :class:`WorkerStopping` instead: what the write was about stays in Redis'
+    records for the cluster's recovery."""
     delay_s, warned = 0.05, False
     while True:
         try:
             return write()
         except OUTAGE as exc:
+            if _stopping.is_set():
+                _gave_up.set()
+                raise WorkerStopping(f"cannot record {what} ({type(exc).__name__}: {exc}) "
+                                     "and this worker is stopping") from exc
             if not warned:
-                log.warning("cannot record %s yet (%s: %s); trying until Redis answers",
+                log.warning("cannot record %s yet (%s: %s); trying until Redis takes it",
                             what, type(exc).__name__, exc)
                 warned = True
             time.sleep(delay_s)

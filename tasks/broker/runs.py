@@ -115,12 +115,16 @@ def failed_at(entry: str | bytes) -> float:
         return time.time()
 
 
-def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: str) -> bool:
-    """Dead-letter the job (``entry``) if the run still holds it; False: stale."""
+def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: str,
+            failed: Entry | None = None) -> bool:
+    """Dead-letter the job (``entry``) if the run still holds it, storing ``failed`` (its
+    FAILURE entry in the result backend) in the same step; False: stale."""
     keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY]
-    return bool(_run("run_give_up", keys, [token, attempt, job_id, entry, failures_field,
-                                           repr(failed_at(entry)),
-                                           max(settings.dead_ttl_s, settings.runs_kept_s)]))
+    args = [token, attempt, job_id, entry, failures_field, repr(failed_at(entry)),
+            max(settings.dead_ttl_s, settings.runs_kept_s)]
+    if failed is not None:
+        keys, args = [*keys, failed.key], [*args, failed.value, settings.result_ttl_s]
+    return bool(_run("run_give_up", keys, args))
 
 
 def release(job_id: str, token: str, attempt: int, fast_charge: tuple[str, float] | None = None

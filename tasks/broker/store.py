@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from tasks.broker.outage import refusal_parser
 from tasks.settings import settings
 
 #: A broken connection (Redis restarted, a reset) is retried once on a new one; a
@@ -49,7 +50,8 @@ def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 
             **kwargs) -> redis.Redis:
     """A client whose every call gives up after ``timeout_s`` (callers are on hot
     paths or in beat ticks), reconnecting once after a broken connection, never
-    retrying a timeout (redis-py's own default retries ten times).
+    retrying a timeout (redis-py's own default retries ten times). A refusal (out of
+    memory, MISCONF...) raises ``tasks.broker.outage.RedisRefused``.
 
     ``master_name``: for a ``sentinel://`` URL (``GPULANES_SENTINEL_MASTER``).
     """
@@ -57,6 +59,7 @@ def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 
     kwargs.setdefault("socket_connect_timeout", timeout_s)
     kwargs.setdefault("retry", ONE_RECONNECT)
     kwargs.setdefault("decode_responses", True)
+    kwargs.setdefault("parser_class", refusal_parser(kwargs.get("protocol")))  # an outage
     if broker_url.startswith("sentinel://"):
         if not master_name:
             raise ValueError("a sentinel:// URL needs the master's name "

@@ -44,7 +44,7 @@ from kombu.utils.json import dumps, loads
 
 from routing.names import LANES, lane_of
 from tasks.broker import envelope, leader, scripts
-from tasks.broker.holder import acked_earlier, holder, noting_unanswered
+from tasks.broker.holder import acked_earlier, holder, noting_unanswered, settled
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     DEAD_KEY,
@@ -57,6 +57,7 @@ from tasks.broker.keys import (
     lists_key,
 )
 from tasks.broker.moves import lane_clock_of
+from tasks.broker.outage import refusal_parser, watched
 from tasks.broker.publish import (RELEASED, ClaimAnswered, Conditions, _put, _put_call, current,
                                   refusal)
 from tasks.broker.store import ONE_RECONNECT
@@ -94,10 +95,14 @@ class LedgerQoS(kombu_redis.QoS):
                 self._drop_if_mine(delivery_tag)
         finally:
             super(kombu_redis.QoS, self).ack(delivery_tag)
+            settled(delivery_tag, time.monotonic())
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
-            return super().reject(delivery_tag, requeue)
+            try:
+                return super().reject(delivery_tag, requeue)
+            finally:
+                settled(delivery_tag, time.monotonic())
         self.ack(delivery_tag)
 
     def _drop_if_mine(self, delivery_tag: str) -> None:
@@ -121,6 +126,8 @@ class LedgerChannel(kombu_redis.Channel):
 
     def _connparams(self, asynchronous: bool = False) -> dict[str, Any]:
         params = super()._connparams(asynchronous)
+        # a refusal is an outage, to kombu too
+        params["parser_class"] = refusal_parser(params.get("protocol"))
         if not asynchronous:  # commands (not BRPOP/LISTEN): survive one broken connection
             params["retry"] = ONE_RECONNECT
         return params
@@ -293,8 +300,7 @@ def put_back_held(channel: Any, client: redis.Redis, tag: str, holder: str,
             channel._do_restore_message(message, exchange, routing_key, pipe)
         return bool(raw) and not finished
 
-    return client.transaction(move, HOLDERS_KEY, qos.unacked_key, BEAT_EPOCH_KEY,
-                              value_from_callable=True)
+    return watched(client, move, HOLDERS_KEY, qos.unacked_key, BEAT_EPOCH_KEY)
 
 
 def _text(value: bytes | str | None) -> str | None:

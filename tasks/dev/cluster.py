@@ -27,9 +27,10 @@ class LocalCluster:
 
     def __init__(self, state_dir: Path, *, workers: int = 2, device: str = "auto",
                  beat: bool = True, env: dict[str, str] | None = None,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, concurrency: int | None = None) -> None:
         self.redis = EmbeddedRedis(Path(state_dir))
         self.workers, self.device, self.with_beat = workers, device, beat
+        self.concurrency = concurrency  # jobs each worker runs at once (None: its default)
         self.log_dir = Path(log_dir or state_dir)
         self.env = {**os.environ, "GPULANES_BROKER_URL": self.redis.url,
                     "GPULANES_STATE_DIR": str(state_dir), **(env or {})}
@@ -53,14 +54,17 @@ class LocalCluster:
                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def start_workers(self) -> None:
+        more = ["--concurrency", str(self.concurrency)] if self.concurrency else []
         self.supervisor = self._spawn("workers", [
-            "-m", "gpu_worker", "--workers", str(self.workers), "--device", self.device])
+            "-m", "gpu_worker", "--workers", str(self.workers), "--device", self.device, *more])
 
     def start(self, app: Any, timeout_s: float = 120.0, fresh: bool = False) -> "LocalCluster":
         """Start everything and wait until every worker is warm and consuming.
 
         ``fresh``: empty a Redis this call starts, so jobs left in its AOF by
-        an interrupted earlier run do not replay into this one.
+        an interrupted earlier run do not replay into this one. A Redis that may evict
+        keys (one already serving this folder, set up by hand) is refused:
+        :class:`~tasks.errors.ConfigError`, before any process starts.
         """
         if not self.redis.answers():  # else reuse the one already serving this folder
             self.redis.start()

@@ -215,9 +215,12 @@ def _in_flight(worker: dict[str, Any]) -> int:
 
 
 def _health(worker: dict[str, Any]) -> str:
-    """``yes``; ``NO (missed 2)`` when silent; ``SICK: <reason>`` when it stepped aside."""
+    """``yes``; ``NO (missed 2)`` when silent; ``SICK: <reason>`` when it stepped aside;
+    ``STUCK: <reason>`` when a finished run holds a job slot."""
     if not worker.get("alive"):
         return f"NO (missed {worker.get('missed', '?')})"
+    if worker.get("stuck"):
+        return f"STUCK: {worker['stuck']}"
     return f"SICK: {worker['sick']}" if worker.get("sick") else "yes"
 
 
@@ -256,9 +259,26 @@ def _beat_line(snapshot: dict[str, Any]) -> str:
     return f"beat: led by {beat['leader']}, epoch {beat['epoch']}"
 
 
+def _redis_line(snapshot: dict[str, Any]) -> str:
+    """Redis' memory and whether it refuses writes, as read now (else as beat measured
+    it), and whether new jobs are refused for its memory."""
+    from tasks.settings import settings
+
+    memory = snapshot.get("redis") or {}
+    refusing = f"; REFUSING WRITES: {memory['refusing']}" if memory.get("refusing") else ""
+    if not memory.get("max_mb"):
+        return f"redis: {memory.get('used_mb', '?')} MB used, no maxmemory set{refusing}"
+    share = memory.get("memory_share", 0.0)
+    refused = (f"; NEW JOBS REFUSED (over {settings.redis_memory_limit:.0%})"
+               if share > settings.redis_memory_limit else "")
+    return (f"redis: {memory['used_mb']} of {memory['max_mb']} MB ({share:.0%})"
+            f"{refused}{refusing}")
+
+
 def render_status(snapshot: dict[str, Any]) -> str:
-    """The snapshot for people: beat's leader, lanes, workers, exhausted accounts."""
-    parts = [_snapshot_header(snapshot), _beat_line(snapshot), "",
+    """The snapshot for people: beat's leader, Redis' memory, lanes, workers, exhausted
+    accounts."""
+    parts = [_snapshot_header(snapshot), _beat_line(snapshot), _redis_line(snapshot), "",
              table(["lane", "depth", "in flight", "workers", "service", "expected wait",
                     "overloaded"], _lane_rows(snapshot)), ""]
     workers = _worker_rows(snapshot)
@@ -276,6 +296,7 @@ def render_status(snapshot: dict[str, Any]) -> str:
 def status(ctx: click.Context, as_json: bool) -> None:
     """Beat's leader, and lanes and workers as of its latest load snapshot."""
     from tasks.broker.leader import current
+    from tasks.broker.memory import redis_state
 
     client = _client(ctx)
     raw, records = client.get(SNAPSHOT_KEY), client.hgetall(WORKERS_KEY)
@@ -285,7 +306,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ctx.exit(1)
     holder, epoch = current(client)
     snapshot = {**json.loads(raw), "beat": {"leader": holder, "epoch": epoch},
-                "workers": {_text(h): json.loads(w) for h, w in records.items()}}
+                "workers": {_text(h): json.loads(w) for h, w in records.items()},
+                "redis": redis_state(client)}  # live: beat cannot write while it refuses
     if as_json:
         return _echo_json(snapshot)
     click.echo(render_status(snapshot))

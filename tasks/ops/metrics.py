@@ -88,11 +88,13 @@ def lane_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
 
 
 def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
-    """Health (up, sick), load, warm models and cold-start seconds per worker."""
+    """Health (up, sick, stuck), load, warm models and cold-start seconds per worker."""
     up = GaugeMetricFamily("gpulanes_worker_up", "1 while the worker answers heartbeats",
                            labels=["worker"])
     sick = GaugeMetricFamily("gpulanes_worker_sick", "1 while the worker stepped aside after "
                              "failures of its own making (disk, device)", labels=["worker"])
+    stuck = GaugeMetricFamily("gpulanes_worker_stuck", "1 while a finished run of the worker "
+                              "holds a job slot (it exits if it lasts)", labels=["worker"])
     busy = GaugeMetricFamily("gpulanes_worker_in_flight", "Jobs the worker is running",
                              labels=["worker"])
     warm = GaugeMetricFamily("gpulanes_worker_warm_models", "Models the worker holds warm",
@@ -102,11 +104,12 @@ def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
     for host, worker in sorted(snapshot.get("workers", {}).items()):
         up.add_metric([host], 1.0 if worker.get("alive") else 0.0)
         sick.add_metric([host], 1.0 if worker.get("sick") else 0.0)
+        stuck.add_metric([host], 1.0 if worker.get("stuck") else 0.0)
         busy.add_metric([host], sum(worker.get("in_flight", {}).values()))
         warm.add_metric([host], len(worker.get("warm_models", ())))
         for model, load_ms in sorted(worker.get("load_ms", {}).items()):
             cold.add_metric([host, model], load_ms / 1000)
-    yield from (up, sick, busy, warm, cold)
+    yield from (up, sick, stuck, busy, warm, cold)
 
 
 def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:

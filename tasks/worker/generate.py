@@ -33,7 +33,7 @@ import time
 from typing import Any, NoReturn
 
 from celery import signals, states
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Reject, Retry
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
 from gpu_worker import hooks
@@ -52,7 +52,7 @@ from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_k
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
 from tasks.broker.publish import PublishRefused, publishing
-from tasks.errors import JobFailed, JobRevoked, LeaseLost
+from tasks.errors import JobFailed, JobRevoked, LeaseLost, WorkerStopping
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import COUNTS, job_counts
@@ -187,8 +187,9 @@ def _give_up(task: Any, message: JobMessage, lease: Lease, reason: str, exc: Bas
     job_id = task.request.id
     entry = dead_entry(job_id, message.kwargs(), reason, exc, lease.attempt)
     failures = metric_field("failures", _lane(task, message.route))
-    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry, failures),
-                   f"the failure of job {job_id}"):
+    failed = _entry(task, JobFailed(what), states.FAILURE)  # the one Celery stores after
+    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry, failures,
+                                        failed), f"the failure of job {job_id}"):
         _stale(task, lease)
     if message.job.leads_run:
         persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
@@ -220,6 +221,8 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
                    guard: StepGuard) -> NoReturn:
     """Sort a stopped run: stale, revoked, preempted, the worker's fault, transient, or
     failed for good."""
+    if isinstance(exc, WorkerStopping):  # nothing to record: Redis is away
+        raise exc
     if isinstance(exc, LeaseLost):
         _stale(task, lease)
     if isinstance(exc, JobRevoked):  # a fast job pays the seconds its model ran
@@ -326,6 +329,16 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
           track_started=not RUN_ENTRIES)
 def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one job (see ``tasks.api.submit``) and describe the result."""
+    try:
+        return _generate(self, job, route, submitted_at)
+    except WorkerStopping as exc:  # Redis away as the worker stops: back to its lane
+        log.warning("job %s: %s; it goes back to its lane", self.request.id, exc)
+        # Redis answers: the message goes back now; else its records stay in Redis and
+        # beat puts it back once this process is gone (an ack could drop them)
+        raise Reject(exc, requeue=True) from exc
+
+
+def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
     started_at = time.time()
     message = self.checked({"job": job, "route": route, "submitted_at": submitted_at})
     if isinstance(message, dict):  # a broken copy of a job that already finished
