@@ -3,12 +3,12 @@
 Flower never starts open: give it basic auth (``FLOWER_BASIC_AUTH=user:password``
 or ``--basic-auth=...``) or OAuth (``FLOWER_AUTH`` with ``FLOWER_OAUTH2_KEY``,
 ``FLOWER_OAUTH2_SECRET``, ``FLOWER_OAUTH2_REDIRECT_URI``; see Flower's docs), in any
-argv form (``tasks.ops.flower_login``).
+argv form (``tasks.flower_login``).
 """
 import os
 import sys
 
-from tasks.ops.flower_login import login_problem as _login_problem
+from tasks.flower_login import login_problem as _login_problem
 
 _problem = _login_problem(sys.argv, os.environ)
 if _problem:

@@ -13,6 +13,9 @@ __all__ = ["app", "submit"]
 def __getattr__(name: str) -> Any:
     if name == "app":
         from tasks.broker.app import app
+        from tasks.flower_login import refuse_open_flower
+
+        refuse_open_flower()  # `celery -A tasks flower` loads the app here
         return app
     if name == "submit":
         from tasks.api import submit

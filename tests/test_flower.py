@@ -8,7 +8,7 @@ import sys
 import pytest
 from conftest import free_port, http_status, wait_until
 
-from tasks.ops.flower_login import login_problem
+from tasks.flower_login import login_problem
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -100,6 +100,24 @@ def test_flower_with_an_auth_provider_alone_will_not_start(redis_server):
                              f"--port={free_port()}", "--address=127.0.0.1",
                              "--auth_provider=flower.views.auth.GithubLoginHandler"],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        _stop(proc)
+    assert proc.returncode != 0 and "without authentication" in out, out
+
+
+def test_flower_started_elsewhere_or_with_another_conf_will_not_start(redis_server,
+                                                                     tmp_path):
+    """The check runs as the command loads the app: a Flower started from another
+    folder, or told to read another configuration, still needs a login."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")},
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
+                             f"--port={free_port()}", "--address=127.0.0.1",
+                             "--conf=/dev/null"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=60)

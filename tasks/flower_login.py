@@ -71,3 +71,19 @@ def login_problem(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
                 "FLOWER_OAUTH2_REDIRECT_URI)")
     names = ", ".join("FLOWER_" + name.replace("-", "_").upper() for name in missing)
     return f"OAuth is incomplete: {names} missing or empty (or their --options)"
+
+
+def refuse_open_flower() -> None:
+    """Exit unless a ``celery -A tasks flower`` being started now asks for a login: run as
+    the command loads the app, so no folder it runs from and no ``--conf`` escapes it.
+    The login must be in the environment or on the command line."""
+    import os
+    import sys
+
+    import click
+
+    context = click.get_current_context(silent=True)
+    if context is None or context.invoked_subcommand != "flower":
+        return
+    if problem := login_problem(sys.argv, os.environ):
+        raise SystemExit(f"gpulanes: Flower will not start without authentication: {problem}")
