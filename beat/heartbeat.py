@@ -33,6 +33,7 @@ from routing.placement import serving
 from routing.policy import admission_waits, relax_levels
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
+from tasks.broker.eviction import SAFE_POLICY
 from tasks.broker.memory import memory_use
 from tasks.broker.outage import RedisRefused
 from tasks.broker.stats import fresh_stats
@@ -191,7 +192,7 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float,
             "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
             "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s),
-            "redis": memory_use(client)}
+            "redis": _memory(client)}
 
 
 class _Written:
@@ -228,6 +229,16 @@ def expire_dead_letters(client: redis.Redis, now: float) -> int:
         log.info("dropped %d dead letter(s) older than %ss (GPULANES_DEAD_TTL_S)", dropped,
                  settings.dead_ttl_s)
     return dropped
+
+
+def _memory(client: redis.Redis) -> dict[str, Any]:
+    """Redis' memory use, complaining of an evicting policy set since the cluster started
+    (it would drop jobs, results and leases in silence)."""
+    memory = memory_use(client)
+    if memory["policy"] not in (None, SAFE_POLICY):
+        log.error("Redis' maxmemory-policy is %r: it may evict jobs, results and leases "
+                  "without a trace; set it to %s", memory["policy"], SAFE_POLICY)
+    return memory
 
 
 def takes_no_writes(client: redis.Redis) -> str | None:

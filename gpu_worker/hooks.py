@@ -167,11 +167,19 @@ class HeldJobs(Hook):
                 if not tags:
                     del self._received[request.id]
 
-    def on_prerun(self, task_id: str, **_: Any) -> None:
+    def on_prerun(self, task_id: str, task: Any = None, **_: Any) -> None:
+        # the tag of the message that runs: another copy of the job (a retry's, a
+        # deferred one) may wait here for its countdown, received earlier
+        tag = (getattr(getattr(task, "request", None), "properties", None) or {}).get(
+            "delivery_tag")
         with self._lock:
             tags = self._received.get(task_id)
             if tags:
-                self._running[threading.get_ident()] = (tags.popleft(), task_id)
+                if tag in tags:
+                    tags.remove(tag)
+                else:
+                    tag = tags.popleft()
+                self._running[threading.get_ident()] = (tag, task_id)
                 if not tags:
                     del self._received[task_id]
 

@@ -29,7 +29,7 @@ import redis
 
 from tasks.broker import scripts
 from tasks.broker.keys import UNACKED_INDEX_KEY, attempts_key, lease_key
-from tasks.broker.outage import persist
+from tasks.broker.outage import persist, stopping
 from tasks.broker.store import broker_client
 from tasks.errors import LeaseLost
 from tasks.settings import settings
@@ -75,10 +75,13 @@ class Lease:
 
         Free while the lease surely holds; past that, one round trip to Redis,
         waited out for as long as Redis does not answer (nothing else can take
-        the job meanwhile but a newer run, which the answer then reveals).
+        the job meanwhile but a newer run, which the answer then reveals). In a worker
+        that is stopping, as soon as an extension is late (a keep-alive period): an
+        outage then ends the run (``tasks.broker.outage.persist``), not the wait.
         """
+        early_s = settings.lease_ttl_s - settings.keepalive_s if stopping() else 0.0
         with self._lock:
-            if not self._lost and time.monotonic() < self._valid_until:
+            if not self._lost and time.monotonic() < self._valid_until - early_s:
                 return
         if not self._lost:  # nothing else can take the job meanwhile but a newer run
             persist(lambda: renew([self], tags=()), f"the lease of job {self.job_id}")

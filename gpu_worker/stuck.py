@@ -1,15 +1,8 @@
-"""A worker whose own bookkeeping is wedged: it reports ``stuck``, then exits.
-
-A run that ended must have its message settled (acked or rejected) at once: until
-then Celery counts the pool slot as taken and hands it no other job. Should that
-never happen while Redis takes this worker's writes (a failure no outage explains),
-the worker says so in every heartbeat (``stuck``: routers leave it out, ``lanes
-status`` shows why) and, stuck for ``GPULANES_STUCK_EXIT_S``, exits for its
-supervisor to start it again; beat then puts what it held back in its lanes, and a
-job whose run had finished answers from its stored result, never running again.
-Time while Redis refuses or does not answer does not count: waiting out an outage is
-not being stuck.
-"""
+"""A worker whose finished run never settled its message (acked or rejected: until then
+Celery gives its pool slot no other job) while Redis took the worker's writes reports
+``stuck`` in its heartbeats and, stuck for ``GPULANES_STUCK_EXIT_S``, exits for its
+supervisor to start it again; beat puts back what it held. Waiting out an outage is
+not being stuck: time while Redis refuses or does not answer does not count."""
 from __future__ import annotations
 
 import logging

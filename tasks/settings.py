@@ -168,7 +168,8 @@ class Settings(BaseSettings):
     result_ttl_s: PositiveInt = 24 * 3600
     #: How long a revoke is remembered; unset: RESULT_TTL_S.
     revoke_ttl_s: PositiveInt | None = None
-    #: Artifacts older than this are swept from the store by workers; unset: RESULT_TTL_S.
+    #: Artifacts older than this are swept from the store by workers; unset: as long as a
+    #: result may name them (RESULT_TTL_S, plus CACHE_TTL_S: a cache hit's result does).
     artifact_ttl_s: PositiveInt | None = None
     #: Redis' redelivery of an unacked job; unset: 2 x MAX_JOB_S + RETRY_CAP_S.
     visibility_timeout_s: PositiveInt | None = None
@@ -241,7 +242,8 @@ class Settings(BaseSettings):
         self.snapshot_stale_s = (self.snapshot_stale_s
                                  or 3 * self.heartbeat_s + self.beat_lease_s + 2)
         self.revoke_ttl_s = self.revoke_ttl_s or self.result_ttl_s
-        self.artifact_ttl_s = self.artifact_ttl_s or self.result_ttl_s
+        self.artifact_ttl_s = self.artifact_ttl_s or (
+            self.result_ttl_s + (self.cache_ttl_s if self.cache else 0))
         self.run_hung_s = self.run_hung_s or 2 * self.max_job_s
         if self.preempt_min_left_s is None:
             self.preempt_min_left_s = self.max_wait_fast_s / 10

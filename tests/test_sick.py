@@ -243,7 +243,7 @@ def test_a_sick_worker_is_off_the_ring_placement_and_capacity():
 
 
 def test_status_and_metrics_say_why(clean_redis):
-    from tasks.ops.cli import render_status
+    from tasks.ops.status import render_status
     from tasks.ops.metrics import worker_metrics
 
     out = render_status(_snapshot(time.time()))

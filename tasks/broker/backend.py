@@ -56,6 +56,12 @@ class ResultBackend(RedisBackend):
         that is stopping: an outage then ends the write, never the shutdown."""
         return not stopping() and super().exception_safe_to_retry(exc)
 
+    def ensure(self, fn: Any, args: Any, **policy: Any) -> Any:
+        """Celery's write with its retries, tried once in a process that is stopping."""
+        if stopping():
+            return fn(*args)
+        return super().ensure(fn, args, **policy)
+
     def on_task_call(self, producer: Any, task_id: str) -> None:
         if not _skip.get():
             super().on_task_call(producer, task_id)

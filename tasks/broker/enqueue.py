@@ -101,13 +101,10 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
+    if not accepted:
+        _refuse_near_maxmemory(view)
     if accepted:  # no lane is full for it
         view = replace(view, full=frozenset())
-    elif view.memory_share > settings.redis_memory_limit:
-        raise BrokerRefused(f"Redis uses {view.memory_share:.0%} of its maxmemory, over "
-                            f"GPULANES_REDIS_MEMORY_LIMIT={settings.redis_memory_limit:g}: new "
-                            "jobs are refused to keep room for the jobs accepted; nothing was "
-                            "enqueued, submit again later", "OOM")
     elif refused := cache.refused():
         view = replace(view, full=view.full | refused)
     if shut := cache.shut():
@@ -135,6 +132,15 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             return result
         where = _route(job, view, over_fast_limit)
     raise LaneFull(RELAXED, view.retry_after_s)
+
+
+def _refuse_near_maxmemory(view: PolicyView) -> None:
+    """:class:`BrokerRefused` for a new job while Redis is over its memory limit."""
+    if view.memory_share > settings.redis_memory_limit:
+        raise BrokerRefused(f"Redis uses {view.memory_share:.0%} of its maxmemory, over "
+                            f"GPULANES_REDIS_MEMORY_LIMIT={settings.redis_memory_limit:g}: new "
+                            "jobs are refused to keep room for the jobs accepted; nothing was "
+                            "enqueued, submit again later", "OOM")
 
 
 def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,

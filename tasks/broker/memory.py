@@ -12,15 +12,17 @@ MIB = 1 << 20
 
 
 def memory_use(client: redis.Redis) -> dict[str, Any]:
-    """``used_mb``, ``max_mb`` (0: no limit) and ``memory_share`` (used over max; 0 with
-    no limit) from ``INFO memory``, one round trip."""
+    """``used_mb``, ``max_mb`` (0: no limit), ``memory_share`` (used over max; 0 with no
+    limit) and ``policy`` (``maxmemory-policy``, which may have changed since the
+    processes started) from ``INFO memory``, one round trip."""
     return _memory(client.info("memory"))
 
 
 def _memory(info: dict[str, Any]) -> dict[str, Any]:
     used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
     return {"used_mb": round(used / MIB, 1), "max_mb": round(limit / MIB, 1),
-            "memory_share": round(used / limit, 4) if limit else 0.0}
+            "memory_share": round(used / limit, 4) if limit else 0.0,
+            "policy": info.get("maxmemory_policy")}
 
 
 def redis_state(client: redis.Redis) -> dict[str, Any]:

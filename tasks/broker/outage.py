@@ -7,7 +7,9 @@ Redis can answer and still refuse: out of memory (``maxmemory`` with
 replicas (NOREPLICAS, MASTERDOWN). Every client gpulanes makes parses such a reply
 as :class:`RedisRefused`, a ``ConnectionError``: redis-py, kombu and Celery then
 treat it as they treat a lost connection (retried, waited out), never as a bug in
-the command. Nothing a refusal answered has run: a refused script wrote nothing.
+the command. A refused command, script or MULTI transaction wrote nothing (a script's
+first write is the one refused); in a pipeline without MULTI, the commands Redis does
+not refuse (under OOM: those that free memory) may still have run.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from kombu.exceptions import LimitExceeded, OperationalError
 from redis._parsers import _RESP2Parser, _RESP3Parser
 
 from tasks.errors import WorkerStopping
+from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +147,13 @@ def stopping() -> bool:
     return _stopping.is_set()
 
 
+def _stop_grace_s() -> float:
+    """How long a stopping process still waits for Redis to take a write: a blip of
+    refusals does not throw a finished run's outcome away, a frozen Redis is given up
+    on after one timeout."""
+    return settings.redis_timeout_s
+
+
 def stopped_by_outage() -> bool:
     """Whether a write of this stopping process gave up on an outage."""
     return _gave_up.is_set()
@@ -152,14 +162,15 @@ def stopped_by_outage() -> bool:
 def persist(write: Callable[[], T], what: str) -> T:
     """``write()``, tried again until Redis answers and takes it (an outcome is never
     dropped); ``what`` names it in the log. In a process that is stopping, an outage
-    raises :class:`WorkerStopping` instead: what the write was about stays in Redis'
-    records for the cluster's recovery."""
-    delay_s, warned = 0.05, False
+    that lasts ``GPULANES_REDIS_TIMEOUT_S`` raises :class:`WorkerStopping` instead: what
+    the write was about stays in Redis' records for the cluster's recovery."""
+    delay_s, warned, failing_since = 0.05, False, None
     while True:
         try:
             return write()
         except OUTAGE as exc:
-            if _stopping.is_set():
+            failing_since = failing_since or time.monotonic()
+            if _stopping.is_set() and time.monotonic() - failing_since >= _stop_grace_s():
                 _gave_up.set()
                 raise WorkerStopping(f"cannot record {what} ({type(exc).__name__}: {exc}) "
                                      "and this worker is stopping") from exc

@@ -97,6 +97,20 @@ class LedgerQoS(kombu_redis.QoS):
             super(kombu_redis.QoS, self).ack(delivery_tag)
             settled(delivery_tag, time.monotonic())
 
+    def restore_by_tag(self, tag: str, client: Any = None, leftmost: bool = False) -> None:
+        """kombu's restore of one message (a requeue, a channel that closes), whose
+        transaction raises an outage rather than trying again at once: redis-py would
+        for as long as Redis refuses (``tasks.broker.outage.watched``)."""
+        def restore(pipe: redis.client.Pipeline) -> None:
+            raw = pipe.hget(self.unacked_key, tag)
+            pipe.multi()
+            self._remove_from_indices(tag, pipe)
+            if raw:
+                self.channel._do_restore_message(*loads(_text(raw)), pipe, leftmost)
+
+        with self.channel.conn_or_acquire(client) as client:
+            watched(client, restore, self.unacked_key)
+
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
             try:
@@ -315,8 +329,8 @@ def _is_lane(queue: str) -> bool:
 #: kombu's Redis transport members this module overrides or relies on: pinned to the
 #: kombu minor the suite runs on (setup.cfg); tests/test_kombu_hooks.py names any gone.
 KOMBU_HOOKS = {
-    kombu_redis.QoS: ("append", "ack", "reject", "_remove_from_indices", "unacked_key",
-                      "unacked_index_key", "channel"),
+    kombu_redis.QoS: ("append", "ack", "reject", "restore_by_tag", "_remove_from_indices",
+                      "unacked_key", "unacked_index_key", "channel"),
     kombu_redis.Channel: ("QoS", "_connparams", "_put", "_do_restore_message", "_purge",
                           "_delete", "_q_for_pri", "_get_message_priority", "_lookup",
                           "_create_client", "get_table", "_queue_bind", "pool",

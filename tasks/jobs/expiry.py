@@ -1,11 +1,12 @@
-"""Artifact expiry: artifacts older than ``GPULANES_ARTIFACT_TTL_S`` (default: the
-result TTL, so they go with the results that name them) are deleted from the store.
+"""Artifact expiry: artifacts older than ``GPULANES_ARTIFACT_TTL_S`` (default: as long as
+a result may name them, the result TTL plus the result cache's) are deleted from the
+store.
 
 Every worker sweeps the store it writes to (``settings.artifact_root``), from its own
 thread: a local folder lives on the worker's host, where beat cannot reach. A pass
-lists the store once (a local folder lazily) and each round looks at the next
-``batch`` entries of it, by modification time, so no round scans a whole store;
-rounds follow each other every second until the pass is over, then rest a period.
+lists the store once (a local folder lazily; an fsspec store in one listing) and each
+round looks at the next ``batch`` entries of it, so no round does more than a batch of
+work; rounds follow each other every second until the pass is over, then rest a period.
 Only names artifacts have (and probes and partial writes a killed process left) are
 touched, and never one younger than the TTL.
 """

@@ -21,7 +21,8 @@ import time
 from gpu_worker.faults import ARTIFACT_BYTES
 from gpu_worker.health import HEALTH, probe_delays_s
 from gpu_worker.lease import Lease
-from tasks.errors import ArtifactError
+from tasks.errors import ArtifactError, WorkerStopping
+from tasks.broker.outage import stopping
 from tasks.jobs.artifacts import ArtifactRef, store_bytes
 from tasks.settings import settings
 from tasks.worker.outputs import Blob
@@ -67,6 +68,9 @@ def _wait_for_store(job_id: str, lease: Lease, blob: Blob, refused: ArtifactErro
                       "wait: the job goes back to its lane", job_id)
             raise refused
         time.sleep(pause_s)  # the lease is extended meanwhile (KeepHeld)
+        if stopping():  # the worker is told to stop: the job goes back to its lane
+            raise WorkerStopping(f"the artifact store refused the output of job {job_id} "
+                                 "and this worker is stopping") from refused
         lease.check()
         try:
             ref = _write(job_id, lease.attempt, blob)
