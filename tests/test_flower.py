@@ -93,34 +93,28 @@ def test_a_real_login_is_accepted(args, env):
     assert login_problem([*FLOWER, *args], env) is None
 
 
-def test_flower_with_an_auth_provider_alone_will_not_start(redis_server):
-    """``--auth_provider`` used to pass for ``--auth``: Flower started open."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")}
+def _refused(*args: str, cwd=ROOT) -> None:
+    """A real Flower started with ``args``, no login in its environment, refuses to run."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")},
+           "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
-                             f"--port={free_port()}", "--address=127.0.0.1",
-                             "--auth_provider=flower.views.auth.GithubLoginHandler"],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             f"--port={free_port()}", "--address=127.0.0.1", *args],
+                            cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         out, _ = proc.communicate(timeout=60)
     finally:
         _stop(proc)
     assert proc.returncode != 0 and "without authentication" in out, out
+
+
+def test_flower_with_an_auth_provider_alone_will_not_start(redis_server):
+    """``--auth_provider`` used to pass for ``--auth``: Flower started open."""
+    _refused("--auth_provider=flower.views.auth.GithubLoginHandler")
 
 
 def test_flower_started_elsewhere_or_with_another_conf_will_not_start(redis_server,
                                                                      tmp_path):
     """The check runs as the command loads the app: a Flower started from another
     folder, or told to read another configuration, still needs a login."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("FLOWER_")},
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "tasks", "flower",
-                             f"--port={free_port()}", "--address=127.0.0.1",
-                             "--conf=/dev/null"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        _stop(proc)
-    assert proc.returncode != 0 and "without authentication" in out, out
+    _refused("--conf=/dev/null", cwd=tmp_path)
