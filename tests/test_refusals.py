@@ -18,7 +18,7 @@ from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from benchmarks.refusals import disk_failing, out_of_memory, refusal_blip
 from tasks import submit
 from tasks.broker.keys import WORKERS_KEY
-from tasks.broker.outage import RedisRefused
+from tasks.broker.outage import OUTAGE, RedisRefused, refused
 from tasks.errors import BrokerRefused, BrokerUnavailable
 from tests.flaky_model import open_gate, runs_finished, runs_started
 
@@ -63,10 +63,10 @@ def test_refusals_are_typed_and_say_what_redis_said(redis_server, clean_redis):
             for write in (lambda: client.set("k", "v"),
                           lambda: client.eval("return redis.call('SET', 'k', 'v')", 0),
                           lambda: client.pipeline().set("k", "v").incr("n").execute()):
-                with pytest.raises(RedisRefused) as refused:
+                with pytest.raises(RedisRefused) as error:
                     write()
-                assert refused.value.code == code
-                assert isinstance(refused.value, redis.exceptions.ConnectionError)
+                assert error.value.code == code
+                assert isinstance(error.value, redis.exceptions.ConnectionError)
             with pytest.raises(BrokerRefused) as caught:
                 submit("refused", **SMALL)
             assert caught.value.code == code and words in str(caught.value)
@@ -164,8 +164,8 @@ def test_sigterm_with_redis_frozen_stops_within_the_bound(cluster, app, clean_re
 
 
 def test_a_demoted_or_busy_redis_refuses_as_an_outage(tmp_path):
-    """READONLY (a replica: a primary that a failover demoted) and BUSY (a script past
-    its time limit) are refusals too, each named."""
+    """READONLY (a replica: a primary that a failover demoted), from a command or a
+    script, and BUSY (a script past its time limit) are outages too, each named."""
     import threading
 
     from gpu_worker.redis_server import EmbeddedRedis
@@ -175,9 +175,12 @@ def test_a_demoted_or_busy_redis_refuses_as_an_outage(tmp_path):
         "--replicaof", "127.0.0.1", "1", "--lua-time-limit", "50"]).start()
     try:
         client = connect(replica.url, timeout_s=5)
-        with pytest.raises(RedisRefused) as refused:
-            client.set("k", "v")
-        assert refused.value.code == "READONLY" and "read-only" in refused.value.reason
+        for write in (lambda: client.set("k", "v"),
+                      lambda: client.eval("return redis.call('SET', 'k', 'v')", 0)):
+            with pytest.raises(OUTAGE) as caught:
+                write()
+            assert refused(caught.value).code == "READONLY"
+            assert "read-only" in refused(caught.value).reason
         client.execute_command("REPLICAOF", "NO", "ONE")
         busy = threading.Thread(target=lambda: replica.client().eval(
             "local t = redis.call('TIME') "

@@ -69,3 +69,24 @@ def test_a_sentinel_url_without_the_master_name_is_a_config_error():
     proc = _run("import celeryconfig", GPULANES_BROKER_URL="sentinel://127.0.0.1:26379",
                 GPULANES_SENTINEL_MASTER="")
     assert proc.returncode != 0 and "GPULANES_SENTINEL_MASTER" in proc.stderr
+
+
+def test_a_demoted_master_sends_its_clients_back_to_the_sentinels(sentinel):
+    """A write refused READONLY by the master a client holds (a failover demoted it)
+    drops that connection, so the next asks the Sentinels again: a refusal keeps
+    redis-py's ``ReadOnlyError`` (gpulanes' parser makes it an outage as well)."""
+    import redis
+
+    url, server = sentinel
+    client = connect(url, "gl")
+    client.set("gpulanes:probe", "1")
+    held = client.connection_pool.get_connection()
+    client.connection_pool.release(held)
+    server.client().execute_command("REPLICAOF", "127.0.0.1", "1")  # demoted by hand
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError,
+                           match="previous master is now a slave"):
+            client.set("gpulanes:probe", "2")
+        assert not held.is_connected  # dropped: the next connect asks the Sentinels
+    finally:
+        server.client().execute_command("REPLICAOF", "NO", "ONE")

@@ -7,7 +7,8 @@ Redis can answer and still refuse: out of memory (``maxmemory`` with
 replicas (NOREPLICAS, MASTERDOWN). Every client gpulanes makes parses such a reply
 as :class:`RedisRefused`, a ``ConnectionError``: redis-py, kombu and Celery then
 treat it as they treat a lost connection (retried, waited out), never as a bug in
-the command. A refused command, script or MULTI transaction wrote nothing (a script's
+the command. READONLY stays redis-py's ``ReadOnlyError`` (among :data:`OUTAGE`): on
+it a Sentinel-managed connection drops itself and asks the Sentinels again. A refused command, script or MULTI transaction wrote nothing (a script's
 first write is the one refused); in a pipeline without MULTI, the commands Redis does
 not refuse (under OOM: those that free memory) may still have run.
 """
@@ -72,6 +73,9 @@ class _Refusals:
     @classmethod
     def parse_error(cls, response: str) -> redis.exceptions.RedisError:
         code = refusal_code(response)
+        if code == "READONLY":  # redis-py's own class, a script's refusal included: on
+            # it a Sentinel-managed connection drops itself and asks for the new primary
+            return redis.exceptions.ReadOnlyError(response)
         if code is not None:
             return RedisRefused(response, code)
         return super().parse_error(response)  # type: ignore[misc]
@@ -108,6 +112,8 @@ def refused(exc: BaseException) -> RedisRefused | None:
     while exc is not None:
         if isinstance(exc, RedisRefused):
             return exc
+        if isinstance(exc, redis.exceptions.ReadOnlyError):
+            return RedisRefused(f"READONLY {exc}", "READONLY")
         exc = exc.__cause__ or exc.__context__
     return None
 
