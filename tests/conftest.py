@@ -143,19 +143,26 @@ def redis_server():
         shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-@pytest.fixture(autouse=True)
-def clean_redis(redis_server):
-    """Drop every key but kombu's queue bindings before each test."""
-    client = redis_server.client()
+def drop_keys(client) -> None:
+    """Drop every key but kombu's queue bindings: no job or state of an earlier test."""
     keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
     if keys:
         client.delete(*keys)
+
+
+@pytest.fixture(autouse=True)
+def clean_redis(redis_server):
+    """Drop every key but kombu's queue bindings before each test, and after it: a job a
+    test left queued must not reach the workers the next module starts."""
+    client = redis_server.client()
+    drop_keys(client)
     shutil.rmtree(STATE_DIR / "flaky", ignore_errors=True)  # the test model's run counts
     from tasks.broker.enqueue import _places_taken, snapshot_cache
     if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
         snapshot_cache().forget()
     _places_taken.clear()  # what this process learnt of the deleted fast places
-    return client
+    yield client
+    drop_keys(client)
 
 
 @pytest.fixture(scope="session")

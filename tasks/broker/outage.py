@@ -172,10 +172,11 @@ def persist(write: Callable[[], T], what: str) -> T:
     the write was about stays in Redis' records for the cluster's recovery."""
     delay_s, warned, failing_since = 0.05, False, None
     while True:
+        tried_at = time.monotonic()  # a timeout's wait counts as outage
         try:
             return write()
         except OUTAGE as exc:
-            failing_since = failing_since or time.monotonic()
+            failing_since = failing_since or tried_at
             if _stopping.is_set() and time.monotonic() - failing_since >= _stop_grace_s():
                 _gave_up.set()
                 raise WorkerStopping(f"cannot record {what} ({type(exc).__name__}: {exc}) "
