@@ -161,8 +161,8 @@ def settle(stream: JobStream, scenario: str, client: Any, timeout_s: float) -> C
     deadline = time.monotonic() + timeout_s
     outcomes = Counter(_outcome(r, deadline) for r in stream.accepted.values())
     if outcomes["lost"]:  # past the deadline each wait was short: read the states again
-        outcomes = Counter(_outcome(r, time.monotonic() + 5.0)
-                           for r in stream.accepted.values())
+        again = time.monotonic() + 5.0  # in all, not per job: many lost jobs must not stall it
+        outcomes = Counter(_outcome(r, again) for r in stream.accepted.values())
     ids = list(stream.accepted)
     wait_quiet(client, ids, max(1.0, deadline - time.monotonic()))
     duplicates = client.hmget(DUPLICATES_KEY, ids) if ids else []
