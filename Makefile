@@ -64,13 +64,17 @@ bench: $(STAMP)
 
 # The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
 # and frozen, a full artifact disk, with the default visibility timeout; then jobs longer
-# than a short one), Redis refusing writes (out of memory, MISCONF), then a 20,000-job
+# than a short one), Redis refusing writes (out of memory, MISCONF), Redis failing over
+# under Sentinel (killed, frozen 5 s and 40 s, replicas tens of MB behind), what
+# fsyncing and replicating each accepted job costs a submit, then a 20,000-job
 # burst. Each prints its table and exits non-zero if a job was lost,
-# falsely failed, or a bound broken.
+# falsely failed, run twice, or a bound broken.
 soak: $(STAMP)
 	$(PY) benchmarks/soak_faults.py
 	$(PY) benchmarks/soak_faults.py --only long --visibility-s 3
 	$(PY) benchmarks/soak_refusals.py
+	$(PY) benchmarks/failover.py
+	$(PY) benchmarks/durability.py
 	$(PY) benchmarks/soak_load.py --max-depth 500,2000,4000
 
 clean:

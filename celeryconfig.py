@@ -28,6 +28,7 @@ result_backend_max_sleep_between_retries_ms = 1000
 # the connection must not hang a submitter, a worker or beat.
 redis_socket_timeout = _settings.redis_timeout_s
 redis_socket_connect_timeout = _settings.redis_connect_timeout_s
+redis_backend_health_check_interval = 1
 broker_connection_timeout = _settings.redis_connect_timeout_s
 # submit() threads wait this long at most for a pooled broker connection (all of them
 # may be waiting on a Redis that stopped answering).
@@ -72,6 +73,10 @@ broker_transport_options = {
     "unacked_restore_throttle": 1,
     "socket_timeout": _settings.redis_timeout_s,
     "socket_connect_timeout": _settings.redis_connect_timeout_s,
+    # A worker's BRPOP on a Redis that stopped answering (frozen, failed over) is
+    # dropped and sent again (asking the Sentinels anew) about 2 s after its reply is
+    # due, not 26 s; a connection idle this long is pinged before its next command.
+    "health_check_interval": 1,
     # A publisher's connection is tried once, not again and again for seconds: a
     # submit during an outage fails at once (workers' consumers retry on their own).
     "max_retries": 0,

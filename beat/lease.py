@@ -34,7 +34,7 @@ class Leadership:
         self.identity = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self.client, self.clock = client, clock
         self.lease_s = settings.beat_lease_s if lease_s is None else lease_s
-        self.epoch, self._renewed_at = 0, 0.0
+        self.epoch, self._renewed_at, self._answered = 0, 0.0, True
         self.highest = 0  # the highest epoch this beat has seen: a new lead goes above it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -46,6 +46,7 @@ class Leadership:
             epoch, seen = leader.lead(self.client or redis_client(), self.identity,
                                       self.lease_s, self.highest)
         except redis.RedisError as exc:  # unreachable: lead no longer once the lease lapsed
+            self._answered = False
             if self.epoch and self.clock() - self._renewed_at >= self.lease_s:
                 log.warning("beat %s cannot renew its lease (%s): standing by",
                             self.identity, exc)
@@ -54,13 +55,24 @@ class Leadership:
         if epoch != self.epoch or not self._renewed_at:  # a change, or the first answer
             log.warning("beat %s %s", self.identity,
                         f"leads (epoch {epoch})" if epoch else "stands by: another beat leads")
-        self.epoch, self._renewed_at = epoch, started
+        self.epoch, self._renewed_at, self._answered = epoch, started, True
         self.highest = max(self.highest, seen)
         return epoch
 
+    def current(self) -> int:
+        """The epoch to run a round under: 0 unless the lead was renewed within the
+        lease (a renewal thread that stalled never leaves this beat leading)."""
+        if self.epoch and self.clock() - self._renewed_at < self.lease_s:
+            return self.epoch
+        return 0
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.lease_s / 4):
-            self.renew()
+        while not self._stop.wait(self.lease_s / 4 if self._answered else self.lease_s / 20):
+            try:
+                self.renew()  # after an outage, tried again soon: a failover's new primary
+            except Exception:  # noqa: BLE001  a bad answer must not end the renewals
+                self._answered = False
+                log.exception("beat %s: renewing its lease failed", self.identity)
 
     def start(self) -> None:
         """Try to lead now, then keep renewing (or trying) from a daemon thread."""

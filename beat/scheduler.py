@@ -55,7 +55,7 @@ class LanesScheduler(Scheduler):
 
     def apply_async(self, entry: ScheduleEntry, producer: Any = None,
                     advance: bool = True, **kwargs: Any) -> Any:
-        epoch = self.leadership.epoch
+        epoch = self.leadership.current()
         if not epoch:  # standing by: the leader runs it
             return self.reserve(entry) if advance else None
         if entry.task not in IN_BEAT:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -30,6 +31,13 @@ class JobSize:
 
 
 # --- a private cluster -------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port nobody listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 @contextmanager
 def state_dir(prefix: str) -> Iterator[Path]:
     """A fresh folder under /tmp (short: it holds the Redis socket), removed on exit

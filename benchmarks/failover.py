@@ -1,9 +1,10 @@
 """Redis failover under load: a primary, a replica, three Sentinels, every job counted.
 
 ``python benchmarks/failover.py`` runs each scenario on a fresh topology
-(``benchmarks/sentinels.py``: a primary and a replica with AOF on, three Sentinels,
+(``benchmarks/sentinels.py``: a primary and two replicas with AOF on, three Sentinels,
 quorum 2, ``--down-after-ms``) and a fresh cluster on it through the ``sentinel://``
-URL (``--workers`` CPU workers, ``--beats`` beats), while small jobs stream in at
+URL (``--workers`` CPU workers, ``--beats`` beats, every accepted job, run begun and
+settled, and beat's lead confirmed by ``--replicas`` replicas), while small jobs stream in at
 ``--rate`` per second, tiers in turn, and each worker runs a job of a few seconds,
 begun ``--backlog-s`` before the fault (the stream queues behind them meanwhile):
 
@@ -11,13 +12,14 @@ begun ``--backlog-s`` before the fault (the stream queues behind them meanwhile)
 2. **freeze**: the primary is SIGSTOPped for ``--freeze-s`` (just past down-after), then
    SIGCONTed: it wakes up a primary still, until the Sentinels demote it;
 3. **freeze-long**: the same for ``--long-freeze-s``;
-4. **lagging**: the replica is SIGSTOPped, ``--lag-mb`` MB are written to the primary
-   and jobs stream for ``--lag-s`` more, then the primary is SIGKILLed and the replica,
+4. **lagging**: the replicas are SIGSTOPped, ``--lag-mb`` MB are written to the primary
+   and jobs stream for ``--lag-s`` more, then the primary is SIGKILLed and the replicas,
    that far behind, SIGCONTed.
 
 Each scenario runs in a process of its own (``tasks`` reads its broker URL once).
 Every job is counted once the cluster settles (``benchmarks.faults.settle``, and the
-runs finished twice by the workers' log); a watcher (``benchmarks/failover_watch.py``,
+runs finished twice by the workers' log: two runs, not a redelivered copy answered
+with the result of the one); a watcher (``benchmarks/failover_watch.py``,
 read in ``benchmarks/failover_figures.py``) gives the seconds after the fault until
 a new primary was named, the old one demoted, submits accepted for good, every
 worker running jobs again, a beat leading on the new primary; the epochs led on
@@ -34,8 +36,11 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -71,6 +76,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--before-s", type=float, default=10.0, help="stream before the fault")
     parser.add_argument("--after-s", type=float, default=20.0,
                         help="stream after the fault (after the wake-up of a frozen primary)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="GPULANES_REDIS_REPLICAS: replicas that confirm each write")
     parser.add_argument("--down-after-ms", type=int, default=3000)
     parser.add_argument("--failover-timeout-ms", type=int, default=10000)
     parser.add_argument("--freeze-s", type=float, default=5.0)
@@ -110,18 +117,20 @@ def freeze_primary(run: Run, seconds: float) -> None:
 
 
 def lag_then_kill(run: Run) -> None:
-    """Freeze the replica, write ``--lag-mb`` MB and stream ``--lag-s`` more to the primary,
-    SIGKILL it, and let the replica, that far behind, go on."""
-    replica = run.pid(run.topology.other(run.old))
-    os.kill(replica, signal.SIGSTOP)
+    """Freeze every replica, write ``--lag-mb`` MB and stream ``--lag-s`` more to the
+    primary, SIGKILL it, and let the replicas, that far behind, go on."""
+    replicas = [run.pid(port) for port in run.topology.others(run.old)]
+    for pid in replicas:
+        os.kill(pid, signal.SIGSTOP)
     run.notes["behind_since"] = time.time()
     try:
         quick_client(run.old, 30).set(BALLAST_KEY, b"x" * (run.args.lag_mb << 20))
-        time.sleep(run.args.lag_s)  # jobs accepted now reach the replica only after the ballast
+        time.sleep(run.args.lag_s)  # jobs accepted now reach a replica only after the ballast
         run.notes["lag_mb"] = round(run.topology.lag_bytes(run.old) / 2**20, 1)
         kill_primary(run)
     finally:
-        os.kill(replica, signal.SIGCONT)
+        for pid in replicas:
+            os.kill(pid, signal.SIGCONT)
 
 
 FAULTS: dict[str, Callable[[Run], None]] = {
@@ -167,13 +176,58 @@ def _converged(run: Run) -> int | None:
     return master
 
 
-def stream_through(run: Run, fault: Callable[[Run], None]) -> TimedStream:
+class Operator:
+    """What an operator's tools meet: the exporter, scraped every ``period_s`` from a
+    thread (so that it reads Redis all along), and ``lanes status``, run again and again
+    from the fault on (a process each) until one answers."""
+
+    def __init__(self, exporter_port: int, period_s: float = 0.25) -> None:
+        self.url = f"http://127.0.0.1:{exporter_port}/metrics"
+        self.period_s, self.status_ok_at = period_s, None
+        self.scrapes: list[tuple[float, bool]] = []  # (monotonic, answered)
+        self._stop, self._fault = threading.Event(), threading.Event()
+        self._threads = [threading.Thread(target=self._scrape, daemon=True),
+                         threading.Thread(target=self._status, daemon=True)]
+
+    def start(self) -> "Operator":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def fault(self) -> None:
+        self._fault.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._fault.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _scrape(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                urllib.request.urlopen(self.url, timeout=5).read()
+                self.scrapes.append((time.monotonic(), True))
+            except OSError:
+                self.scrapes.append((time.monotonic(), False))
+
+    def _status(self) -> None:
+        self._fault.wait()
+        while not self._stop.is_set() and self.status_ok_at is None:
+            done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes",
+                                   "status", "--json"], capture_output=True, timeout=60)
+            if done.returncode == 0:
+                self.status_ok_at = time.monotonic()
+
+
+def stream_through(run: Run, fault: Callable[[Run], None], operator: Operator) -> TimedStream:
     """Stream ``--before-s``, hold every worker with a longer job, let jobs queue behind
     them ``--backlog-s``, break the primary, stream ``--after-s``."""
     stream = TimedStream().start(run.args.rate)
     time.sleep(run.args.before_s)
     stream.add(running_jobs(run.args.workers), time.time())
     time.sleep(run.args.backlog_s)
+    operator.fault()
     fault(run)
     time.sleep(run.args.after_s)  # the stream goes on while the cluster finds its feet
     stream.stop()
@@ -191,14 +245,17 @@ def scenario(args: argparse.Namespace, name: str, state: Path) -> dict[str, Any]
 
         cluster.start(app)
         watcher = Watcher(topology, lambda: processes(cluster)).start()
+        operator = Operator(cluster.exporter_port).start()
         run = Run(args, topology, old=topology.master_port())
-        stream = stream_through(run, FAULTS[name])
+        stream = stream_through(run, FAULTS[name], operator)
         run.new = converge(run, args.settle_s)
+        operator.stop()
         counts = settle(stream, label(name, args, run.notes), quick_client(run.new, 5.0),
                         args.settle_s)
         run.settled_wall, samples = time.time(), watcher.stop()
         read_failover(run)
         report = figures(run, name, stream, counts, samples, cluster)  # results read Redis
+        report["timeline"].update(operator_figures(run, operator))
         stream.accepted.clear()
         gc.collect()  # results unsubscribe while Redis still answers, not at exit
     return report
@@ -208,7 +265,18 @@ def processes(cluster: SentinelCluster) -> dict[str, int]:
     """Every process of the run that talks to Redis, by name."""
     supervisor = cluster.local.supervisor
     workers = worker_processes(supervisor.pid) if supervisor else {}
-    return {"submitter": os.getpid(), **cluster.beat_pids(), **workers}
+    exporter = {"exporter": cluster.exporter.pid} if cluster.exporter else {}
+    return {"submitter": os.getpid(), **cluster.beat_pids(), **workers, **exporter}
+
+
+def operator_figures(run: Run, operator: Operator) -> dict[str, float | None]:
+    """Seconds after the fault until ``lanes status`` first answered, and until the
+    exporter answered every scrape from then on."""
+    failed = [at for at, answered in operator.scrapes if not answered and at >= run.fault_at]
+    back = next((at for at, answered in operator.scrapes
+                 if answered and at > max(failed, default=run.fault_at)), None)
+    return {"status_ok_s": run.since(operator.status_ok_at),
+            "exporter_back_s": run.since(back) if failed else 0.0}
 
 
 # --- running and reporting -------------------------------------------------------------------
@@ -246,7 +314,7 @@ def run_one(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
         return report
 
     return run_private("gl-failover-", bench, "cluster stopped", SENTINEL_MASTER=MASTER,
-                       HEARTBEAT_S=1, HEARTBEAT_REPLY_S="0.3")
+                       HEARTBEAT_S=1, HEARTBEAT_REPLY_S="0.3", REDIS_REPLICAS=args.replicas)
 
 
 def in_own_process(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
@@ -257,7 +325,8 @@ def in_own_process(args: argparse.Namespace, name: str) -> dict[str, Any] | None
 
 JOB_HEADERS = (*HEADERS[:9], "ran to the end twice (log)", *HEADERS[9:])
 TIME_HEADERS = ("scenario", "new primary named", "old demoted", "submits back",
-                "every worker ran a job", "beat leads on new", "epoch before",
+                "every worker ran a job", "beat leads on new", "exporter back",
+                "lanes status answers", "epoch before",
                 "epochs led on new", "beats leading the old after promotion",
                 "beats that lead by their own account at the end")
 
@@ -277,7 +346,7 @@ def time_row(report: dict[str, Any]) -> list[Any]:
                         leading_at_end(report).items()) or "none"
     return [report["label"], cell(t["promoted_s"]), cell(t["old_demoted_s"]),
             cell(t["submits_back_s"]), cell(t["workers_ran_s"]), cell(t["beat_leads_s"]),
-            (beat["before"] or ["", "?"])[1], leads or "none", stale,
+            cell(t["exporter_back_s"]), cell(t["status_ok_s"]), (beat["before"] or ["", "?"])[1], leads or "none", stale,
             leading + (f" (lease thread dead: {', '.join(dead)})" if dead else "")]
 
 
@@ -301,7 +370,7 @@ def report(reports: list[dict[str, Any]], args: argparse.Namespace) -> None:
           f"down-after {args.down_after_ms} ms\n")
     print(markdown_table(JOB_HEADERS, [job_row(r) for r in reports]), "\n")
     print("Seconds after the fault:\n")
-    print(markdown_table(TIME_HEADERS, [time_row(r) for r in reports], "lrrrrrrlll"), "\n")
+    print(markdown_table(TIME_HEADERS, [time_row(r) for r in reports], "lrrrrrrrrlll"), "\n")
     print("Connections, seconds after the fault: first to the new primary / last to the old:\n")
     print(markdown_table(*client_rows(reports)))
     for r in reports:

@@ -127,6 +127,8 @@ def figures(run: Run, name: str, stream: TimedStream, counts: Counts,
     return {"name": name, "label": counts.scenario, "old": run.old, "new": run.new,
             "notes": run.notes, "counts": vars(counts), "refusals": dict(stream.reasons),
             "ran_twice": sum(finished[job_id] >= 2 for job_id in stream.accepted),
+            "lost_sent_s": sorted(round(stream.sent_at[job_id] - run.fault_wall, 1)
+                                  for job_id in counts.lost_ids if job_id in stream.sent_at),
             "timeline": timeline(run, samples, stream),
             "clients": clients(run, samples),
             "beat": beat_figures(run, samples, beats, cluster.log_dir),

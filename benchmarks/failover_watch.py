@@ -149,7 +149,8 @@ LEADS = re.compile(r"beat \S+/(\d+)/\S+ leads \(epoch (\d+)\)")
 #: The last line of a traceback; a thread's death.
 ERRORS = (re.compile(r"^(?:[a-z_.]+\.)?([A-Z]\w*(?:Error|Exception|Timeout)): ?(.*)$"),
           re.compile(r"^(Exception in thread) (\S+?):?$"))
-SUCCEEDED = re.compile(r"Task gpulanes\.generate\[([0-9a-f-]{36})\] succeeded")
+SUCCEEDED = re.compile(r"Task gpulanes\.generate\[([0-9a-f-]{36})\] succeeded.*"
+                       r"'worker': '([^']*)'.*'started_at': ([0-9.]+)")
 
 
 def records(log: Path) -> list[tuple[float | None, str]]:
@@ -237,5 +238,9 @@ def sentinel_events(logs: Iterable[Path], event: str, since_wall: float) -> floa
 
 
 def finished_runs(log: Path) -> Counter[str]:
-    """Runs that finished, per job id, as the workers' log says (Celery's ``succeeded``)."""
-    return Counter(m.group(1) for _, text in records(log) if (m := SUCCEEDED.search(text)))
+    """Runs that finished, per job id, as the workers' log says (Celery's ``succeeded``):
+    a redelivered copy of a job that finished is answered with that run's result (the
+    same worker and start), and is not a run of its own."""
+    runs = {(m.group(1), m.group(2), m.group(3))
+            for _, text in records(log) if (m := SUCCEEDED.search(text))}
+    return Counter(job_id for job_id, _, _ in runs)

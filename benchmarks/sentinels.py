@@ -1,11 +1,13 @@
-"""A Redis that Sentinel fails over, on 127.0.0.1: a primary, one replica, three Sentinels.
+"""A Redis that Sentinel fails over, on 127.0.0.1: a primary, two replicas, three Sentinels.
 
 Each server is an :class:`~gpu_worker.redis_server.EmbeddedRedis` (AOF on,
 ``noeviction``) on a TCP port and in a folder of its own; each Sentinel runs from
 its own ``sentinel.conf`` and log in its own folder. :class:`SentinelTopology`
-starts them and waits until every Sentinel knows the replica and the other
+starts them and waits until every Sentinel knows the replicas and the other
 Sentinels, names the current primary, and reads a server's role and replication
-offset without waiting on a frozen one. :class:`SentinelCluster` runs a gpulanes
+offset without waiting on a frozen one. Two replicas: with
+``GPULANES_REDIS_REPLICAS=1`` a failover leaves the new primary one replica to confirm
+its writes (with one, it would refuse every write until the old primary came back). :class:`SentinelCluster` runs a gpulanes
 cluster (``tasks.dev.cluster.LocalCluster``, more beats on demand) on it through the
 ``sentinel://`` URL. Like ``benchmarks.common``, nothing here imports ``tasks`` at
 module level.
@@ -13,7 +15,6 @@ module level.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +23,10 @@ from typing import Any, Callable
 
 import redis
 
+from benchmarks.common import free_port
+
 #: The master's name the Sentinels watch (``GPULANES_SENTINEL_MASTER``).
 MASTER = "gl"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def quick_client(port: int, timeout_s: float = 0.3) -> redis.Redis:
@@ -57,19 +53,24 @@ def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 class SentinelTopology:
-    """A primary, a replica and ``sentinels`` Sentinels (quorum 2) under ``root``."""
+    """A primary, ``replicas`` replicas and ``sentinels`` Sentinels (quorum 2) under
+    ``root``."""
 
     def __init__(self, root: Path, *, down_after_ms: int = 3000,
-                 failover_timeout_ms: int = 10000, sentinels: int = 3) -> None:
+                 failover_timeout_ms: int = 10000, sentinels: int = 3,
+                 replicas: int = 2) -> None:
         from gpu_worker.redis_server import EmbeddedRedis
 
         self.root, self.down_after_ms = Path(root), down_after_ms
         self.failover_timeout_ms = failover_timeout_ms
-        primary_port, replica_port = free_port(), free_port()
-        self.servers = {
-            primary_port: EmbeddedRedis(self.root / "redis-a", port=primary_port),
-            replica_port: EmbeddedRedis(self.root / "redis-b", port=replica_port, extra_args=[
-                "--replicaof", "127.0.0.1", str(primary_port)])}
+        primary_port = free_port()
+        self.servers = {primary_port: EmbeddedRedis(self.root / "redis-a", port=primary_port)}
+        for index in range(replicas):
+            port = free_port()
+            self.servers[port] = EmbeddedRedis(
+                self.root / f"redis-{'bcdefgh'[index]}", port=port,
+                extra_args=["--replicaof", "127.0.0.1", str(primary_port)])
+        self.replicas = replicas
         self.first_primary = primary_port
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.sentinels: list[subprocess.Popen] = []
@@ -83,9 +84,9 @@ class SentinelTopology:
         """The ``EmbeddedRedis`` listening on ``port``."""
         return self.servers[port]
 
-    def other(self, port: int) -> int:
-        """The port of the server that is not on ``port``."""
-        return next(p for p in self.servers if p != port)
+    def others(self, port: int) -> list[int]:
+        """The ports of the servers that are not on ``port``."""
+        return [p for p in self.servers if p != port]
 
     def start(self, timeout_s: float = 30.0) -> "SentinelTopology":
         """Start both servers and the Sentinels; return once the replica is in sync
@@ -93,7 +94,7 @@ class SentinelTopology:
         for server in self.servers.values():
             server.start()
         wait_for(lambda: self.replica_offset(self.first_primary) is not None, timeout_s,
-                 "the replica to sync")
+                 "the replicas to sync")
         for index, port in enumerate(self.sentinel_ports):
             self.sentinels.append(self._start_sentinel(index, port))
         wait_for(self._watched, timeout_s, "every Sentinel to see the whole topology")
@@ -119,7 +120,7 @@ class SentinelTopology:
         others = len(self.sentinel_ports) - 1
         for port in self.sentinel_ports:
             state = quick_client(port, 1.0).sentinel_master(MASTER)
-            if state["num-slaves"] < 1 or state["num-other-sentinels"] < others:
+            if state["num-slaves"] < self.replicas or state["num-other-sentinels"] < others:
                 return False
         return True
 
@@ -141,21 +142,24 @@ class SentinelTopology:
             return None
 
     def replica_offset(self, primary: int) -> int | None:
-        """The replication offset the replica acknowledged to the primary on ``primary``
-        (None: no replica in sync, or the primary does not answer)."""
+        """The lowest replication offset the replicas acknowledged to the primary on
+        ``primary`` (None: not every replica in sync, or the primary does not answer)."""
         try:
             info = quick_client(primary, 1.0).info("replication")
         except (redis.RedisError, OSError):
             return None
-        replica = info.get("slave0")
-        return int(replica["offset"]) if replica and replica["state"] == "online" else None
+        found = [info.get(f"slave{i}") for i in range(self.replicas)]
+        if not all(r and r["state"] == "online" for r in found):
+            return None
+        return min(int(r["offset"]) for r in found)
 
     def lag_bytes(self, primary: int) -> int:
-        """How far (bytes of replication stream) the replica's acknowledgement trails the
-        primary on ``primary``."""
+        """How far (bytes of replication stream) the replicas' newest acknowledgement
+        trails the primary on ``primary``."""
         info = quick_client(primary, 1.0).info("replication")
-        replica = info.get("slave0") or {"offset": 0}
-        return int(info["master_repl_offset"]) - int(replica["offset"])
+        offsets = [int((info.get(f"slave{i}") or {"offset": 0})["offset"])
+                   for i in range(self.replicas)]
+        return int(info["master_repl_offset"]) - max(offsets)
 
     def stop(self) -> None:
         """Stop the Sentinels first (no failover while the servers stop), then the servers."""
@@ -175,7 +179,8 @@ class SentinelTopology:
 
 class SentinelCluster:
     """A :class:`~tasks.dev.cluster.LocalCluster` whose every process reaches Redis
-    through the Sentinels of ``topology``, with ``beats`` beats in all (one leads).
+    through the Sentinels of ``topology``, with ``beats`` beats in all (one leads), and
+    a Prometheus exporter (``lanes exporter``) on ``exporter_port``.
 
     Construct it once ``GPULANES_BROKER_URL`` names ``topology.url``; the local
     cluster is given the primary as its Redis, so it starts none of its own.
@@ -190,6 +195,8 @@ class SentinelCluster:
         self.local.redis = topology.server(topology.first_primary)  # it answers: reused
         self.beats, self.standbys = beats, []
         self.log_dir = self.local.log_dir
+        self.exporter: subprocess.Popen | None = None
+        self.exporter_port = free_port()
 
     def start(self, app: Any, timeout_s: float = 120.0) -> "SentinelCluster":
         """Start the workers and every beat; return once each worker answers."""
@@ -202,6 +209,11 @@ class SentinelCluster:
                 [sys.executable, "-m", "celery", "-A", "tasks", "beat", "--loglevel", "INFO"],
                 env=self.local.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL))
+        self.exporter = spawn(
+            [sys.executable, "-m", "celery", "-A", "tasks", "lanes", "exporter",
+             f"--port={self.exporter_port}"], env=self.local.env,
+            stdout=open(self.log_dir / "exporter.log", "ab"), stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL)
         return self
 
     def beat_pids(self) -> dict[str, int]:
@@ -211,7 +223,7 @@ class SentinelCluster:
 
     def stop(self, workers_s: float = 30.0) -> None:
         """Stop the beats, then the workers (waiting at most ``workers_s`` for them)."""
-        for process in self.standbys:
+        for process in [*self.standbys, self.exporter]:
             _stop_process(process, 10.0)
         _stop_process(self.local.beat, 10.0)
         self.local.stop_workers(workers_s)

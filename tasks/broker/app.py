@@ -13,12 +13,14 @@ import redis
 from celery import Celery
 from celery.app import backends
 from celery.app.amqp import AMQP
+from celery.backends.redis import SentinelBackend
 
 from tasks.broker import backend, transport
 from tasks.broker.store import broker_client
 
 #: Celery members the app below overrides (pinned like kombu's: tests/test_kombu_hooks.py).
-CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"), AMQP: ("Connection",)}
+CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"), AMQP: ("Connection",),
+                SentinelBackend: ("_get_pool", "connparams")}
 
 
 class LanesAMQP(AMQP):

@@ -17,8 +17,11 @@ from typing import Any, Iterator, NamedTuple
 
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
+from redis.sentinel import SentinelManagedConnection
 
+from tasks.broker import failover
 from tasks.broker.outage import refusal_parser, stopping
+from tasks.broker.store import following
 
 _skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
 
@@ -94,7 +97,14 @@ def stored_by_run(task_id: str) -> None:
 
 
 class SentinelResultBackend(ResultBackend, SentinelBackend):
-    pass
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a connection whose reply timed out is closed, never reused
+        self.connparams["connection_class"] = following(
+            self.connparams.get("connection_class", SentinelManagedConnection))
+
+    def _get_pool(self, **params: Any) -> Any:
+        return failover.follow(super()._get_pool(**params))
 
 
 #: What gpulanes' app builds in place of each of Celery's Redis result backends

@@ -193,6 +193,9 @@ BEAT_EPOCH_KEY = f"{PREFIX}:beat:epoch"
 #: Written first in each of beat's rounds, a write like a worker's stats push: refused,
 #: Redis takes no worker's stats either, and the round judges no worker.
 BEAT_PROBE_KEY = f"{PREFIX}:beat:probe"
+#: Written after each script a replica must confirm, before ``WAIT``
+#: (``tasks.broker.scripts.replicated``).
+REPLICATED_KEY = f"{PREFIX}:replicated"
 #: Pub/sub channels (``fast_news_channel``) start with this.
 FAST_NEWS_PREFIX = f"{PREFIX}:fast-waiting:"
 #: Sorted set: worker hostname -> its preemptible run's rank (2 + when it began for a

@@ -38,7 +38,8 @@ def lead(client: redis.Redis, identity: str, lease_s: float,
     epoch is above it and above the epoch key's, so it never goes back, even if that
     key was lost."""
     led, current = scripts.run(client, "lead", [BEAT_LEADER_KEY, BEAT_EPOCH_KEY],
-                               [identity, max(1, int(lease_s * 1000)), int(floor)])
+                               [identity, max(1, int(lease_s * 1000)), int(floor)],
+                               wait_s=lease_s / 4)  # a renewal is due this often
     return int(led), int(current)
 
 

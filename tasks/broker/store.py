@@ -10,15 +10,48 @@ from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
+from redis.connection import SENTINEL
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
 
+from tasks.broker import failover
 from tasks.broker.outage import refusal_parser
 from tasks.settings import settings
 
 #: A broken connection (Redis restarted, a reset) is retried once on a new one; a
 #: timeout never is: a Redis that does not answer must not hold its caller longer.
 ONE_RECONNECT = Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,))
+
+
+class FollowingConnection(SentinelManagedConnection):
+    """A connection to the primary the Sentinels name, closed after any error while
+    reading a reply, a timeout included, as redis-py closes its other connections:
+    redis-py's Sentinel connection stays open then, and the reply it did not read
+    answers the next command (a frozen primary that wakes up). Closed, it asks the
+    Sentinels for the primary again on its next command. A caller that polls (pub/sub)
+    still says ``disconnect_on_error=False`` for itself."""
+
+    def read_response(self, disable_decoding: bool = False, *, timeout: object = SENTINEL,
+                      disconnect_on_error: bool = True, push_request: bool = False) -> object:
+        return super().read_response(disable_decoding, timeout=timeout,
+                                     disconnect_on_error=disconnect_on_error,
+                                     push_request=push_request)
+
+
+class FollowingSSLConnection(FollowingConnection, SentinelManagedSSLConnection):
+    pass
+
+
+def following(connection_class: type | None) -> type | None:
+    """The connection class to use in place of redis-py's Sentinel-managed
+    ``connection_class`` (any other is returned as it is)."""
+    if connection_class is not None and issubclass(connection_class, FollowingConnection):
+        return connection_class
+    if connection_class is SentinelManagedSSLConnection:
+        return FollowingSSLConnection
+    if connection_class is SentinelManagedConnection:
+        return FollowingConnection
+    return connection_class
 
 
 def redis_url(broker_url: str) -> str:
@@ -43,7 +76,10 @@ def sentinel_client(broker_url: str, master_name: str, **kwargs) -> redis.Redis:
         password = url.password or password
         db = int(url.path.strip("/") or db)
     sentinel = Sentinel(nodes, socket_timeout=kwargs.get("socket_timeout"))
-    return sentinel.master_for(master_name, password=password, db=db, **kwargs)
+    kwargs.setdefault("connection_class", FollowingConnection)
+    client = sentinel.master_for(master_name, password=password, db=db, **kwargs)
+    failover.follow(client.connection_pool)
+    return client
 
 
 def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 5.0,

@@ -43,7 +43,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
 from routing.names import LANES, lane_of
-from tasks.broker import envelope, leader, scripts
+from tasks.broker import envelope, failover, leader, scripts
 from tasks.broker.holder import acked_earlier, holder, noting_unanswered, settled
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
@@ -60,7 +60,7 @@ from tasks.broker.moves import lane_clock_of
 from tasks.broker.outage import refusal_parser, watched
 from tasks.broker.publish import (RELEASED, ClaimAnswered, Conditions, _put, _put_call, current,
                                   refusal)
-from tasks.broker.store import ONE_RECONNECT
+from tasks.broker.store import ONE_RECONNECT, FollowingConnection, FollowingSSLConnection
 from tasks.settings import settings
 
 class LedgerQoS(kombu_redis.QoS):
@@ -338,6 +338,8 @@ KOMBU_HOOKS = {
                           "connection_errors", "_brpop_read", "client"),
     kombu_redis.Transport: ("Channel",),
     kombu_redis.SentinelTransport: ("Channel",),
+    kombu_redis.SentinelChannel: ("connection_class", "connection_class_ssl",
+                                  "_sentinel_managed_pool"),
     kombu.Connection: ("get_transport_cls", "Pool", "_info"),
     kombu.connection.ConnectionPool: ("new",),
 }
@@ -348,7 +350,12 @@ class Transport(kombu_redis.Transport):
 
 
 class SentinelLedgerChannel(kombu_redis.SentinelChannel, LedgerChannel):
-    pass
+    # a connection whose reply timed out is closed, never reused (a frozen primary)
+    connection_class = FollowingConnection
+    connection_class_ssl = FollowingSSLConnection
+
+    def _sentinel_managed_pool(self, asynchronous: bool = False) -> Any:
+        return failover.follow(super()._sentinel_managed_pool(asynchronous))
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):
