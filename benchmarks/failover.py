@@ -183,8 +183,9 @@ class Operator:
 
     def __init__(self, exporter_port: int, period_s: float = 0.25) -> None:
         self.url = f"http://127.0.0.1:{exporter_port}/metrics"
-        self.period_s, self.status_ok_at = period_s, None
+        self.period_s = period_s
         self.scrapes: list[tuple[float, bool]] = []  # (monotonic, answered)
+        self.statuses: list[tuple[float, float, bool]] = []  # (began, ended, answered)
         self._stop, self._fault = threading.Event(), threading.Event()
         self._threads = [threading.Thread(target=self._scrape, daemon=True),
                          threading.Thread(target=self._status, daemon=True)]
@@ -213,11 +214,11 @@ class Operator:
 
     def _status(self) -> None:
         self._fault.wait()
-        while not self._stop.is_set() and self.status_ok_at is None:
+        while not self._stop.is_set():
+            began = time.monotonic()
             done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes",
                                    "status", "--json"], capture_output=True, timeout=60)
-            if done.returncode == 0:
-                self.status_ok_at = time.monotonic()
+            self.statuses.append((began, time.monotonic(), done.returncode == 0))
 
 
 def stream_through(run: Run, fault: Callable[[Run], None], operator: Operator) -> TimedStream:
@@ -270,12 +271,14 @@ def processes(cluster: SentinelCluster) -> dict[str, int]:
 
 
 def operator_figures(run: Run, operator: Operator) -> dict[str, float | None]:
-    """Seconds after the fault until ``lanes status`` first answered, and until the
-    exporter answered every scrape from then on."""
+    """Seconds after the fault until a ``lanes status`` begun after it first answered,
+    and until the exporter answered every scrape from then on."""
     failed = [at for at, answered in operator.scrapes if not answered and at >= run.fault_at]
     back = next((at for at, answered in operator.scrapes
                  if answered and at > max(failed, default=run.fault_at)), None)
-    return {"status_ok_s": run.since(operator.status_ok_at),
+    status_ok = next((ended for began, ended, answered in operator.statuses
+                      if answered and began >= run.fault_at), None)
+    return {"status_ok_s": run.since(status_ok),
             "exporter_back_s": run.since(back) if failed else 0.0}
 
 
@@ -327,7 +330,7 @@ JOB_HEADERS = (*HEADERS[:9], "ran to the end twice (log)", *HEADERS[9:])
 TIME_HEADERS = ("scenario", "new primary named", "old demoted", "submits back",
                 "every worker ran a job", "beat leads on new", "exporter back",
                 "lanes status answers", "epoch before",
-                "epochs led on new", "beats leading the old after promotion",
+                "epochs led on new", "leads written on the old after promotion (unconfirmed)",
                 "beats that lead by their own account at the end")
 
 
