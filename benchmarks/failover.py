@@ -278,7 +278,11 @@ def operator_figures(run: Run, operator: Operator) -> dict[str, float | None]:
                  if answered and at > max(failed, default=run.fault_at)), None)
     status_ok = next((ended for began, ended, answered in operator.statuses
                       if answered and began >= run.fault_at), None)
+    settled = (run.promoted_at or run.fault_at) + 1.0  # every Sentinel has heard by then
     return {"status_ok_s": run.since(status_ok),
+            # a `lanes status` is a process of its own: it asks the Sentinels as it starts
+            "status_failed_after_promotion": sum(
+                not answered for began, _, answered in operator.statuses if began >= settled),
             "exporter_back_s": run.since(back) if failed else 0.0}
 
 
