@@ -36,11 +36,8 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -49,8 +46,14 @@ from typing import Any, Callable
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.failover_figures import Run, TimedStream, figures, read_failover  # noqa: E402
-from benchmarks.failover_watch import Watcher, worker_processes  # noqa: E402
+from benchmarks.failover_figures import (  # noqa: E402
+    Run,
+    TimedStream,
+    figures,
+    operator_figures,
+    read_failover,
+)
+from benchmarks.failover_watch import Operator, Watcher, worker_processes  # noqa: E402
 from benchmarks.faults import HEADERS, Counts, settle  # noqa: E402
 from benchmarks.sentinels import (  # noqa: E402
     MASTER,
@@ -176,51 +179,6 @@ def _converged(run: Run) -> int | None:
     return master
 
 
-class Operator:
-    """What an operator's tools meet: the exporter, scraped every ``period_s`` from a
-    thread (so that it reads Redis all along), and ``lanes status``, run again and again
-    from the fault on (a process each) until one answers."""
-
-    def __init__(self, exporter_port: int, period_s: float = 0.25) -> None:
-        self.url = f"http://127.0.0.1:{exporter_port}/metrics"
-        self.period_s = period_s
-        self.scrapes: list[tuple[float, bool]] = []  # (monotonic, answered)
-        self.statuses: list[tuple[float, float, bool]] = []  # (began, ended, answered)
-        self._stop, self._fault = threading.Event(), threading.Event()
-        self._threads = [threading.Thread(target=self._scrape, daemon=True),
-                         threading.Thread(target=self._status, daemon=True)]
-
-    def start(self) -> "Operator":
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def fault(self) -> None:
-        self._fault.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._fault.set()
-        for thread in self._threads:
-            thread.join()
-
-    def _scrape(self) -> None:
-        while not self._stop.wait(self.period_s):
-            try:
-                urllib.request.urlopen(self.url, timeout=5).read()
-                self.scrapes.append((time.monotonic(), True))
-            except OSError:
-                self.scrapes.append((time.monotonic(), False))
-
-    def _status(self) -> None:
-        self._fault.wait()
-        while not self._stop.is_set():
-            began = time.monotonic()
-            done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes",
-                                   "status", "--json"], capture_output=True, timeout=60)
-            self.statuses.append((began, time.monotonic(), done.returncode == 0))
-
-
 def stream_through(run: Run, fault: Callable[[Run], None], operator: Operator) -> TimedStream:
     """Stream ``--before-s``, hold every worker with a longer job, let jobs queue behind
     them ``--backlog-s``, break the primary, stream ``--after-s``."""
@@ -268,22 +226,6 @@ def processes(cluster: SentinelCluster) -> dict[str, int]:
     workers = worker_processes(supervisor.pid) if supervisor else {}
     exporter = {"exporter": cluster.exporter.pid} if cluster.exporter else {}
     return {"submitter": os.getpid(), **cluster.beat_pids(), **workers, **exporter}
-
-
-def operator_figures(run: Run, operator: Operator) -> dict[str, float | None]:
-    """Seconds after the fault until a ``lanes status`` begun after it first answered,
-    and until the exporter answered every scrape from then on."""
-    failed = [at for at, answered in operator.scrapes if not answered and at >= run.fault_at]
-    back = next((at for at, answered in operator.scrapes
-                 if answered and at > max(failed, default=run.fault_at)), None)
-    status_ok = next((ended for began, ended, answered in operator.statuses
-                      if answered and began >= run.fault_at), None)
-    settled = (run.promoted_at or run.fault_at) + 1.0  # every Sentinel has heard by then
-    return {"status_ok_s": run.since(status_ok),
-            # a `lanes status` is a process of its own: it asks the Sentinels as it starts
-            "status_failed_after_promotion": sum(
-                not answered for began, _, answered in operator.statuses if began >= settled),
-            "exporter_back_s": run.since(back) if failed else 0.0}
 
 
 # --- running and reporting -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.failover_watch import (
+    Operator,
     Sample,
     errors_logged,
     finished_runs,
@@ -133,6 +134,22 @@ def figures(run: Run, name: str, stream: TimedStream, counts: Counts,
             "clients": clients(run, samples),
             "beat": beat_figures(run, samples, beats, cluster.log_dir),
             "errors": dict(errors_logged(logs, run.fault_wall, run.settled_wall).most_common(15))}
+
+
+def operator_figures(run: Run, operator: Operator) -> dict[str, float | None]:
+    """Seconds after the fault until a ``lanes status`` begun after it first answered,
+    and until the exporter answered every scrape from then on."""
+    failed = [at for at, answered in operator.scrapes if not answered and at >= run.fault_at]
+    back = next((at for at, answered in operator.scrapes
+                 if answered and at > max(failed, default=run.fault_at)), None)
+    status_ok = next((ended for began, ended, answered in operator.statuses
+                      if answered and began >= run.fault_at), None)
+    settled = (run.promoted_at or run.fault_at) + 1.0  # every Sentinel has heard by then
+    return {"status_ok_s": run.since(status_ok),
+            # a `lanes status` is a process of its own: it asks the Sentinels as it starts
+            "status_failed_after_promotion": sum(
+                not answered for began, _, answered in operator.statuses if began >= settled),
+            "exporter_back_s": run.since(back) if failed else 0.0}
 
 
 def accepted_between(stream: TimedStream, since_wall: float, until_wall: float) -> int:

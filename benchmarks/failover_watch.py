@@ -10,8 +10,11 @@ from the cluster's logs (beat's ``leads (epoch N)`` lines, errors, finished runs
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,6 +70,51 @@ class Watcher:
         return Sample(at, master, roles,
                       {port: _leader(port) if roles[port] else None for port in ports},
                       {name: _links(pid, ports) for name, pid in self.processes().items()})
+
+
+class Operator:
+    """What an operator's tools meet: the exporter, scraped every ``period_s`` from a
+    thread (so that it reads Redis all along), and ``lanes status``, run again and again
+    from the fault on (a process each) until one answers."""
+
+    def __init__(self, exporter_port: int, period_s: float = 0.25) -> None:
+        self.url = f"http://127.0.0.1:{exporter_port}/metrics"
+        self.period_s = period_s
+        self.scrapes: list[tuple[float, bool]] = []  # (monotonic, answered)
+        self.statuses: list[tuple[float, float, bool]] = []  # (began, ended, answered)
+        self._stop, self._fault = threading.Event(), threading.Event()
+        self._threads = [threading.Thread(target=self._scrape, daemon=True),
+                         threading.Thread(target=self._status, daemon=True)]
+
+    def start(self) -> "Operator":
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def fault(self) -> None:
+        self._fault.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._fault.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _scrape(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                urllib.request.urlopen(self.url, timeout=5).read()
+                self.scrapes.append((time.monotonic(), True))
+            except OSError:
+                self.scrapes.append((time.monotonic(), False))
+
+    def _status(self) -> None:
+        self._fault.wait()
+        while not self._stop.is_set():
+            began = time.monotonic()
+            done = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes",
+                                   "status", "--json"], capture_output=True, timeout=60)
+            self.statuses.append((began, time.monotonic(), done.returncode == 0))
 
 
 def _leader(port: int) -> Any:
