@@ -25,11 +25,8 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def one_thread(one_torch_thread):
+    """One torch thread for every test here."""
 
 
 @pytest.fixture
