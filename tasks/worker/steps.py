@@ -38,12 +38,16 @@ class StepGuard:
         #: Set by the runner once it knows the model may stop here (and run alone).
         self.preemptible = False
         self.state: Any = None
+        #: The last step the model reported done, of how many (None: not said).
+        self.step: int = 0
+        self.steps: int | None = None
 
     def keep(self, step: int, state: Any) -> None:
         """A resumable model's state after ``step`` steps (what resuming starts from)."""
         self.state = (step, state)
 
     def __call__(self, step: int, steps: int | None = None) -> None:
+        self.step, self.steps = step, steps
         if time.monotonic() > self.deadline:
             raise JobTimeout(f"ran past GPULANES_MAX_JOB_S={settings.max_job_s:g}s at step {step}")
         if self.job_id in revoked_ids and not self.for_followers:
@@ -62,7 +66,7 @@ class StepGuard:
     def _left_s(self, step: int, steps: int | None) -> float | None:
         """Seconds the run expects still to run, from its pace so far; None: unknown (no
         total, no step done yet), which counts as long. One expecting less than
-        ``GPULANES_PREEMPT_MIN_LEFT_S`` is never preempted."""
+        ``preempt_min_left_s`` is never preempted."""
         done = step - self.report.from_step
         if steps is None or done <= 0:
             return None
