@@ -7,8 +7,9 @@ import sys
 
 from gpu_worker.batching import CONCURRENCY_ENV, worker_concurrency
 from gpu_worker.devices import gpu_count, resolve
-from gpu_worker.launcher import Child, Supervisor, worker_command, worker_env
+from gpu_worker.launcher import EXIT_CONFIG, Child, Supervisor, worker_command, worker_env
 from gpu_worker.topology import cpus_for, gpus
+from tasks.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,28 +37,44 @@ def plan(args: argparse.Namespace) -> tuple[str, int]:
     if workers < 1:
         raise SystemExit("--workers must be at least 1")
     if device == "cuda" and workers > gpus:
-        raise SystemExit(f"--workers {workers} but only {gpus} GPU(s) are visible")
+        visible = "1 GPU is" if gpus == 1 else f"{gpus} GPUs are"
+        raise SystemExit(f"--workers {workers} but only {visible} visible")
     return device, workers
 
 
+def children(args: argparse.Namespace) -> list[Child]:
+    """One worker per device, as ``args`` and the settings ask."""
+    from tasks.settings import settings
+
+    device, workers = plan(args)
+    # A batch forms only from jobs in hand: one pool thread per job of the largest batch.
+    concurrency = args.concurrency or worker_concurrency(settings.max_batch)
+    started = [Child(i, worker_command(i, concurrency, args.loglevel),
+                     {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)})
+               for i in range(workers)]
+    if device == "cuda":
+        known = gpus()
+        for child in started:
+            child.cpus = cpus_for(child.env["CUDA_VISIBLE_DEVICES"], known)
+    return started
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the supervisor until SIGTERM; a bad setting is one line on stderr and exit
+    status 78 (EX_CONFIG) before anything starts."""
     args = parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="[%(asctime)s %(name)s] %(message)s")
-    device, workers = plan(args)
     from gpu_worker.redis_server import ensure_broker
     from tasks.settings import settings
 
-    # A batch forms only from jobs in hand: one pool thread per job of the largest batch.
-    concurrency = args.concurrency or worker_concurrency(settings.max_batch)
-    children = [Child(i, worker_command(i, concurrency, args.loglevel),
-                      {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)})
-                for i in range(workers)]
-    if device == "cuda":
-        known = gpus()
-        for child in children:
-            child.cpus = cpus_for(child.env["CUDA_VISIBLE_DEVICES"], known)
+    try:
+        planned = children(args)
+        stop_timeout_s = settings.max_job_s + 30
+    except ConfigError as exc:
+        print(f"python -m gpu_worker: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     with ensure_broker(settings.state_dir):
-        return Supervisor(children, stop_timeout_s=settings.max_job_s + 30).run()
+        return Supervisor(planned, stop_timeout_s=stop_timeout_s).run()
 
 
 if __name__ == "__main__":

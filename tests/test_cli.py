@@ -1,6 +1,7 @@
 """``celery -A tasks lanes ...`` run for real, in a subprocess, against the test Redis."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -164,15 +165,49 @@ def test_status_prints_each_lane_and_worker(clean_redis):
     assert footer == "fast time exhausted: bob"
 
 
+@pytest.fixture(scope="module")
+def cluster(cluster_factory):
+    """One worker for the module's tests that run jobs."""
+    return cluster_factory(workers=1)
+
+
 @pytest.mark.cluster
-def test_submit_follows_the_job_and_prints_its_png(cluster_factory, clean_redis):
-    cluster_factory(workers=1)
+def test_submit_follows_the_job_and_prints_its_png(cluster, clean_redis):
     out = ok("submit", "a fox in the snow", "--tier", "fast", "--seed", "3", "--steps", "4",
              "--width", "64", "--height", "64")
     assert re.search(r"^(queued \.\.\.|running \.\.\.|done)$", out, re.M)  # a line a state
     assert "ran in the fast lane on gpu0@" in out
-    png = Path(re.search(r"^image: (\S+)$", out, re.M).group(1))
+    found = re.search(r"^image: (\S+) \(\d+ bytes, sha256 ([0-9a-f]{64})\)$", out, re.M)
+    png = Path(found.group(1))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert hashlib.sha256(png.read_bytes()).hexdigest() == found.group(2)
+
+
+@pytest.mark.cluster
+def test_submit_any_model_with_inputs_and_read_its_output(cluster, clean_redis):
+    out = ok("submit", "--model", "echo", "--input", "text=ab", "--input", "repeat=2",
+             "--tier", "fast")
+    assert "\noutput.text: abab\nran in the fast lane on gpu0@" in out
+    answer = json.loads(ok("submit", "--model", "echo", "--input-json", '{"text": "x"}',
+                           "--json"))
+    assert answer["result"]["output"] == {"text": "x"} and answer["result"]["lane"] == "standard"
+    assert answer["id"] == answer["result"]["job_id"]
+
+
+@pytest.mark.cluster
+def test_job_shows_a_finished_jobs_artifacts_and_cancel_says_it_finished(cluster, app,
+                                                                        clean_redis):
+    job_id = ok("submit", "--model", "blob", "--input", "tag=cli-job", "--input",
+                "size_bytes=16", "--no-wait").strip()
+    out = app.AsyncResult(job_id).get(timeout=60)
+    ref = out["output"]["blob"]
+    shown = ok("job", job_id)
+    assert shown.startswith(f"job {job_id}: done in the standard lane on gpu0@")
+    assert shown.splitlines()[1] == (f"output.blob: {ref['url']} (application/octet-stream, "
+                                     f"16 bytes, sha256 {ref['sha256']})")
+    assert hashlib.sha256(Path(ref["url"]).read_bytes()).hexdigest() == ref["sha256"]
+    assert ok("cancel", job_id) == f"job {job_id}: already finished; nothing to cancel\n"
+    assert not clean_redis.zscore("gpulanes:revoked", job_id)
 
 
 def test_submit_with_a_bad_field_names_it_and_enqueues_nothing(clean_redis):

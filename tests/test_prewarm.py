@@ -46,7 +46,7 @@ def test_prewarm_command_warms_replicas_before_traffic(cluster, app):
                            "demo-1", "--replicas", "2", "--wait", "60"],
                           env=os.environ, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "demo-1 warm on 2 worker(s)" in proc.stdout
+    assert "demo-1 warm on 2 workers" in proc.stdout
     assert _warm_on(app, "demo-1") == sorted(cluster.hostnames)
     assert not submit("after prewarm", model="demo-1", **SMALL).get(timeout=60)["cold_start"]
 

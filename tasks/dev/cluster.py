@@ -82,12 +82,14 @@ class LocalCluster:
     def wait_for_workers(self, app: Any, hostnames: list[str], timeout_s: float) -> None:
         """Block until each named worker answers a ping (it pings once warm)."""
         deadline, missing = time.monotonic() + timeout_s, set(hostnames)
+        log = self.log_dir / "workers.log"
         while missing:
-            if self.supervisor is not None and self.supervisor.poll() is not None:
-                raise GpulanesError(f"worker supervisor exited; see {self.log_dir / 'workers.log'}")
+            if self.supervisor is not None and (code := self.supervisor.poll()) is not None:
+                raise GpulanesError(f"the worker supervisor exited with {code}; the end of "
+                                    f"{log}:\n{log_tail(log)}")
             if time.monotonic() > deadline:
                 raise GpulanesError(f"workers {sorted(missing)} not ready after {timeout_s:.0f}s;"
-                                    f" see {self.log_dir / 'workers.log'}")
+                                    f" the end of {log}:\n{log_tail(log)}")
             for reply in app.control.ping(timeout=0.5) or []:
                 missing -= set(reply)
 
@@ -107,6 +109,25 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+#: Lines of a log :func:`log_tail` shows, and how far back it reads for them.
+TAIL_LINES, TAIL_BYTES = 8, 64 * 1024
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of the log at ``path`` that say something, indented:
+    traceback frames and blank lines left out, so a worker's error and the
+    supervisor's last words fit in a terminal."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError as exc:
+        return f"    (cannot read it: {exc})"
+    said = [line for line in text.splitlines() if line.strip() and not line[0].isspace()
+            and not line.startswith("Traceback (most recent call last)")]
+    return "\n".join(f"    {line}" for line in said[-lines:]) or "    (empty)"
 
 
 def _terminate(process: subprocess.Popen | None, timeout_s: float) -> int | None:

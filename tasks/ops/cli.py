@@ -19,7 +19,16 @@ import redis
 
 from tasks.broker.keys import SNAPSHOT_KEY, WORKERS_KEY
 from tasks.errors import InvalidJob
-from tasks.ops.group import Duration, _client, _echo_json, iso_time, lanes, number, table
+from tasks.ops.group import (
+    Duration,
+    _client,
+    _echo_json,
+    iso_time,
+    lanes,
+    number,
+    plural,
+    table,
+)
 from tasks.ops.status import render_status
 
 #: Longest error text shown in the dead-letter table; ``--json`` has it all.
@@ -42,7 +51,7 @@ def _parse_seconds(raw: str) -> float:
 
 def _balance_line(account: str, left: float, exhausted: bool) -> str:
     note = " (exhausted: its fast jobs run in the relaxed lane)" if exhausted else ""
-    return f"{account}: {number(left)} fast seconds left{note}"
+    return f"{account}: {plural(left, 'fast second')} left{note}"
 
 
 @accounts.command("list")
@@ -61,7 +70,7 @@ def accounts_list(ctx: click.Context, as_json: bool) -> None:
         _echo_json(rows)
     elif not rows:
         click.echo(f"no recorded balances; every account starts with "
-                   f"{number(settings.fast_seconds_default)} fast seconds")
+                   f"{plural(settings.fast_seconds_default, 'fast second')}")
     else:
         click.echo(table(["account", "fast seconds left", "exhausted"],
                          [(r["account"], number(r["fast_seconds_left"]),
@@ -182,14 +191,14 @@ def dead_requeue(ctx: click.Context, job_ids: tuple[str, ...], every: bool) -> N
 @click.pass_context
 def dead_purge(ctx: click.Context, older_than_s: float | None, every: bool) -> None:
     """Remove dead jobs for good; print how many (beat drops those older than
-    GPULANES_DEAD_TTL_S by itself)."""
+    a week by itself)."""
     from tasks.jobs.deadletter import drop_dead
 
     if every == (older_than_s is not None):  # a bare `purge` must not mean "everything"
         raise click.UsageError("give --older-than DURATION (e.g. 7d) or --all")
     cutoff = "+inf" if every else time.time() - older_than_s
     removed = drop_dead(_client(ctx), cutoff, calls=None)
-    click.echo(f"removed {removed} dead job(s)")
+    click.echo(f"removed {plural(removed, 'dead job')}")
 
 
 # --- status -------------------------------------------------------------------
@@ -259,8 +268,8 @@ def prewarm(ctx: click.Context, model: str, replicas: int, wait_s: float) -> Non
     workers = _live_workers(_client(ctx), replicas)
     targets = prewarm_targets(workers, model, replicas)
     if len(holders(workers, model)) + len(targets) < replicas:
-        raise click.ClickException(f"only {len(workers)} worker(s) answered; "
-                                   f"cannot hold {replicas} replicas of {model}")
+        raise click.ClickException(f"only {plural(len(workers), 'worker')} answered; "
+                                   f"cannot hold {plural(replicas, 'replica')} of {model}")
     for answer in ask(app, model, targets, reply=True) if targets else []:
         for host, reply in answer.items():
             click.echo(f"{host}: {reply.get('ok') or reply.get('error')}")
@@ -275,9 +284,10 @@ def _wait_warm(client: redis.Redis, model: str, replicas: int, wait_s: float) ->
         if len(warm) >= replicas or time.monotonic() >= deadline:
             break
         time.sleep(0.5)
-    click.echo(f"{model} warm on {len(warm)} worker(s): {', '.join(sorted(warm)) or '-'}")
+    click.echo(f"{model} warm on {plural(len(warm), 'worker')}: {', '.join(sorted(warm)) or '-'}")
     if wait_s and len(warm) < replicas:
-        raise click.ClickException(f"{model} is warm on {len(warm)} of {replicas} workers "
+        raise click.ClickException(f"{model} is warm on {len(warm)} of "
+                                   f"{plural(replicas, 'worker')} "
                                    f"after {wait_s:g}s")
 
 
@@ -315,8 +325,9 @@ def publish(folder: Path, name: str, store: str | None) -> None:
     except ShardError as exc:
         raise click.ClickException(str(exc)) from exc
     size_mb = sum(shard["size_bytes"] for shard in manifest["shards"]) / 1e6
-    click.echo(f"{name}: {len(manifest['shards'])} files ({size_mb:.1f} MB) published to "
-               f"{url}; `celery -A tasks lanes unpin {name}` if workers loaded an older one")
+    files = plural(len(manifest["shards"]), "file")
+    click.echo(f"{name}: {files} ({size_mb:.1f} MB) published to {url}; "
+               f"`celery -A tasks lanes unpin {name}` if workers loaded an older one")
 
 
 from tasks.ops import cli_jobs, cli_run  # noqa: E402,F401  register job, cancel, submit, up, exporter

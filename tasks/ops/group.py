@@ -3,7 +3,9 @@ app Celery loaded, tables, numbers and spans for people."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, Sequence
 
@@ -52,6 +54,11 @@ def number(value: float) -> str:
     return "0" if text == "-0" else text
 
 
+def plural(count: float, noun: str, nouns: str | None = None) -> str:
+    """``count`` and ``noun``, in the plural unless it is one: 1 job, 3 jobs, 0.5 seconds."""
+    return f"{number(count)} {noun if abs(count) == 1 else nouns or noun + 's'}"
+
+
 def duration(seconds: float) -> str:
     """A span for people: 0s, 850ms, 16.8s, 12.5min, 24.0h."""
     if seconds <= 0:
@@ -92,3 +99,7 @@ def _echo_json(data: Any) -> None:
 @click.group(cls=LanesGroup)
 def lanes() -> None:
     """gpulanes: status, jobs, a local cluster, metrics, accounts, dead letters."""
+    # The models of GPULANES_MODELS import from the current folder, as in the workers
+    # (``python -m celery``); the ``celery`` script puts only its own folder on the path.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())

@@ -73,7 +73,7 @@ def _beat_line(snapshot: dict[str, Any]) -> str:
 def _redis_line(snapshot: dict[str, Any]) -> str:
     """Redis' memory and whether it refuses writes, as read now (else as beat measured
     it), and whether new jobs are refused for its memory."""
-    from tasks.settings import settings
+    from tasks.broker.memory import MEMORY_LIMIT
 
     memory = snapshot.get("redis") or {}
     refusing = f"; REFUSING WRITES: {memory['refusing']}" if memory.get("refusing") else ""
@@ -82,8 +82,8 @@ def _redis_line(snapshot: dict[str, Any]) -> str:
     if not memory.get("max_mb"):
         return f"redis: {memory.get('used_mb', '?')} MB used, no maxmemory set{refusing}"
     share = memory.get("memory_share", 0.0)
-    refused = (f"; NEW JOBS REFUSED (over {settings.redis_memory_limit:.0%})"
-               if share > settings.redis_memory_limit else "")
+    refused = (f"; NEW JOBS REFUSED (over {MEMORY_LIMIT:.0%})"
+               if share > MEMORY_LIMIT else "")
     return (f"redis: {memory['used_mb']} of {memory['max_mb']} MB ({share:.0%})"
             f"{refused}{refusing}")
 

@@ -6,9 +6,10 @@ the job's PNG; a model of the general contract (``predict``) gets its validated
 (``tasks.worker.outputs``). Both report each finished step to the run's
 ``StepGuard``, which raises to stop the run (revoked, taken over, past
 ``GPULANES_MAX_JOB_S``, preempted) and else reports its progress. A model that
-declares ``preemptible`` may be stopped for a fast job; one that is also
-``resumable`` hands its state with each step (``keep(step, state)``, or
-``progress(done, total, state)``) and takes it back as ``resume=(step, state)``.
+declares ``preemptible`` may be stopped for a fast job; one that is ``resumable``
+hands its state with each step (``keep(step, state)``, or
+``progress(done, total, state)``), takes it back as ``resume=(step, state)``, and is
+preemptible unless it says ``preemptible = False``.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def run_job(job: Job, lane: str, guard: StepGuard,
         return BATCHER.run(job, lane, guard)  # the batcher's runner loads the model
     model, load_ms = RUNTIME.model(job.model)
     guard.began = time.monotonic()  # a cold load is nobody's fast time
-    guard.preemptible = bool(getattr(model, "preemptible", False))
+    guard.preemptible = is_preemptible(model)
     if guard.preemptible and _may_run_long(job):
         PREEMPTION.offer(lane, guard.preempted)
         try:
@@ -50,8 +51,15 @@ def run_job(job: Job, lane: str, guard: StepGuard,
     return _run_alone(model, load_ms, job, guard, resume)
 
 
+def is_preemptible(model: Any) -> bool:
+    """Whether runs of ``model`` may step aside for a fast job: its ``preemptible``,
+    which defaults to its ``resumable`` (a model that can pick up where it stopped)."""
+    declared = getattr(model, "preemptible", None)
+    return bool(getattr(model, "resumable", False) if declared is None else declared)
+
+
 def _may_run_long(job: Job) -> bool:
-    """Whether ``job`` may run ``GPULANES_PREEMPT_MIN_LEFT_S`` or longer, by this worker's
+    """Whether ``job`` may run ``preempt_min_left_s`` or longer, by this worker's
     recent jobs of its model (none yet: it may). A shorter one is never preempted
     (``StepGuard``): it stays out of the index of preemptible runs, two calls saved."""
     fit = RUNTIME.cost_fits.get(job.model)
