@@ -7,12 +7,14 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test browser bench soak clean
+.PHONY: demo test docs browser bench gpu-check soak clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml requirements-models.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+		-r requirements-models.txt
 	touch $@
 
 demo: $(STAMP)
@@ -24,7 +26,14 @@ demo: $(STAMP)
 TEST_JOBS ?= 2
 test: $(STAMP) browser
 	$(VENV)/bin/lint-imports
+	$(MKDOCS) --quiet
 	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile
+
+# The documentation site (mkdocs.yml, docs/) into site/; strict: a broken link or
+# anchor fails the build, and with it `make test` (a few seconds).
+MKDOCS := NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+docs: $(STAMP)
+	$(MKDOCS)
 
 # Debian's Chromium and ChromeDriver for the Flower browser test
 # (tests/test_flower_browser.py). Installed only when missing, and only as root
@@ -61,21 +70,28 @@ bench: $(STAMP)
 	$(PY) benchmarks/preempt.py
 	$(PY) benchmarks/fleet.py --processes 64
 	$(PY) -m benchmarks.simulate
+	$(PY) benchmarks/pages.py
 
-# The long part of the reliability suite (minutes): faults (kills, freezes, Redis down
-# and frozen, a full artifact disk, with the default visibility timeout; then jobs longer
-# than a short one), Redis refusing writes (out of memory, MISCONF), Redis failing over
-# under Sentinel (killed, frozen 5 s and 40 s, replicas tens of MB behind), what
-# fsyncing and replicating each accepted job costs a submit, then a 20,000-job
-# burst. Each prints its table and exits non-zero if a job was lost,
-# falsely failed, run twice, or a bound broken.
+# The CUDA path on a GPU host (at most 8 minutes): pinned workers, shards on the device,
+# batching, cold against warm, preemption, out-of-memory handling.
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu.py --device cuda
+
+# The long part of the reliability suite (minutes; tests/soak, which `make test` leaves
+# out): faults (kills, freezes, Redis down and frozen, a full artifact disk, with the
+# default visibility timeout; then jobs longer than a short one), Redis refusing writes
+# (out of memory, MISCONF), Redis failing over under Sentinel (killed, frozen 5 s and
+# 40 s, replicas tens of MB behind), what fsyncing and replicating each accepted job
+# costs a submit (these two measured, in benchmarks/), then a 20,000-job burst. Each
+# prints its table and exits non-zero if a job was lost, falsely failed, run twice, or
+# a bound broken.
 soak: $(STAMP)
-	$(PY) benchmarks/soak_faults.py
-	$(PY) benchmarks/soak_faults.py --only long --visibility-s 3
-	$(PY) benchmarks/soak_refusals.py
+	$(PY) tests/soak/faults.py
+	$(PY) tests/soak/faults.py --only long --visibility-s 3
+	$(PY) tests/soak/refusals.py
 	$(PY) benchmarks/failover.py
 	$(PY) benchmarks/durability.py
-	$(PY) benchmarks/soak_load.py --max-depth 500,2000,4000
+	$(PY) tests/soak/load.py --max-depth 500,2000,4000
 
 clean:
 	rm -rf $(VENV) .gpulanes artifacts build *.egg-info

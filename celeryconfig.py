@@ -49,9 +49,9 @@ worker_prefetch_multiplier = 1
 task_acks_late = True
 task_reject_on_worker_lost = True
 task_track_started = True
-#: Celery's task-sent events (one more publish per submit); Flower reads queue
-#: lengths from Redis itself and workers send their own events (``-E``).
-task_send_sent_event = _settings.sent_events
+#: No task-sent events (one more publish per submit): Flower reads queue lengths from
+#: Redis itself and workers send their own events (``-E``).
+task_send_sent_event = False
 worker_send_task_events = True
 worker_hijack_root_logger = False
 # JSON only, above; and what a worker refuses (bad JSON, pickle, unknown tasks,

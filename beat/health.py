@@ -20,6 +20,9 @@ import redis
 from tasks.broker.transport import put_back_held
 
 log = logging.getLogger(__name__)
+#: Heartbeat rounds a worker may miss in a row before it is dead to routing and beat
+#: puts back the jobs it held.
+MISSES_ALLOWED = 2
 
 
 def _parts(incarnation: str) -> tuple[str, float]:
@@ -44,7 +47,7 @@ def unheard_holders(incarnations: Iterable[str], workers: Mapping[str, dict],
 
 
 def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict],
-                      misses_allowed: int = 2) -> set[str]:
+                      misses_allowed: int = MISSES_ALLOWED) -> set[str]:
     """Incarnations ("host/pid/start") whose jobs must be put back (pure)."""
     dead = set()
     for incarnation in set(incarnations):

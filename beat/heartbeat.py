@@ -2,14 +2,14 @@
 
 Each round: read the stats every worker pushed (``gpu_worker.stats``: from a thread of
 its own, even mid-job; one read, no broadcast to wait on), fold them into the worker
-record (a worker that misses ``GPULANES_MISSES_ALLOWED`` rounds in a row is dead),
+record (a worker that misses ``MISSES_ALLOWED`` rounds in a row is dead),
 measure the lanes from their depth counters and the slots each keeps busy, state each
 budgeted lane's admission (what a publish lets in), step the lane policy, and publish it all
 as one snapshot in Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs
 queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
 reply) go back to the shared lanes. Fast jobs stuck behind fast work move to another
 holder of their model, and idle workers take queued jobs of the models they hold warm
-(``beat.balance``). Dead letters past ``GPULANES_DEAD_TTL_S`` are dropped, a bounded
+(``beat.balance``). Dead letters past ``DEAD_TTL_S`` are dropped, a bounded
 batch per round, read from their index (nothing due: one cheap call).
 """
 from __future__ import annotations
@@ -23,14 +23,15 @@ import redis
 
 from beat.balance import give_idle_work
 from beat.costs import queued_sample
-from beat.health import requeue_dead, unheard_holders
+from beat.health import MISSES_ALLOWED, requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
 from routing.names import FAST, HEARTBEAT_TASK, LANES
 from routing.placement import serving
-from routing.policy import admission_waits, relax_levels
+from routing.policy import (FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES, admission_waits,
+                            relax_levels)
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.eviction import SAFE_POLICY
@@ -40,6 +41,8 @@ from tasks.broker.stats import fresh_stats
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     BEAT_PROBE_KEY,
+    DEAD_TTL_S,
+    FAIR_WINDOW_S,
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
     LIST_DEPTHS_KEY,
@@ -57,6 +60,10 @@ from tasks.settings import settings
 log = logging.getLogger(__name__)
 #: A worker silent this long is dropped from the record altogether.
 FORGET_AFTER_S = 600.0
+#: Service time assumed for a lane before any of its jobs was measured.
+DEFAULT_SERVICE_S = 1.0
+#: How late a worker's stats push may be, past a heartbeat, and still count for a round.
+PUSH_GRACE_S = 0.5
 #: Seconds a members doc outlives the last round that named it: a router reading a
 #: snapshot just before a new version finds the doc it names.
 MEMBERS_TTL_S = 600
@@ -104,9 +111,8 @@ def busy_slots(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[st
 
 def ask_workers(client: redis.Redis) -> dict[str, dict]:
     """{hostname: stats} of each worker that pushed its stats this round (within a
-    heartbeat and the reply time: ``tasks.broker.stats``)."""
-    return fresh_stats(client, settings.heartbeat_s + settings.heartbeat_reply_s,
-                       FORGET_AFTER_S)
+    heartbeat and ``PUSH_GRACE_S``: ``tasks.broker.stats``)."""
+    return fresh_stats(client, settings.heartbeat_s + PUSH_GRACE_S, FORGET_AFTER_S)
 
 
 def list_lengths(client: redis.Redis) -> dict[str, dict[str, int]]:
@@ -155,7 +161,7 @@ def unknown_owners(lengths: Mapping[str, Mapping[str, int]],
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
     """GPU seconds per account over the fair-relax window."""
     newest = int(now) // USAGE_BUCKET_S
-    buckets = range(newest - settings.fair_window_s // USAGE_BUCKET_S, newest + 1)
+    buckets = range(newest - FAIR_WINDOW_S // USAGE_BUCKET_S, newest + 1)
     with client.pipeline(transaction=False) as pipe:
         for bucket in buckets:
             pipe.hgetall(usage_key(bucket))
@@ -182,16 +188,15 @@ def build_snapshot(client: redis.Redis, workers: dict, now: float,
     measured_at = time.time()  # routers count their own sends from here on
     lengths = list_lengths(client) if lengths is None else lengths
     loads = lane_loads(workers, lane_depths(client, workers, lengths),
-                       settings.default_service_s, queued_sample(client, lengths),
-                       admission_waits(settings.max_wait_s, settings.release_ratio))
-    policy = next_policy(previous, loads, settings.max_wait_s, settings.release_ratio,
-                         settings.release_samples)
+                       DEFAULT_SERVICE_S, queued_sample(client, lengths),
+                       admission_waits(settings.max_wait_s, RELEASE_RATIO))
+    policy = next_policy(previous, loads, settings.max_wait_s, RELEASE_RATIO, RELEASE_SAMPLES)
     _log_changes(previous, policy, loads)
     return {"at": now, "measured_at": measured_at, "epoch": int(leader.epoch() or 0),
             "lanes": loads, "policy": policy,
             "workers": workers,
             "exhausted": sorted(client.smembers(FAST_EXHAUSTED_KEY)),
-            "levels": relax_levels(recent_usage(client, now), settings.fair_unit_s),
+            "levels": relax_levels(recent_usage(client, now), FAIR_UNIT_S),
             "redis": _memory(client)}
 
 
@@ -224,10 +229,9 @@ def expire_dead_letters(client: redis.Redis, now: float) -> int:
     outside a leader's epoch)."""
     if not leader.leading("dead-letter expiry"):
         return 0
-    dropped = drop_dead(client, now - settings.dead_ttl_s)
+    dropped = drop_dead(client, now - DEAD_TTL_S)
     if dropped:
-        log.info("dropped %d dead letter(s) older than %ss (GPULANES_DEAD_TTL_S)", dropped,
-                 settings.dead_ttl_s)
+        log.info("dropped %d dead letter(s) older than %ss (DEAD_TTL_S)", dropped, DEAD_TTL_S)
     return dropped
 
 
@@ -267,13 +271,13 @@ def heartbeat() -> str:
     replies = ask_workers(client)
     now = time.time()
     holders = client.hgetall(HOLDERS_KEY)
-    workers = merge(previous, replies, now, settings.misses_allowed)
+    workers = merge(previous, replies, now, MISSES_ALLOWED)
     workers.update(unheard_holders(holders.values(), workers, now))
     lengths = list_lengths(client)
     snapshot = build_snapshot(client, workers, now, lengths)
     if not write_round(client, snapshot, workers):
         return "another beat leads: nothing written"
-    requeue_dead(app, client, workers, holders, settings.misses_allowed)
+    requeue_dead(app, client, workers, holders, MISSES_ALLOWED)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
             return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
@@ -281,7 +285,7 @@ def heartbeat() -> str:
         return_to_shared_lanes(client, host, "is unknown")
     keep_replicas(app, workers, settings.min_replicas)
     expire_dead_letters(client, now)
-    give_idle_work(client, workers, lengths, settings.heartbeat_s, settings.default_service_s)
+    give_idle_work(client, workers, lengths, settings.heartbeat_s, DEFAULT_SERVICE_S)
     alive = sum(w["alive"] for w in workers.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(
         f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"

@@ -2,7 +2,7 @@
 
 Any number of beats run (``celery -A tasks beat``, each its own process); the one
 holding the lease leads and runs the rounds, the others stand by and take over
-within ``GPULANES_BEAT_LEASE_S`` of the leader's last renewal (killed, paused,
+within ``beat_lease_s`` (two heartbeats) of the leader's last renewal (killed, paused,
 cut off). The lease is renewed four times per lease from a thread of its own, never
 from the schedule's tick, so a long round does not lose it. What a leader writes is
 fenced by its epoch (``tasks.broker.leader``): a leader that was paused past its

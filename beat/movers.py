@@ -22,10 +22,10 @@ round costs what it moves, whatever the number of workers.
 - A job that leads a coalesced run (``tasks.jobs.cache``) takes its run down with
   it: the run's rank becomes the lower lane's in the same step, so no faster
   caller joins it there.
-- In relaxed, heavy users' jobs sit in lower priority levels; one that
-  waited ``GPULANES_FAIR_AGING_S`` goes to the first level (at its back, in the
-  order of age), ahead of every fresh job, so light users go first and no account
-  waits much longer than the aging time.
+- In relaxed, heavy users' jobs sit in lower priority levels; one that waited
+  the standard lane's budget (``fair_aging_s``) goes to the first level (at its
+  back, in the order of age), ahead of every fresh job, so light users go first
+  and no account waits much longer than the aging time.
 """
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ Goal: <= 2 % of jobs cold with hashing.
 With 2 slots the 8 models fill every slot, and the hottest (40 % of jobs)
 needs more than one worker under bounded loads (epsilon 0.25 caps a worker
 near 31 % of the jobs), so a second copy of it takes some model's slot: the
-floor is about the share of the least wanted model (~4 %). ``--slots 3`` or
-``--epsilon 0.75`` removes that conflict.
+floor is about the share of the least wanted model (~4 %). ``--slots 3`` removes
+that conflict.
 """
 from __future__ import annotations
 
@@ -37,7 +37,14 @@ from typing import Any, Callable
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import JobSize, markdown_table, percentile, run_private  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    JobSize,
+    finish,
+    json_option,
+    markdown_table,
+    percentile,
+    run_private,
+)
 from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
 MODELS = [f"demo-{i}" for i in range(8)]
@@ -158,13 +165,15 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
+    from tasks.broker.enqueue import HASH_EPSILON
+
     rows = [(mode, f["jobs"], f"{f['cold_per_1000']:.1f}", f"{f['repeat_cold_per_1000']:.1f}",
              f"{f['load_ms']:.0f}",
              f"{f['run_ms']:.0f}", f"{f['p50_ms']:.0f}", f"{f['p95_ms']:.0f}",
              f"{f['jobs_per_s']:.1f}")
             for mode, f in figures.items() if isinstance(f, dict)]
     print(f"\n{len(MODELS)} models (Zipf 1.1), {args.workers} CPU workers x {args.slots} slots, "
-          f"epsilon {args.epsilon:g}, "
+          f"epsilon {HASH_EPSILON:g}, "
           f"{args.in_flight} jobs in flight, {args.steps} steps at {args.size}px\n")
     print(markdown_table(["mode", "jobs", "cold loads / 1000", "after first loads / 1000",
                           "mean load ms", "mean run ms",
@@ -185,20 +194,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--slots", type=int, default=2, help="model slots per worker")
-    parser.add_argument("--epsilon", type=float, default=0.25,
-                        help="bounded-loads slack (GPULANES_HASH_EPSILON)")
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--fast-share", type=float, default=0.0,
                         help="share of the jobs sent as fast jobs (default: none)")
+    json_option(parser, "affinity")
     args = parser.parse_args(argv)
     figures = run_private("gl-aff-", lambda state: bench(state, args), "clusters stopped",
-                          HEARTBEAT_S=1, HASH_EPSILON=args.epsilon)
-    if figures is None:
-        return 130
-    report(figures, args)
-    return 0
+                          HEARTBEAT_S=1)
+    return finish(figures, lambda found: report(found, args), args.json)
 
 
 if __name__ == "__main__":

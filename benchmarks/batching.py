@@ -20,7 +20,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PROMPT, JobSize, check_size, markdown_table, run_private, write_json  # noqa: E402
+from benchmarks.common import PROMPT, JobSize, check_size, json_option, markdown_table, run_private, write_json  # noqa: E402
 
 BATCHES = (1, 4, 8)
 GOAL_RATIO = 3.0
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--delay-ms", type=float, default=10.0, help="max_queue_delay_ms")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the worker runs (cuda: one worker on GPU 0)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "batching")
     args = parser.parse_args(argv)
     if args.jobs < 1 or min(args.batches) < 1:
         parser.error("--jobs and every batch must be at least 1")

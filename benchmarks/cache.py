@@ -37,6 +37,7 @@ from benchmarks.common import (  # noqa: E402
     JobSize,
     check_size,
     finish,
+    json_option,
     markdown_table,
     percentile,
     run_private,
@@ -188,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="denoising steps per job")
     parser.add_argument("--size", type=int, default=256, help="image side in pixels")
     parser.add_argument("--seed", type=int, default=7, help="seed of the stream")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "cache")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.in_flight < 1 or args.samples < 1 or not 0 <= args.repeat < 1:
         parser.error("--requests, --in-flight, --samples >= 1 and 0 <= --repeat < 1")

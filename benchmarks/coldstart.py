@@ -42,7 +42,7 @@ from typing import Any, Callable
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import markdown_table  # noqa: E402
+from benchmarks.common import json_option, markdown_table, write_json  # noqa: E402
 from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402
 from gpu_worker.store import ManifestPins  # noqa: E402
 from tasks.broker.keys import MANIFESTS_KEY  # noqa: E402
@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="delay the store adds to every request")
     parser.add_argument("--shard-mb", type=float, default=8.0)
     parser.add_argument("--repeats", type=int, default=3)
+    json_option(parser, "coldstart")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="gl-store-"))
     redis_server = EmbeddedRedis(root / "redis").start()
@@ -153,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         publish(root, args.shard_mb)
         server, url = serve(root / "published", args.latency_ms / 1000)
         pins = ManifestPins(redis_server.client())
-        report(measure(url, args.repeats, root, pins), args)
+        times = measure(url, args.repeats, root, pins)
+        report(times, args)
+        write_json(args.json, {"shards": SHARDS, "shard_mb": args.shard_mb,
+                               "latency_ms": args.latency_ms, "repeats": args.repeats,
+                               "load_s": times})
         server.terminate()
     finally:
         redis_server.stop()

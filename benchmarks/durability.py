@@ -29,7 +29,14 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import ROOT, free_port, markdown_table, state_dir, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    ROOT,
+    free_port,
+    json_option,
+    markdown_table,
+    state_dir,
+    write_json,
+)
 from gpu_worker.redis_server import EmbeddedRedis  # noqa: E402
 
 #: Each kind: its ``appendfsync`` and the replicas that confirm each accepted job.
@@ -62,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=600)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--json", type=Path)
+    json_option(parser, "durability")
     return parser.parse_args(argv)
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
+from benchmarks.common import finish, json_option, markdown_table, run_private  # noqa: E402
 
 #: (steps, side) of the job sizes: small, the default (cost 1.0), big.
 SIZES = {"small": (4, 64), "default": (20, 256), "big": (40, 384)}
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warm", type=int, default=30, help="mixed jobs run first")
     parser.add_argument("--prime", type=int, default=12,
                         help="jobs of the recent size before each burst")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "estimate")
     args = parser.parse_args(argv)
     figures = run_private("gl-est-", lambda state: benchmark(args, state),
                           "the cluster is stopped", HEARTBEAT_S=1)

@@ -17,7 +17,7 @@ begun ``--backlog-s`` before the fault (the stream queues behind them meanwhile)
    that far behind, SIGCONTed.
 
 Each scenario runs in a process of its own (``tasks`` reads its broker URL once).
-Every job is counted once the cluster settles (``benchmarks.faults.settle``, and the
+Every job is counted once the cluster settles (``tests.harness.faults.settle``, and the
 runs finished twice by the workers' log: two runs, not a redelivered copy answered
 with the result of the one); a watcher (``benchmarks/failover_watch.py``,
 read in ``benchmarks/failover_figures.py``) gives the seconds after the fault until
@@ -45,7 +45,7 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private  # noqa: E402
+from benchmarks.common import json_option, markdown_table, run_private, write_json  # noqa: E402
 from benchmarks.failover_figures import (  # noqa: E402
     Run,
     TimedStream,
@@ -54,7 +54,6 @@ from benchmarks.failover_figures import (  # noqa: E402
     read_failover,
 )
 from benchmarks.failover_watch import Operator, Watcher, worker_processes  # noqa: E402
-from benchmarks.faults import HEADERS, Counts, settle  # noqa: E402
 from benchmarks.sentinels import (  # noqa: E402
     MASTER,
     SentinelCluster,
@@ -62,6 +61,7 @@ from benchmarks.sentinels import (  # noqa: E402
     quick_client,
     wait_for,
 )
+from tests.harness.faults import HEADERS, Counts, settle  # noqa: E402
 
 SCENARIOS = ("kill", "freeze", "freeze-long", "lagging")
 #: A job of three or four seconds here: one holds each worker at the fault, so that
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--settle-s", type=float, default=120.0)
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--only", action="append", choices=SCENARIOS)
-    parser.add_argument("--json", type=Path)
+    json_option(parser, "failover")
     parser.add_argument("--logs", type=Path, help="copy every log here, a folder a scenario")
     args = parser.parse_args(argv)
     if args.quick:
@@ -263,7 +263,7 @@ def run_one(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
         return report
 
     return run_private("gl-failover-", bench, "cluster stopped", SENTINEL_MASTER=MASTER,
-                       HEARTBEAT_S=1, HEARTBEAT_REPLY_S="0.3", REDIS_REPLICAS=args.replicas)
+                       HEARTBEAT_S=1, REDIS_REPLICAS=args.replicas)
 
 
 def in_own_process(args: argparse.Namespace, name: str) -> dict[str, Any] | None:
@@ -350,8 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     report(reports, args)
-    if args.json:
-        args.json.write_text(json.dumps(reports, indent=2, default=str) + "\n")
+    write_json(args.json, reports)
     return 1 if any(failed(r) for r in reports) else 0
 
 

@@ -3,7 +3,7 @@
 :class:`TimedStream` notes every submit (when, accepted or why refused); :class:`Run`
 notes the fault (which primary, when); :func:`figures` reads a scenario's report from
 them, from the watcher's samples (``benchmarks/failover_watch.py``) and from the logs:
-the counts of ``benchmarks.faults.settle``, the runs finished twice, the failover's
+the counts of ``tests.harness.faults.settle``, the runs finished twice, the failover's
 timeline, each client's connections, the beats' leads and the errors logged.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from benchmarks.failover_watch import (
     lease_at_end,
     sentinel_events,
 )
-from benchmarks.faults import Counts, JobStream
 from benchmarks.sentinels import SentinelCluster, SentinelTopology
+from tests.harness.faults import Counts, JobStream
 
 
 class TimedStream(JobStream):

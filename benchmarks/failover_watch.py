@@ -25,6 +25,7 @@ import psutil
 import redis
 
 from benchmarks.sentinels import SentinelTopology, quick_client
+from routing.names import JOB_TASK_NAMES
 
 
 @dataclass(frozen=True)
@@ -197,8 +198,10 @@ LEADS = re.compile(r"beat \S+/(\d+)/\S+ leads \(epoch (\d+)\)")
 #: The last line of a traceback; a thread's death.
 ERRORS = (re.compile(r"^(?:[a-z_.]+\.)?([A-Z]\w*(?:Error|Exception|Timeout)): ?(.*)$"),
           re.compile(r"^(Exception in thread) (\S+?):?$"))
-SUCCEEDED = re.compile(r"Task gpulanes\.generate\[([0-9a-f-]{36})\] succeeded.*"
-                       r"'worker': '([^']*)'.*'started_at': ([0-9.]+)")
+#: A job's run that finished, under the job task's name or an earlier one.
+SUCCEEDED = re.compile(r"Task (?:%s)\[([0-9a-f-]{36})\] succeeded.*"
+                       r"'worker': '([^']*)'.*'started_at': ([0-9.]+)"
+                       % "|".join(map(re.escape, sorted(JOB_TASK_NAMES))))
 
 
 def records(log: Path) -> list[tuple[float | None, str]]:

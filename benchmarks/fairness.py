@@ -17,8 +17,9 @@ a few *light* accounts' jobs arriving right behind it:
   Celery does. Plain Celery has no accounts; the account only names the group.
 
 Then a starvation check: the heavy account queues one job right after a
-stream of newcomers' jobs that takes longer than ``GPULANES_FAIR_AGING_S`` to
-drain; its wait must stay near the aging bound, not the length of the stream.
+stream of newcomers' jobs that takes longer than the aging bound (the standard
+budget, ``GPULANES_MAX_WAIT_S``) to drain; its wait must stay near the aging
+bound, not the length of the stream.
 
 Waits are submit-to-start, stamped by the worker. Modes are interleaved per
 repeat so machine noise hits both. Beat runs every 1 s
@@ -36,11 +37,17 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import JobSize, markdown_table, private_env, state_dir  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    JobSize,
+    json_option,
+    markdown_table,
+    private_env,
+    state_dir,
+    write_json,
+)
 from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
 
 AGING_S = 3.0
-UNIT_S = 0.05
 HEARTBEAT_S = 1  # beat works in whole seconds; below 1 acts as 1
 SIZE = JobSize(steps=8, size=128)
 MODES = ("plain", "gpulanes")
@@ -67,12 +74,16 @@ def plain_burst(heavy: int, light: int, tag: str) -> dict[str, list[float]]:
                  heavy, light, tag)
 
 
-def make_heavy(account: str, jobs: int) -> None:
-    """Give ``account`` recent usage and wait until routers rank it as heavy."""
+def make_heavy(account: str) -> None:
+    """Give ``account`` recent usage (two fair-share units of GPU time, as its workers'
+    stats pushes record it) and wait until routers rank it as heavy."""
+    from routing.policy import FAIR_UNIT_S
+    from tasks.broker.app import redis_client
     from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.keys import USAGE_BUCKET_S, usage_key
 
-    for result in [send(account, i) for i in range(jobs)]:
-        result.get(timeout=120)
+    bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)
+    redis_client().hincrbyfloat(bucket, account, 2 * FAIR_UNIT_S)
     deadline = time.monotonic() + 30
     while (view := snapshot_cache().view()) is None or not view.levels.get(account):
         if time.monotonic() > deadline:
@@ -99,8 +110,9 @@ def starvation(jobs: int) -> tuple[float, float]:
     return waited_s, last - stream[0].get(timeout=300)["started_at"]
 
 
-def run(state: Path, repeats: int, heavy: int, light: int) -> None:
-    """Start both workers, make one account heavy, run the bursts and the starvation check."""
+def run(state: Path, repeats: int, heavy: int, light: int) -> dict[str, Any]:
+    """Start both workers, make one account heavy, run the bursts and the starvation check;
+    the waits (ms) per mode and group, and the starvation check's seconds."""
     from tasks import app
     from tasks.dev.cluster import LocalCluster
 
@@ -109,9 +121,13 @@ def run(state: Path, repeats: int, heavy: int, light: int) -> None:
         cluster.start(app)
         env = plain_env(plain_url(cluster.url), state)
         with PlainWorkers(1, env, state / "logs"), PlainClient(env) as plain:
-            make_heavy("heavy", 20)
-            report(bursts(plain, repeats, heavy, light), heavy, light)
-        report_starvation(*starvation(jobs=250))
+            make_heavy("heavy")
+            waits = bursts(plain, repeats, heavy, light)
+            report(waits, heavy, light)
+        waited_s, stream_s = starvation(jobs=250)
+        report_starvation(waited_s, stream_s)
+        return {"heavy": heavy, "light": light, "repeats": repeats, "aging_s": AGING_S,
+                "waits_ms": waits, "starvation": {"waited_s": waited_s, "stream_s": stream_s}}
     finally:
         cluster.stop()
 
@@ -161,12 +177,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--heavy", type=int, default=30, help="jobs in the heavy burst")
     parser.add_argument("--light", type=int, default=6, help="light users' jobs")
+    json_option(parser, "fairness")
     args = parser.parse_args(argv)
     with state_dir("gl-fair-") as state:
-        private_env(state, HEARTBEAT_S=HEARTBEAT_S, FAIR_UNIT_S=UNIT_S, FAIR_AGING_S=AGING_S)
+        private_env(state, HEARTBEAT_S=HEARTBEAT_S, MAX_WAIT_S=f"standard={AGING_S:g}")
         began = time.monotonic()
-        run(state, args.repeats, args.heavy, args.light)
-    print(f"total wall time {time.monotonic() - began:.0f}s")
+        figures = run(state, args.repeats, args.heavy, args.light)
+    figures["wall_s"] = round(time.monotonic() - began, 1)
+    print(f"total wall time {figures['wall_s']:.0f}s")
+    write_json(args.json, figures)
     return 0
 
 

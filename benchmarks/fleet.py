@@ -33,7 +33,7 @@ if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 
-from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
+from benchmarks.common import finish, json_option, markdown_table, run_private  # noqa: E402
 
 SIZES = (10, 100, 1000)
 #: Publishes timed per lane and size.
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                         default=list(SIZES), help="fleet sizes, comma-separated")
     parser.add_argument("--processes", type=int, default=0,
                         help="also run a real cluster of this many worker processes (e.g. 64)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "fleet")
     args = parser.parse_args(argv)
     figures = run_private("gl-fleet-", lambda state: benchmark(args, state),
                           "Redis is stopped", HEARTBEAT_S=1, MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",

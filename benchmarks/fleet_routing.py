@@ -32,64 +32,26 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import markdown_table, percentile  # noqa: E402
 from routing.compact import split  # noqa: E402
-from routing.names import LANES, worker_queues  # noqa: E402
+from routing.names import LANES  # noqa: E402
 from routing.policy import decide  # noqa: E402
 from routing.snapshot import SnapshotCache  # noqa: E402
+from tests.harness.fleet import (  # noqa: E402
+    MODELS,
+    WEIGHTS,
+    fleet_snapshot,
+    worker_record,
+)
 
-MODELS = [f"model-{i:03d}" for i in range(200)]
-#: Zipf weights of the models (s = 1.1): a few are wanted everywhere, most rarely.
-WEIGHTS = [1 / (rank + 1) ** 1.1 for rank in range(len(MODELS))]
 TIERS = ("fast", "standard", "relaxed")
 DEPTHS = {"fast": 10_000, "standard": 10_000, "relaxed": 10_000}
 #: Seconds between snapshots: beat's heartbeat as a router reads it (twice a second).
 HEARTBEAT_S = 0.5
-
-
-def worker_record(rng: random.Random, host: str, now: float) -> dict[str, Any]:
-    """One worker's record as beat merges its heartbeat reply."""
-    slots = rng.randint(2, 4)
-    warm = list(dict.fromkeys(rng.choices(MODELS, WEIGHTS, k=rng.randint(1, 3))))[:slots]
-    loading = [m for m in rng.choices(MODELS, WEIGHTS) if m not in warm] \
-        if rng.random() < 0.05 else []
-    pid, started = rng.randint(1000, 99999), now - rng.uniform(60, 86400)
-    return {
-        "device": f"cuda:{host[3]}", "pid": pid, "at": now - rng.uniform(0, 0.3),
-        "incarnation": f"{host}/{pid}/{started:.3f}", "started_at": started,
-        "in_flight": {lane: rng.randint(0, 1) for lane in LANES},
-        "served": rng.randint(0, 50_000), "failed": rng.randint(0, 20),
-        "service_ms": {lane: rng.uniform(200, 4000) for lane in LANES if rng.random() < 0.9},
-        "cost_ms": {m: [round(rng.uniform(50, 300), 3), round(rng.uniform(10, 90), 3)]
-                    for m in warm},
-        "warm_models": warm, "slots": slots, "loading_models": loading,
-        "load_ms": {m: rng.uniform(800, 9000) for m in {*warm, *rng.choices(MODELS, k=2)}},
-        "queues": worker_queues(host), "lanes": list(LANES), "concurrency": 1,
-        "sick": None, "worker_faults": 0, "queued": rng.choice((0, 0, 0, 1, 2, 3, 5, 8)),
-        "last_seen": now, "missed": 0, "alive": True,
-    }
-
-
-def hosts_of(workers: int) -> list[str]:
-    """Celery node names of ``workers`` GPUs, eight to a machine."""
-    return [f"gpu{i % 8}@node-{i // 8:04d}" for i in range(workers)]
-
-
-def fleet_snapshot(workers: int, seed: int = 0, now: float = 1_700_000_000.0) -> dict:
-    """A full snapshot of ``workers`` serving workers, as beat built it before the split."""
-    rng = random.Random(seed)
-    records = {host: worker_record(rng, host, now) for host in hosts_of(workers)}
-    lanes = {lane: {"depth": rng.randint(0, 50), "in_flight": rng.randint(0, workers),
-                    "workers": workers, "service_s": 1.2, "queued_job_s": 1.3,
-                    "expected_wait_s": round(rng.uniform(0, 5), 3)} for lane in LANES}
-    return {"at": now, "measured_at": now - 0.05, "lanes": lanes,
-            "policy": {lane: {"overloaded": False, "calm_samples": 0}
-                       for lane in ("fast", "standard")},
-            "workers": records, "exhausted": [], "levels": {}}
 
 
 def _next(snapshot: dict, rng: random.Random, now_s: float) -> dict:

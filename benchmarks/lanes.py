@@ -48,6 +48,7 @@ from benchmarks.common import (  # noqa: E402
     PROMPT,
     JobSize,
     check_size,
+    json_option,
     markdown_table,
     run_private,
     write_json,
@@ -232,7 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="runs per (mode, backlog)")
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per job")
     parser.add_argument("--size", type=int, default=64, help="image side in pixels")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "lanes")
     args = parser.parse_args(argv)
     if args.repeats < 1 or not args.backlogs or min(args.backlogs) < 0:
         parser.error("--repeats must be >= 1 and --backlogs non-negative integers")

@@ -35,7 +35,13 @@ from typing import Any
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import markdown_table, plain_kwargs, run_private  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    json_option,
+    markdown_table,
+    plain_kwargs,
+    run_private,
+    write_json,
+)
 
 TRANSPORTS = {"kombu's Redis transport": "kombu.transport.redis:Transport",
               "gpulanes' (with the ledger)": "tasks.broker.transport:Transport"}
@@ -126,11 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--lists", type=int, default=64,
                         help="lists the lane is spread over in the last mode (default 64)")
+    json_option(parser, "ledger")
     args = parser.parse_args(argv)
     rounds = run_private("gl-ledger-", lambda state: bench(state, args), "Redis stopped")
     if rounds is None:
         return 130
     report(rounds, args)
+    wall_s = rounds.pop("wall_s")  # each round: publishes/s, bytes per job, Redis µs per publish
+    write_json(args.json, {"jobs": args.jobs, "rounds": args.rounds, "lists": args.lists,
+                           "modes": rounds, "wall_s": wall_s})
     return 0
 
 

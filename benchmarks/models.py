@@ -24,7 +24,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import finish, markdown_table, percentile, run_private  # noqa: E402
+from benchmarks.common import finish, json_option, markdown_table, percentile, run_private  # noqa: E402
 
 GOAL_RATIO = 100.0
 HIT_ROUNDS = 3
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=10, help="distinct requests per model")
     parser.add_argument("--steps", type=int, default=10, help="tiny-sd denoising steps")
     parser.add_argument("--size", type=int, default=128, help="tiny-sd image side")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "models")
     args = parser.parse_args(argv)
     figures = run_private("gl-models-", lambda state: benchmark(args, state),
                           "the cluster is stopped", CACHE="on", MODELS=MODELS, WARM_MODELS="echo")

@@ -67,7 +67,8 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PROMPT, TIERS, JobSize, check_size, run_private, write_json  # noqa: E402
+from benchmarks.common import PROMPT, TIERS, JobSize, check_size, json_option, run_private, write_json  # noqa: E402
+from benchmarks.overload_plan import Budgets, Settings  # noqa: E402
 from benchmarks.overload_report import MODES, print_report, summary  # noqa: E402
 from benchmarks.overload_side import Beat, lanes_depth, redis_cpu_s, tree_cpu_s  # noqa: E402
 from benchmarks.overload_trial import (  # noqa: E402
@@ -88,33 +89,10 @@ from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url
 
 DEFAULT_MIX = "20,30,50"
 LOAD_FACTOR = 2.0
-FAST_BUDGET_JOBS, STANDARD_BUDGET_JOBS = 10, 60
 HEARTBEAT_S = 1  # beat works in whole seconds; below 1 acts as 1
 CAPACITY_BURSTS = 3
-# fast-time accounting never interferes; every account stays at relax level 0 (FIFO)
-CLUSTER_ENV = {"HEARTBEAT_S": HEARTBEAT_S, "HEARTBEAT_REPLY_S": "0.3",
-            "FAST_SECONDS_DEFAULT": "1e9", "FAIR_UNIT_S": "1e9"}
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """One job-time and the fast and standard lane budgets, in seconds."""
-
-    job_s: float
-    fast_s: float
-    standard_s: float
-
-    @classmethod
-    def from_capacity(cls, capacity: float, workers: int) -> "Budgets":
-        """Budgets in job-times of a pool of ``workers`` serving ``capacity`` jobs/s."""
-        job_s = workers / capacity
-        return cls(job_s, FAST_BUDGET_JOBS * job_s, STANDARD_BUDGET_JOBS * job_s)
-
-    def env(self) -> dict[str, str]:
-        """The settings beat reads (budgets, and the service time before any is measured)."""
-        return {"GPULANES_MAX_WAIT_FAST_S": f"{self.fast_s:.3f}",
-                "GPULANES_MAX_WAIT_STANDARD_S": f"{self.standard_s:.3f}",
-                "GPULANES_DEFAULT_SERVICE_S": f"{self.job_s:.4f}"}
+# fast-time accounting never interferes
+CLUSTER_ENV = {"HEARTBEAT_S": HEARTBEAT_S, "FAST_SECONDS_DEFAULT": "1e9"}
 
 
 def gpulanes_send(size: JobSize) -> Send:
@@ -172,20 +150,6 @@ class Sides:
 
 
 # --- driver ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Settings:
-    """The command line, resolved."""
-
-    workers: int
-    duration_s: float
-    drain_s: float
-    repeats: int
-    size: JobSize
-    mix: dict[str, float]
-    seed: int
-    paced: bool = True
-
-
 def capacities(plain: PlainClient, size: JobSize) -> dict[str, tuple[float, float]]:
     """Each pool's (jobs/s, mean run_ms): its best burst, the pools' bursts taking turns
     so that other load on the machine hits both alike."""
@@ -287,7 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fixed-rate", action="store_true",
                         help="offer at 2x the capacity bursts throughout, not at 2x what "
                              "each trial's pool serves")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "overload")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.repeats < 1 or args.duration <= 0:
         parser.error("--workers and --repeats must be >= 1, --duration > 0")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from benchmarks.common import TIERS, markdown_table, percentile
 
 if TYPE_CHECKING:
-    from benchmarks.overload import Budgets, Settings
+    from benchmarks.overload_plan import Budgets, Settings
     from benchmarks.overload_trial import Trial
 
 MODES = ("gpulanes", "plain")  # the two modes compared, in the order the tables list them
@@ -289,7 +289,7 @@ def verdict(report: dict[str, Any]) -> list[str]:
 
 
 def worst_line(modes: dict[str, Any]) -> str:
-    """gpulanes' worst latency against plain lanes' p99 over all jobs (issue 16's bound:
+    """gpulanes' worst latency against plain lanes' p99 over all jobs (the bound:
     no accepted job worse than 1.5x)."""
     worst, p99 = modes["gpulanes"]["max_s"], modes["plain"]["p99_s"]
     if worst is None or not p99:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from benchmarks.overload import Budgets
+    from benchmarks.overload_plan import Budgets
 
 
 class Beat:

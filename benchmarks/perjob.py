@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import finish, markdown_table, run_private  # noqa: E402
+from benchmarks.common import finish, json_option, markdown_table, run_private  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_COMMANDS = 1.5
@@ -134,7 +134,7 @@ def measure(client: Any, pid: int, send: Callable[[int], str], jobs: int) -> dic
 
 
 def gpulanes_side(client: Any, state: Path, jobs: int) -> dict[str, Any]:
-    from benchmarks.faults import worker_pids
+    from tests.harness.faults import worker_pids
     from tasks import app, submit
     from tasks.dev.cluster import LocalCluster
 
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/perjob.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=100, help="jobs per side (default: 100)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "perjob")
     args = parser.parse_args(argv)
     figures = run_private("gl-perjob-", lambda state: benchmark(args, state),
                           "Redis is stopped", HEARTBEAT_S=1,

@@ -32,7 +32,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import finish, markdown_table, percentile, run_private  # noqa: E402
+from benchmarks.common import finish, json_option, markdown_table, percentile, run_private  # noqa: E402
 
 MODES = ("preempt", "no preempt")
 WAIT_GOAL_STEPS = 2.0
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", type=int, default=1024, help="a relaxed job's side (px)")
     parser.add_argument("--job-s", type=float, default=2.2,
                         help="about how long a relaxed job runs (spreads the fast jobs)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "preempt")
     args = parser.parse_args(argv)
     figures = run_private("gl-pre-", lambda state: benchmark(args, state),
                           "the cluster is stopped", HEARTBEAT_S=1)

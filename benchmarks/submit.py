@@ -17,7 +17,7 @@ backend=url)`` app in a process that never imports gpulanes (kombu's stock Redis
 transport, Celery's stock Redis result backend and every other setting at its
 default), calling ``apply_async(kwargs=..., queue=tier)`` on a task of the same name
 with kwargs of the same shape (``benchmarks.common.plain_kwargs``). Its default
-publishes no task-sent event; neither does gpulanes' (``GPULANES_SENT_EVENTS``). A
+publishes no task-sent event; neither does gpulanes'. A
 Flower user runs the *workers* with ``-E``; Flower reads queue lengths from the
 broker itself.
 
@@ -56,7 +56,14 @@ from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import PROMPT, TIERS, markdown_table, run_private, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    PROMPT,
+    TIERS,
+    json_option,
+    markdown_table,
+    run_private,
+    write_json,
+)
 from benchmarks.submit_modes import ACCOUNT, MODES, SIZE, Publishers  # noqa: E402
 
 #: Each mode's goal: its paired rate / plain Celery's.
@@ -266,7 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="interleaved rounds the jobs are split into (default: 20; short "
                              "rounds keep a slow stretch of a shared machine from landing "
                              "on one mode)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results here")
+    json_option(parser, "submit")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.jobs < args.rounds:
         parser.error("--rounds must be >= 1 and --jobs at least --rounds")

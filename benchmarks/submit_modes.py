@@ -44,7 +44,7 @@ def plain_sender(url: str) -> Callable[[int], Any]:
 
     plain = Celery("plain", broker=url, backend=url)
 
-    @plain.task(name="gpulanes.generate")
+    @plain.task(name="gpulanes.run_job")  # routing.names.JOB_TASK
     def generate(**kwargs: Any) -> None:  # never runs here: nothing consumes
         return None
 

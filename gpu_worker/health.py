@@ -5,12 +5,12 @@ disk that is full or read-only, a folder that vanished, a device that errors.
 :func:`is_worker_fault` tells them apart; ``tasks.worker.generate`` reports every run
 to :data:`HEALTH` and sends a job that failed so back to its shared lane, for
 another worker, without spending its retries (``gpu_worker.faults`` sorts
-failures and holds the self-checks). After ``GPULANES_SICK_AFTER`` such
+failures and holds the self-checks). After ``SICK_AFTER`` such
 failures in a row, or at once when the artifact store refuses a finished run's
 output (``tasks.worker.saving``), the worker stops consuming (heartbeats report
 ``sick``, so routers and beat leave it out) and checks itself until the cause is
 gone; then it consumes again. The checks back off while they fail: the first after
-``GPULANES_SICK_PROBE_S``, each next one twice as late, up to :data:`PROBE_CAP_S`, and
+:data:`FIRST_PROBE_S`, each next one twice as late, up to :data:`PROBE_CAP_S`, and
 the back-off starts over only once a job succeeds here: a worker whose disk stays full
 comes back at most once a minute, however often it tries.
 """
@@ -27,11 +27,13 @@ from gpu_worker.faults import is_worker_fault, self_check
 from gpu_worker.hook import Hook
 from routing.names import CONSUME_COMMAND, worker_queues
 from tasks.jobs.expiry import Sweeper
-from tasks.settings import settings
+from tasks.settings import SICK_AFTER
 
-__all__ = ["HEALTH", "HEALTH_HOOK", "PROBE_CAP_S", "HealthHook", "Lever", "SelfHealth",
-           "is_worker_fault", "probe_delays_s"]
+__all__ = ["FIRST_PROBE_S", "HEALTH", "HEALTH_HOOK", "PROBE_CAP_S", "HealthHook", "Lever",
+           "SelfHealth", "is_worker_fault", "probe_delays_s"]
 log = logging.getLogger(__name__)
+#: A worker that stepped aside checks itself this soon, then ever less often.
+FIRST_PROBE_S = 0.25
 #: Longest wait between two self-checks of a worker that keeps failing them.
 PROBE_CAP_S = 60.0
 
@@ -70,8 +72,8 @@ class SelfHealth:
     """Counts this worker's own faults in a row; ``sick`` says why it stepped aside."""
 
     def __init__(self, sick_after: int | None = None, probe_s: float | None = None) -> None:
-        self.sick_after = sick_after or settings.sick_after
-        self.probe_s = probe_s or settings.sick_probe_s
+        self.sick_after = sick_after or SICK_AFTER
+        self.probe_s = probe_s or FIRST_PROBE_S
         self.faults_in_a_row = 0
         self.sick: str | None = None
         self.lever: Lever | None = None  # set once the worker consumes (HealthHook)

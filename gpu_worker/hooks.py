@@ -26,7 +26,7 @@ from gpu_worker.runtime import RUNTIME
 from gpu_worker.stats import StatsPush
 from gpu_worker.stopping import BoundedStop
 from gpu_worker.stuck import WATCHDOG
-from routing.names import GENERATE_TASK, LANES, lane_of
+from routing.names import JOB_TASK_NAMES, LANES, lane_of
 from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
 from tasks.broker.message import Job, JobMessage
 from tasks.broker.outage import OUTAGE
@@ -57,7 +57,8 @@ class OwnQueues(Hook):
 
 
 class WarmModels(Hook):
-    """Pin torch, then load and warm every model in GPULANES_WARM_MODELS.
+    """Pin torch, then load and warm the warm models (GPULANES_WARM_MODELS, else the
+    first GPULANES_MODEL_SLOTS of GPULANES_MODELS).
 
     Runs in ``worker_init``: in the worker's main process, before the
     consumer starts, so no job is consumed until the models are warm.
@@ -80,7 +81,7 @@ class WarmModels(Hook):
         RUNTIME.configure(sender.hostname, device, settings.models, settings.model_dir,
                           settings.model_slots)
         try:
-            for name in settings.warm_models:
+            for name in settings.warm:
                 RUNTIME.model(name)
         except Exception:
             # Celery swallows exceptions from signal handlers; a worker that
@@ -107,7 +108,7 @@ class JobStats(Hook):
         return {signals.task_prerun: self.on_prerun, signals.task_postrun: self.on_postrun}
 
     def on_prerun(self, task: Any, **_: Any) -> None:
-        if task.name == GENERATE_TASK:
+        if task.name in JOB_TASK_NAMES:
             lane = lane_of(task.request.delivery_info.get("routing_key") or "unknown")
             model, cost = Job.model_and_cost(task.request.kwargs)
             with self._ended_lock:

@@ -123,7 +123,7 @@ class Preemption:
         if lane == FAST or not (preemptible and settings.preempt) \
                 or preempted >= settings.max_preemptions:
             self.asked_for = told
-            if self.own_told_at > last and (left_s is None or left_s >= settings.max_wait_fast_s):
+            if self.own_told_at > last and (left_s is None or left_s >= settings.max_wait_s[FAST]):
                 self._hand_over()
             return False
         self.asked_for = told

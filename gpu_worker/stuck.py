@@ -1,6 +1,6 @@
 """A worker whose finished run never settled its message (acked or rejected: until then
 Celery gives its pool slot no other job) while Redis took the worker's writes reports
-``stuck`` in its heartbeats and, stuck for ``GPULANES_STUCK_EXIT_S``, exits for its
+``stuck`` in its heartbeats and, stuck for :data:`STUCK_HEARTBEATS` of them, exits for its
 supervisor to start it again; beat puts back what it held. Waiting out an outage is
 not being stuck: time while Redis refuses or does not answer does not count."""
 from __future__ import annotations
@@ -21,6 +21,9 @@ SETTLE_GRACE_S = 10.0
 EXIT_STUCK = 75
 #: Settled marks older than this are forgotten unread (a tag no run of this process ended).
 FORGET_SETTLED_S = 600.0
+#: Heartbeats a worker reports itself stuck, while Redis takes its writes, before it
+#: exits (beat and ``lanes status`` have shown it by then).
+STUCK_HEARTBEATS = 3
 
 
 class Watchdog:
@@ -68,7 +71,8 @@ class Watchdog:
         if self.stuck is None:
             return
         self._since = now if self._since is None else self._since
-        limit_s = settings.stuck_exit_s if self.exit_after_s is None else self.exit_after_s
+        limit_s = (STUCK_HEARTBEATS * settings.heartbeat_s if self.exit_after_s is None
+                   else self.exit_after_s)
         if now - self._since >= limit_s:
             log.critical("this worker is stuck (%s) for %.0fs while Redis answers: it exits "
                          "(status %d) for its supervisor to start it again", self.stuck,

@@ -50,7 +50,8 @@ class Queued:
 
 def heard(worker: Mapping[str, Any]) -> bool:
     """Serving, and heard this round: a worker that missed a heartbeat (frozen, cut off)
-    is alive until it misses ``GPULANES_MISSES_ALLOWED``, on stats that may be stale."""
+    is alive until it misses ``beat.health.MISSES_ALLOWED`` of them, on stats that may
+    be stale."""
     return serving(worker) and not worker.get("missed")
 
 

@@ -195,17 +195,3 @@ def ranks(compact: Mapping[str, Any], count: int) -> list[int]:
     for index, rank in compact.get("order_over", {}).items():
         found[int(index)] = rank
     return found
-
-
-def unsplit(compact: Mapping[str, Any], members: Mapping[str, Any]) -> dict[str, dict]:
-    """Per serving host, what routing knows of it: ``load``, ``fast``, ``drain_s`` (None: not
-    measured), ``slots`` and ``warm`` (in the worker's order): for tools and tests."""
-    hosts = members["hosts"]
-    loads = unpack_u16(compact["loads"], len(hosts))
-    drains = unpack_u8(compact["drain"], len(hosts))
-    order = ranks(compact, len(hosts))
-    fast = unpack_u16(compact["fast"], len(hosts)) if "fast" in compact else [0] * len(hosts)
-    return {host: {"load": loads[i], "fast": fast[i], "drain_s": DRAIN_S[drains[i]],
-                   "slots": members["slots"][i],
-                   "warm": in_order(members["warm"][i], order[i])}
-            for i, host in enumerate(hosts)}

@@ -32,7 +32,12 @@ def worker_queues(node: str) -> list[str]:
     return [name for lane in LANES for name in (worker_queue(lane, node), lane)]
 
 
-GENERATE_TASK = "gpulanes.generate"
+#: The one Celery task that runs a job, of any model.
+JOB_TASK = "gpulanes.run_job"
+#: Its earlier names: a message queued under one still runs as a job.
+JOB_TASK_ALIASES: tuple[str, ...] = ("gpulanes.generate",)
+#: Every task name a job's message may carry.
+JOB_TASK_NAMES = frozenset((JOB_TASK, *JOB_TASK_ALIASES))
 HEARTBEAT_TASK = "gpulanes.heartbeat"
 MOVERS_TASK = "gpulanes.move_queued"
 #: Custom worker inspect command answered by the consumer thread.

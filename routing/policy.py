@@ -37,6 +37,16 @@ def next_lane(lane: str) -> str | None:
     return LANES[index + 1] if index + 1 < len(LANES) else None
 
 
+#: Hysteresis: an overloaded lane is normal again after RELEASE_SAMPLES samples in a
+#: row below RELEASE_RATIO x its budget (``next_state``); a job enters a budgeted lane
+#: while it would start within that share of the budget (``admission_waits``).
+RELEASE_RATIO = 0.9
+RELEASE_SAMPLES = 3
+#: GPU seconds in the fair-share window that move an account down one relaxed level
+#: (``relax_levels``).
+FAIR_UNIT_S = 60.0
+
+
 @dataclass(frozen=True)
 class Hysteresis:
     """A lane's overload state: on at once, off only after a calm streak."""

@@ -1,6 +1,7 @@
 """The submitting process's copy of the cluster snapshot, refreshed in the background.
 
-``submit()`` routes from this copy and never waits on the network for it. A
+``submit()`` routes from this copy: a new process's first view reads it in the
+caller (its first burst is routed from beat's word, not by tier alone), then a
 daemon thread re-reads the snapshot that beat writes every heartbeat. When
 the copy is older than ``stale_s`` (beat down, Redis unreachable) routing
 falls back to plain tier lanes and says so in the log, once per episode.
@@ -65,12 +66,6 @@ def full_lanes(snapshot: Mapping[str, Any], sent: Mapping[str, int],
     return frozenset(lane for lane in LANES
                      if lanes.get(lane, {}).get("depth", 0) + sent.get(lane, 0)
                      >= max_depth[lane])
-
-
-def view_from_snapshot(snapshot: dict, sent: Mapping[str, int],
-                       max_depth: Mapping[str, int]) -> PolicyView:
-    """The full routing view of a snapshot."""
-    return replace(base_view(snapshot), full=full_lanes(snapshot, sent, max_depth))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal, cast
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -24,12 +24,16 @@ PREFIX = "GPULANES_"
 #: different deterministic weights, so multi-model serving can be tried here.
 DEMO_MODELS = {name: "gpu_worker.demo_model:load"
                for name in ["demo", *(f"demo-{i}" for i in range(16))]}
-#: The models known without GPULANES_MODELS: the demo family and ``echo``.
-BUILT_IN_MODELS = {**DEMO_MODELS, "echo": "tasks.models.echo:Echo"}
+#: The models known without GPULANES_MODELS: the demo family, ``echo`` and ``faces``.
+BUILT_IN_MODELS = {**DEMO_MODELS, "echo": "tasks.models.echo:Echo",
+                   "faces": "tasks.models.faces:Faces"}
 
 Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
-Pairs = Annotated[dict, NoDecode]  # our own "a=b,c=d" text, not JSON
+# tables read from our own "a=b,c=d" text, not JSON
+Pairs = Annotated[dict[str, str], NoDecode]
+Counts = Annotated[dict[str, int], NoDecode]
+Amounts = Annotated[dict[str, float], NoDecode]
 Names = Annotated[tuple[str, ...], NoDecode]
 
 
@@ -40,154 +44,140 @@ def _pairs(raw: str, what: str) -> list[tuple[str, str]]:
     return [(name.strip(), value.strip()) for name, value in pairs]
 
 
+#: Each lane's wait budget (GPULANES_MAX_WAIT_S): relaxed has none, it takes what is left.
+MAX_WAIT_DEFAULT_S = {"fast": 10.0, "standard": 60.0}
+#: Each lane's most queued jobs (GPULANES_MAX_DEPTH).
+MAX_DEPTH_DEFAULT = {"fast": 500, "standard": 2000, "relaxed": 10000}
+#: A retry's backoff: uniform in [0, min(RETRY_CAP_S, RETRY_BASE_S x 2^(try - 1))].
+RETRY_BASE_S = 0.5
+RETRY_CAP_S = 30.0
+#: Failures of a worker's own making in a row (disk, device, local files) after which
+#: it stops taking jobs until a self-check passes again.
+SICK_AFTER = 3
+
+
 class Settings(BaseSettings):
     """The settings; field ``x`` is read from ``GPULANES_X``."""
 
     model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True,
-                                      extra="forbid", case_sensitive=False)
+                                      extra="forbid", case_sensitive=False,
+                                      use_attribute_docstrings=True)
 
-    # --- where things live ----------------------------------------------------
+    # --- where things live -------------------------------------------------------
     state_dir: Path = PROJECT_DIR / ".gpulanes"
+    """Local state: the embedded Redis' socket and AOF, cluster logs, models by default."""
     artifact_dir: Path = PROJECT_DIR / "artifacts"
-    #: An fsspec URL (s3://, gs://, file://, memory://) artifacts are stored at, readable
-    #: from any host; unset: the local ARTIFACT_DIR (see ``artifact_root``).
+    """The local folder artifacts (images, files) are written to, unless ARTIFACT_URL."""
     artifact_url: str | None = None
-    model_dir: Path | None = None  #: unset: ``<state_dir>/models``
-    #: An fsspec URL (http://, s3://, file://) to fetch checkpoints from; unset: MODEL_DIR.
+    """An fsspec URL (s3://, gs://, file://, memory://) artifacts are stored at, readable
+    from any host. Unset: the local ARTIFACT_DIR."""
+    model_dir: Path | None = None
+    """Where workers keep model checkpoints. Unset: ``<STATE_DIR>/models``."""
     model_store: str | None = None
-    broker_url: str | None = None  #: unset: the embedded Redis on ``<state_dir>/redis.sock``
-    result_backend: str | None = None  #: unset: the broker
-    #: The master's name when the URLs are ``sentinel://h1:26379;sentinel://h2:26379``.
+    """An fsspec URL (http://, s3://, file://) workers fetch checkpoints from into
+    MODEL_DIR; unset: MODEL_DIR only."""
+    broker_url: str | None = None
+    """The Redis jobs go through (``redis://``, ``rediss://``, ``sentinel://``).
+    Unset: the embedded Redis on ``<STATE_DIR>/redis.sock``, started by the launcher."""
+    result_backend: str | None = None
+    """The Redis results are kept in. Unset: the broker."""
     sentinel_master: str | None = None
+    """The master's name when the URLs are ``sentinel://h1:26379;sentinel://h2:26379``."""
 
-    # --- devices and models ---------------------------------------------------
+    # --- devices and models ------------------------------------------------------
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where models run: ``cuda`` when a GPU is present (``auto``), or as named."""
     models: Pairs = Field(default_factory=lambda: dict(BUILT_IN_MODELS))
-    warm_models: Names = ("demo",)
-    #: Models a worker keeps loaded; the least recently used one makes room.
+    """The models a job may name: ``name=module:Class`` (a model class) or
+    ``name=module:function`` (an image model's factory), comma-separated."""
+    warm_models: Names = ()
+    """Models a worker loads and warms before it takes a job. Unset: the first
+    MODEL_SLOTS of MODELS."""
     model_slots: PositiveInt = 2
-    #: Route jobs to the worker that holds their model (consistent hashing with
-    #: bounded loads: a worker over (1 + epsilon) x the mean load passes jobs on).
-    route_hashing: bool = True
-    hash_epsilon: Positive = 0.25
-    #: Models beat keeps warm on at least this many workers ("demo-0=2,demo-1=1").
-    min_replicas: Pairs = Field(default_factory=dict)
+    """Models a worker keeps loaded; the least recently used one makes room."""
+    min_replicas: Counts = Field(default_factory=dict)
+    """Models beat keeps warm on at least this many workers (``demo-0=2,demo-1=1``)."""
     torch_threads: PositiveInt = 1
-    #: Dynamic batching (gpu_worker.batching): up to MAX_BATCH compatible jobs of a
-    #: model in one pass, held at most MAX_QUEUE_DELAY_MS for company; ``*``: the rest.
-    max_batch: Pairs = Field(default_factory=lambda: {"*": 1})
-    max_queue_delay_ms: Pairs = Field(default_factory=lambda: {"*": 10.0})
+    """CPU threads torch uses in each worker process."""
+    max_batch: Counts = Field(default_factory=lambda: {"*": 1})
+    """Dynamic batching: up to this many compatible jobs of a model in one pass
+    (``8`` or ``demo=8,*=2``; ``*``: every other model)."""
+    max_queue_delay_ms: Amounts = Field(default_factory=lambda: {"*": 10.0})
+    """How long a batch's first job waits for company, per model like MAX_BATCH."""
 
-    # --- job limits (checked before anything is enqueued) ----------------------
-    max_prompt_chars: PositiveInt = 2000
-    max_account_chars: PositiveInt = 64
-    max_steps: PositiveInt = 150
-    min_side: PositiveInt = 64
-    max_side: PositiveInt = 1024
+    # --- jobs and retries --------------------------------------------------------
     max_job_s: Positive = 300.0
-    #: Largest a job's inputs may be, as JSON (bytes): checked before enqueue and by workers.
+    """Longest a job may run; a run stops at its next step past it. A run that holds its
+    job 2 x MAX_JOB_S is hung: its job goes back to its lane."""
     max_input_bytes: PositiveInt = 64 * 1024
-
-    # --- retries --------------------------------------------------------------
+    """Largest a job's inputs may be, as JSON (bytes): checked before enqueue and by
+    workers."""
     max_retries: Annotated[int, Field(ge=0)] = 3
-    retry_base_s: Positive = 0.5
-    retry_cap_s: Positive = 30.0
+    """Retries of a job that failed transiently, with exponential backoff, each one lane
+    lower (down to relaxed)."""
 
-    # --- a running job's lifecycle (tasks.worker.progress, gpu_worker.preempt) ----
-    #: Least time between two progress reports of one job (state PROGRESS, an event).
-    progress_s: Positive = 0.25
-    #: Stop a running relaxed or standard job at a step boundary for a waiting fast one.
+    # --- preemption (gpu_worker.preempt) -----------------------------------------
     preempt: bool = True
-    #: Times one job may be preempted; then it runs to its end (relaxed work never starves).
+    """Stop a running relaxed or standard job at a step boundary for a waiting fast one."""
     max_preemptions: Annotated[int, Field(ge=0)] = 2
-    #: A run steps aside only while it expects at least this long still to run: one that
-    #: ends sooner finishes first (the fast job waits less than this, and no work is set
-    #: aside and resumed). Unset: a tenth of GPULANES_MAX_WAIT_FAST_S.
-    preempt_min_left_s: Annotated[float, Field(ge=0)] | None = None
+    """Times one job may be preempted; then it runs to its end (relaxed work never
+    starves)."""
 
-    # --- lane policy (routing.policy) ------------------------------------------
-    max_wait_fast_s: Positive = 10.0
-    max_wait_standard_s: Positive = 60.0
-    release_ratio: Positive = 0.9
-    release_samples: PositiveInt = 3
-    max_depth_fast: PositiveInt = 500
-    max_depth_standard: PositiveInt = 2000
-    max_depth_relaxed: PositiveInt = 10000
-    default_service_s: Positive = 1.0
+    # --- lanes (routing.policy) --------------------------------------------------
+    max_wait_s: Amounts = Field(default_factory=lambda: dict(MAX_WAIT_DEFAULT_S))
+    """Each budgeted lane's wait budget in seconds (``fast=10,standard=60``; a lane not
+    named keeps its default): past it the lane is overloaded and downgradable work
+    moves down. The standard budget is also the relaxed lane's aging bound; a run steps
+    aside for a fast job only while a tenth of the fast budget or more is left of it."""
+    max_depth: Counts = Field(default_factory=lambda: dict(MAX_DEPTH_DEFAULT))
+    """Most jobs each lane may hold (``fast=500,standard=2000,relaxed=10000``; a lane
+    not named keeps its default); a full lane refuses new jobs (``LaneFull``)."""
     fast_seconds_default: float = 3600.0
-    #: Fast jobs one account may have waiting to start (0: no limit); more run in standard.
+    """Fast-lane GPU seconds an account starts with (``lanes accounts grant`` adds more);
+    once spent, its fast jobs run in relaxed."""
     fast_jobs_per_account: Annotated[int, Field(ge=0)] = 8
-    fair_window_s: PositiveInt = 900
-    fair_unit_s: Positive = 60.0
-    fair_aging_s: Positive = 60.0
+    """Fast jobs one account may have waiting to start (0: no limit); more run in
+    standard."""
 
-    # --- result cache and in-flight coalescing (tasks.jobs.cache) ----------------
+    # --- result cache (tasks.jobs.cache) -----------------------------------------
     cache: bool = True
+    """Serve a deterministic model's repeated job (same seed and inputs) from the cache,
+    and join a job to the same one running."""
     cache_ttl_s: PositiveInt = 24 * 3600
+    """How long a cached result is kept."""
     cache_max_entries: PositiveInt = 100_000
-    cache_bloom_capacity: PositiveInt = 100_000
-    cache_bloom_error: Annotated[float, Field(gt=0, lt=1)] = 0.001
+    """Most cached results; the least recently hit go first."""
 
-    # --- beat -----------------------------------------------------------------
-    #: Celery beat schedules in whole seconds: periods under 1 s act as 1 s.
+    # --- beat and Redis ----------------------------------------------------------
     heartbeat_s: Positive = 1.0
-    heartbeat_reply_s: Positive = 0.5
-    #: A worker that misses this many heartbeats in a row is dead to routing.
-    misses_allowed: PositiveInt = 2
-    #: Routers fall back to plain tier routing past this age; unset: 3 heartbeats, a
-    #: leader's lease (a standby takes over within it) and 2 s.
-    snapshot_stale_s: Positive | None = None
-    #: Any number of beats run; the leader's lease lapses this long after its last
-    #: renewal (renewed 4 times as often, from its own thread), and a standby leads.
-    beat_lease_s: Positive = 2.0
-
-    # --- outages and faults ---------------------------------------------------
-    #: Longest one Redis command may take, on every client (ours, kombu's, Celery's
-    #: backend): ``submit()`` raises ``BrokerUnavailable`` within about this long.
+    """Beat's round: worker stats, lane loads, policy, snapshot, health. Beat schedules
+    in whole seconds: under 1 s acts as 1 s. A standby beat takes the lead within 2
+    heartbeats; routers trust a snapshot for 5 heartbeats and 2 s; a worker stuck on a
+    finished run it cannot let go of exits after 3."""
     redis_timeout_s: Positive = 3.0
-    redis_connect_timeout_s: Positive = 3.0
-    #: When the embedded Redis fsyncs its AOF: ``always`` before it answers (an accepted
-    #: job survives a crash of Redis or of the machine), or ``everysec`` (faster; a crash
-    #: may lose the last second's writes).
+    """Longest one Redis command or connect may take, on every client (ours, kombu's,
+    Celery's backend): ``submit()`` raises ``BrokerUnavailable`` within about this long.
+    A write waits a third of it for its replicas (REDIS_REPLICAS)."""
     redis_fsync: Literal["always", "everysec"] = "always"
-    #: Replicas that must hold a write before it counts (Redis ``WAIT``): a job
-    #: accepted, a run begun or settled, beat's lead. 0: the primary's word is enough
-    #: (one Redis); 1 or more behind Sentinel, so that a failover loses none of them.
+    """When the embedded Redis fsyncs its AOF: ``always`` before it answers (an accepted
+    job survives a crash of Redis or of the machine), or ``everysec`` (faster; a crash
+    may lose the last second's writes)."""
     redis_replicas: int = Field(default=0, ge=0)
-    #: How long such a write waits for its replicas before it is refused (``NOREPLICAS``).
-    redis_replica_wait_s: Positive = 1.0
-    #: Failures of a worker's own making in a row (disk, device, local files) after
-    #: which it stops taking jobs until a self-check passes again.
-    sick_after: PositiveInt = 3
-    #: How often a worker that stepped aside checks whether it can serve again.
-    sick_probe_s: Positive = 5.0
-    #: A worker stuck this long while Redis takes its writes (a finished run never let
-    #: go of its job slot: ``gpu_worker.stuck``) exits, for its supervisor to restart.
-    stuck_exit_s: Positive = 60.0
-    #: New jobs are refused while Redis uses more than this share of its ``maxmemory``
-    #: (as beat last measured it): the rest is kept for the outcomes of accepted jobs.
-    redis_memory_limit: float = Field(default=0.9, gt=0, le=1)
-    #: Celery's task-sent events (one more publish per submit).
-    sent_events: bool = False
+    """Replicas that must hold a write before it counts (Redis ``WAIT``): a job
+    accepted, a run begun or settled, beat's lead. 0: the primary's word is enough (one
+    Redis); 1 or more behind Sentinel, so that a failover loses none of them."""
 
-    # --- operators and retention ----------------------------------------------
-    #: Basic-auth login (user:password) of the Prometheus exporter; without it the
-    #: exporter listens on loopback addresses only.
+    # --- operators and retention -------------------------------------------------
     exporter_auth: str | None = None
-    #: How long Redis keeps a finished job's result (about 2 kB a job).
+    """Basic-auth login (user:password) of the Prometheus exporter; without it the
+    exporter listens on loopback addresses only."""
     result_ttl_s: PositiveInt = 24 * 3600
-    #: How long a revoke is remembered; unset: RESULT_TTL_S.
-    revoke_ttl_s: PositiveInt | None = None
-    #: Artifacts older than this are swept from the store by workers; unset: as long as a
-    #: result may name them (RESULT_TTL_S, plus CACHE_TTL_S: a cache hit's result does).
-    artifact_ttl_s: PositiveInt | None = None
-    #: Redis' redelivery of an unacked job; unset: 2 x MAX_JOB_S + RETRY_CAP_S.
+    """How long Redis keeps a finished job's result (about 2 kB a job); revokes are
+    remembered as long, and artifacts swept after it (plus CACHE_TTL_S with the cache
+    on: a cache hit's result names them)."""
     visibility_timeout_s: PositiveInt | None = None
-    #: A run holding its job this long is hung (a step that never returned: steps stop
-    #: at MAX_JOB_S): its message goes back, its lease is lost. Unset: 2 x MAX_JOB_S.
-    run_hung_s: Positive | None = None
-    #: How long a dead letter is kept (beat drops older ones).
-    dead_ttl_s: PositiveInt = 7 * 24 * 3600
+    """Redis' redelivery of an unacked job. Unset: 2 x MAX_JOB_S + 30 s (the longest
+    retry backoff)."""
 
     @field_validator("models", mode="before")
     @classmethod
@@ -228,6 +218,22 @@ class Settings(BaseSettings):
             raise ValueError("must be at least 1" if parse is int else "must not be negative")
         return table
 
+    @field_validator("max_wait_s", "max_depth", mode="before")
+    @classmethod
+    def _per_lane(cls, raw: Any, info: Any) -> Any:
+        """``lane=number[,lane=number]`` over the defaults; every number above 0."""
+        waits = info.field_name == "max_wait_s"
+        default: dict[str, Any] = MAX_WAIT_DEFAULT_S if waits else MAX_DEPTH_DEFAULT
+        parse = float if waits else int
+        given = dict(_pairs(raw, "lane=number[,lane=number]")) if isinstance(raw, str) \
+            else raw
+        if unknown := sorted(set(given) - set(default)):
+            raise ValueError(f"unknown lane {unknown[0]!r}; use {', '.join(default)}")
+        table = {**default, **{lane: parse(value) for lane, value in given.items()}}
+        if any(value <= 0 for value in table.values()):
+            raise ValueError("every number must be above 0")
+        return table
+
     @field_validator("artifact_url")
     @classmethod
     def _store_url(cls, raw: str | None) -> str | None:
@@ -249,20 +255,11 @@ class Settings(BaseSettings):
         self.model_dir = self.model_dir or self.state_dir / "models"
         self.broker_url = self.broker_url or f"redis+socket://{self.embedded_socket}"
         self.result_backend = self.result_backend or self.broker_url
-        self.snapshot_stale_s = (self.snapshot_stale_s
-                                 or 3 * self.heartbeat_s + self.beat_lease_s + 2)
-        self.revoke_ttl_s = self.revoke_ttl_s or self.result_ttl_s
-        self.artifact_ttl_s = self.artifact_ttl_s or (
-            self.result_ttl_s + (self.cache_ttl_s if self.cache else 0))
-        self.run_hung_s = self.run_hung_s or 2 * self.max_job_s
-        if self.preempt_min_left_s is None:
-            self.preempt_min_left_s = self.max_wait_fast_s / 10
-        self.visibility_timeout_s = self.visibility_timeout_s or int(
-            2 * self.max_job_s + self.retry_cap_s)
+        self.visibility_timeout_s = _visibility_s(self)
         _check_across(self)
         return self
 
-    # --- derived --------------------------------------------------------------
+    # --- derived -----------------------------------------------------------------
     @property
     def embedded_socket(self) -> Path:
         """The embedded Redis' Unix socket (used when no broker URL is set)."""
@@ -280,59 +277,106 @@ class Settings(BaseSettings):
         return self.artifact_url or str(self.artifact_dir)
 
     @property
-    def max_depth(self) -> dict[str, int]:
-        return {"fast": self.max_depth_fast, "standard": self.max_depth_standard,
-                "relaxed": self.max_depth_relaxed}
+    def warm(self) -> tuple[str, ...]:
+        """The models a worker warms at start: WARM_MODELS, else the first MODEL_SLOTS
+        of MODELS."""
+        return self.warm_models or tuple(self.models)[:self.model_slots]
 
     @property
-    def max_wait_s(self) -> dict[str, float]:
-        """The lanes with a wait budget (relaxed has none: it takes what is left)."""
-        return {"fast": self.max_wait_fast_s, "standard": self.max_wait_standard_s}
+    def beat_lease_s(self) -> float:
+        """A leading beat's lease lapses this long after its last renewal (renewed 4
+        times as often, from its own thread), and a standby leads: 2 heartbeats."""
+        return 2 * self.heartbeat_s
+
+    @property
+    def snapshot_stale_s(self) -> float:
+        """Routers fall back to plain tier routing past this age of beat's snapshot: 3
+        heartbeats, a leader's lease (a standby takes over within it) and 2 s."""
+        return 3 * self.heartbeat_s + self.beat_lease_s + 2
+
+    @property
+    def fair_aging_s(self) -> float:
+        """A relaxed job waiting this long climbs to the front of its lane whatever its
+        account's level: the standard lane's budget."""
+        return self.max_wait_s["standard"]
+
+    @property
+    def preempt_min_left_s(self) -> float:
+        """A run steps aside only while it expects at least this long still to run (one
+        that ends sooner finishes first): a tenth of the fast lane's budget."""
+        return self.max_wait_s["fast"] / 10
+
+    @property
+    def redis_connect_timeout_s(self) -> float:
+        """Longest a connection to Redis may take to open: REDIS_TIMEOUT_S."""
+        return self.redis_timeout_s
+
+    @property
+    def redis_replica_wait_s(self) -> float:
+        """How long a write waits for its replicas before it is refused (``NOREPLICAS``):
+        a third of REDIS_TIMEOUT_S, so Redis answers before the client gives up."""
+        return self.redis_timeout_s / 3
+
+    @property
+    def revoke_ttl_s(self) -> int:
+        """How long a revoke is remembered: as long as a result (RESULT_TTL_S)."""
+        return self.result_ttl_s
+
+    @property
+    def artifact_ttl_s(self) -> int:
+        """Artifacts older than this are swept from the store by workers: as long as a
+        result may name them (RESULT_TTL_S, plus CACHE_TTL_S: a cache hit's result does)."""
+        return self.result_ttl_s + (self.cache_ttl_s if self.cache else 0)
+
+    @property
+    def run_hung_s(self) -> float:
+        """A run holding its job this long is hung (a step that never returned: steps
+        stop at MAX_JOB_S): its message goes back, its lease is lost. 2 x MAX_JOB_S."""
+        return 2 * self.max_job_s
 
     @property
     def keepalive_s(self) -> float:
         """How often a worker marks the jobs it holds as still held."""
-        return min(self.heartbeat_s, self.visibility_timeout_s / 4)
+        return min(self.heartbeat_s, _visibility_s(self) / 4)
 
     @property
     def lease_ttl_s(self) -> int:
         """A running job's lease lapses this long after its worker last extended it."""
-        return max(1, min(math.ceil(3 * self.keepalive_s), self.visibility_timeout_s - 1))
+        return max(1, min(math.ceil(3 * self.keepalive_s), _visibility_s(self) - 1))
 
     @property
     def runs_kept_s(self) -> int:
         """How long a job's run records are kept: past every copy of it, its
         redeliveries, each retry's run and backoff, and sick workers' runs."""
-        return math.ceil(2 * self.visibility_timeout_s + (2 * self.max_retries + self.sick_after
-                                                          + 1) * (self.max_job_s
-                                                                  + self.retry_cap_s))
+        attempts = 2 * self.max_retries + SICK_AFTER + 1
+        return math.ceil(2 * _visibility_s(self) + attempts * (self.max_job_s + RETRY_CAP_S))
 
     def for_model(self, table: dict[str, Any], model: str) -> Any:
         """``model``'s entry of a per-model table (``max_batch``...), else its ``*``."""
         return table.get(model, table["*"])
 
 
+def _visibility_s(s: Settings) -> int:
+    """VISIBILITY_TIMEOUT_S as given, else derived."""
+    return s.visibility_timeout_s or int(2 * s.max_job_s + RETRY_CAP_S)
+
+
 def _check_across(s: Settings) -> None:
-    if not s.sentinel_master and any(url.startswith("sentinel://")
+    if not s.sentinel_master and any(str(url).startswith("sentinel://")
                                      for url in (s.broker_url, s.result_backend)):
         raise ConfigError(f"{PREFIX}SENTINEL_MASTER", "a sentinel:// broker or result backend "
                           "needs the name of the master the Sentinels watch")
-    if s.redis_replicas and s.redis_replica_wait_s >= s.redis_timeout_s:
-        raise ConfigError(f"{PREFIX}REDIS_REPLICA_WAIT_S", f"{s.redis_replica_wait_s} s must "
-                          f"be below {PREFIX}REDIS_TIMEOUT_S ({s.redis_timeout_s} s): a "
-                          "write's client would give up before Redis says how many replicas "
-                          "hold it")
     if unknown := set(s.min_replicas) - set(s.models):
         raise ConfigError(f"{PREFIX}MIN_REPLICAS", f"unknown models {sorted(unknown)}")
+    if unknown := set(s.warm_models) - set(s.models):
+        raise ConfigError(f"{PREFIX}WARM_MODELS", f"unknown models {sorted(unknown)}: a warm "
+                          f"model must be one of {PREFIX}MODELS")
     if len(s.warm_models) > s.model_slots:
         raise ConfigError(f"{PREFIX}WARM_MODELS", f"{len(s.warm_models)} models but only "
                           f"{PREFIX}MODEL_SLOTS={s.model_slots} slots")
     for name in ("max_batch", "max_queue_delay_ms"):
         if unknown := set(getattr(s, name)) - {"*"} - set(s.models):
             raise ConfigError(f"{PREFIX}{name.upper()}", f"unknown models {sorted(unknown)}")
-    if s.min_side % 8 or s.max_side % 8 or s.min_side > s.max_side:
-        raise ConfigError(f"{PREFIX}MIN_SIDE", f"{s.min_side}..{s.max_side} must be multiples "
-                          f"of 8, the minimum not above {PREFIX}MAX_SIDE")
 
 
 def load(**values: Any) -> Settings:
@@ -388,5 +432,6 @@ class _InForce:
         return getattr(current(), name)
 
 
-settings: Any = _InForce()
+#: The settings in force, typed as :class:`Settings` (an unknown name is a type error).
+settings: Settings = cast(Settings, _InForce())
 

@@ -38,9 +38,7 @@ TEST_ENV = {
                                  "blob=tests.blob_model:Blob"]),
     "GPULANES_DEVICE": "cpu",
     "GPULANES_HEARTBEAT_S": "1",
-    "GPULANES_HEARTBEAT_REPLY_S": "0.3",
-    "GPULANES_RETRY_BASE_S": "0.2",
-    "GPULANES_RETRY_CAP_S": "1",
+    "GPULANES_WARM_MODELS": "demo",
     "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent.parent),
                                                 os.environ.get("PYTHONPATH")])),
 }
@@ -91,6 +89,27 @@ def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
     value = poll(predicate, timeout_s)
     assert value, f"timed out waiting for {what}"
     return value
+
+
+def fast_waiting(account: str) -> int:
+    """How many of ``account``'s fast jobs hold a place now (lapsed ones excluded)."""
+    from tasks.broker.app import redis_client
+    from tasks.broker.keys import fast_queued_key
+
+    client = redis_client()
+    now_s, now_us = client.time()
+    return client.zcount(fast_queued_key(account), now_s + now_us / 1e6, "+inf")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Torch on one thread, as a worker runs it (``GPULANES_TORCH_THREADS``)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def new_gate() -> str:

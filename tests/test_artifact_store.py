@@ -20,7 +20,7 @@ from tasks.errors import ArtifactError, ConfigError
 from tasks.jobs.artifacts import ArtifactRef, is_intact, open_artifact, store_bytes
 from tasks.jobs.cache import intact
 from tasks.settings import PROJECT_DIR, load, override
-from tasks.worker.png import png_bytes, save_png, store_png
+from tasks.worker.png import png_bytes, store_png
 
 DATA = b"\x00gpulanes artifact\xff" * 1000
 PIXELS = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
@@ -129,9 +129,8 @@ def test_the_local_default_keeps_plain_paths(tmp_path):
         assert settings.artifact_url is None and settings.artifact_root == str(tmp_path)
         ref = store_png(job_id, PIXELS, 1)
     assert ref.url == str(tmp_path / f"{job_id}-1.png")  # what results' `image` always was
-    saved = save_png(tmp_path, job_id, PIXELS, 1)
-    assert (saved.path, saved.bytes, saved.sha256) == (tmp_path / f"{job_id}-1.png",
-                                                      ref.bytes, ref.sha256)
+    saved = store_png(job_id, PIXELS, 1, root=str(tmp_path))  # the folder named outright
+    assert saved == ref
     _check_round_trip(ref, png_bytes(PIXELS))
 
 

@@ -18,7 +18,7 @@ from routing.names import STATS_COMMAND
 from tasks import submit
 from tasks.broker.message import Job
 from tasks.errors import JobFailed
-from tasks.worker.png import save_png
+from tasks.worker.png import store_png
 from tests.flaky_model import open_gate
 
 BATCH = 4
@@ -146,7 +146,7 @@ def reference(tmp_path_factory):
 
     def png(prompt: str, seed: int) -> bytes:
         pixels = model.generate(prompt, seed=seed, **SMALL)
-        return save_png(folder, str(uuid.uuid4()), pixels).path.read_bytes()
+        return Path(store_png(str(uuid.uuid4()), pixels, root=str(folder)).url).read_bytes()
     yield png
     torch.set_num_threads(previous)
 

@@ -110,8 +110,8 @@ def test_sightings_stay_bounded_and_last_at_least_capacity_more():
 
 
 def test_bad_cache_setting_names_its_variable(monkeypatch):
-    monkeypatch.setenv("GPULANES_CACHE_BLOOM_ERROR", "1.5")
-    with pytest.raises(ConfigError, match="GPULANES_CACHE_BLOOM_ERROR"):
+    monkeypatch.setenv("GPULANES_CACHE_MAX_ENTRIES", "none")
+    with pytest.raises(ConfigError, match="GPULANES_CACHE_MAX_ENTRIES"):
         load()
     with pytest.raises(ConfigError, match="GPULANES_CACHE_TTL_S"):
         load(cache_ttl_s="0")

@@ -17,7 +17,7 @@ from conftest import SMALL, scripts_called, vary
 import tasks.broker.enqueue as enqueue_module
 import tasks.worker.coalesce as coalesce
 from beat.movers import enforce_deadlines
-from routing.names import GENERATE_TASK, LANES
+from routing.names import JOB_TASK, LANES
 from routing.policy import PolicyView
 from tasks import submit
 from tasks.broker.app import app
@@ -83,7 +83,7 @@ def _retry(client, job_id: str, job: dict, lane: str) -> None:
     token = f"worker#1#tag-{job_id}"
     client.set(lease_key(job_id), token)  # the run holds its lease while it retries
     with publishing(fence=(lease_key(job_id), attempts_key(job_id), token, 1, 60)):
-        app.send_task(GENERATE_TASK, task_id=job_id, queue=lane, retry=False, kwargs={
+        app.send_task(JOB_TASK, task_id=job_id, queue=lane, retry=False, kwargs={
             "job": job, "route": {"lane": lane, "requested_tier": job["tier"]},
             "submitted_at": time.time()})
 
@@ -145,7 +145,7 @@ def test_a_seeded_submit_claims_in_its_own_publish(clean_redis, monkeypatch):
     """One script call a seeded submit: the publish claims the digest and pushes the job
     that leads (confirmed); an identical submit is answered in its publish and pushes
     nothing; a leader refused by a full lane after its claim confirms it below."""
-    vary(monkeypatch, cache=True, max_depth_standard=1)  # no worker here: lanes hold
+    vary(monkeypatch, cache=True, max_depth={"standard": 1})  # no worker here: lanes hold
     called = scripts_called(monkeypatch)
     leader = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
     assert called == ["put"]

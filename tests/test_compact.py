@@ -12,9 +12,8 @@ from collections import deque
 
 import pytest
 
-from benchmarks.fleet_routing import fleet_snapshot
-from routing.compact import (DRAIN_S, U16_MAX, drain_code, in_order, rank_of, split,
-                             unsplit)
+from routing.compact import (DRAIN_S, U16_MAX, drain_code, in_order, rank_of, ranks, split,
+                             unpack_u8, unpack_u16)
 from routing.fleet import build_fleet
 from routing.fluid import DrainingSum
 from routing.hashring import derive, ring
@@ -23,6 +22,7 @@ from routing.policy import decide
 from routing.ringorder import changed_set, in_ring_order
 from routing.snapshot import DEMAND_WINDOW, SnapshotCache
 from routing.views import Loads
+from tests.harness.fleet import fleet_snapshot
 
 # --- the implementation before the split, kept as the reference --------------------------
 OLD_VNODES, OLD_MIN_CAP = 64, 2
@@ -275,6 +275,20 @@ def evolve(rng, snapshot, at):
 
 
 # --- the split ---------------------------------------------------------------------------
+def unsplit(compact, members):
+    """Per serving host, what routing knows of it: ``load``, ``fast``, ``drain_s`` (None: not
+    measured), ``slots`` and ``warm`` (in the worker's order)."""
+    hosts = members["hosts"]
+    loads = unpack_u16(compact["loads"], len(hosts))
+    drains = unpack_u8(compact["drain"], len(hosts))
+    order = ranks(compact, len(hosts))
+    fast = unpack_u16(compact["fast"], len(hosts)) if "fast" in compact else [0] * len(hosts)
+    return {host: {"load": loads[i], "fast": fast[i], "drain_s": DRAIN_S[drains[i]],
+                   "slots": members["slots"][i],
+                   "warm": in_order(members["warm"][i], order[i])}
+            for i, host in enumerate(hosts)}
+
+
 def test_split_round_trips_what_routing_reads():
     rng = random.Random(7)
     for _ in range(20):

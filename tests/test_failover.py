@@ -1,8 +1,8 @@
 """Redis failover on real processes: a primary, two replicas and three Sentinels, two
 workers and two beats behind the ``sentinel://`` URL, jobs streaming in while the
-primary is SIGKILLed, or SIGSTOPped past ``down-after-milliseconds`` and woken up.
-Every job is counted (``benchmarks/failover.py``, run as it is documented, in a
-process of its own: ``tasks`` reads its broker URL once). The same harness runs the
+primary is SIGSTOPped past ``down-after-milliseconds`` and woken up. Every job is
+counted (``benchmarks/failover.py``, run as it is documented, in a process of its own:
+``tasks`` reads its broker URL once). The same harness runs the primary SIGKILLed, the
 40 s freeze and the lagging replicas in ``make soak``."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _failover(name: str, tmp_path: Path) -> dict:
                            "--json", str(out), "--logs", str(tmp_path / "logs")],
                           cwd=PROJECT_DIR, env=env, capture_output=True, text=True, timeout=420)
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())[0]
+    report = json.loads(out.read_text())["runs"][0]
     report["output"] = proc.stdout[-4000:]
     report["returncode"] = proc.returncode
     return report
@@ -61,10 +61,6 @@ def _check(report: dict) -> None:
         assert found["on_new_s"] is not None and found["on_new_s"] <= bound, (name, said)
     assert report["timeline"]["submits_back_s"] <= bound, said
     assert report["returncode"] == 0, said
-
-
-def test_a_primary_killed_under_load_fails_over_with_every_job_counted(tmp_path):
-    _check(_failover("kill", tmp_path))
 
 
 def test_a_primary_frozen_past_down_after_that_wakes_up_changes_nothing(tmp_path):

@@ -5,15 +5,15 @@ import base64
 import json
 
 import pytest
-from conftest import SMALL, new_gate, scripts_called, vary, wait_at_gate, wait_until
+from conftest import (SMALL, fast_waiting, new_gate, scripts_called, vary, wait_at_gate,
+                      wait_until)
 
 from routing.names import LANES
 from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
 from tasks import submit
 from tasks.broker.enqueue import snapshot_cache
 from tasks.broker.keys import fast_queued_key, lane_keys
-from tasks.jobs.accounts import charge_fast_seconds, fast_seconds_left, grant_fast_seconds
-from tasks.jobs.fastlimit import fast_waiting
+from tasks.jobs.accounts import fast_seconds_left, grant_fast_seconds
 from tests.flaky_model import open_gate
 
 
@@ -164,7 +164,7 @@ def test_spent_fast_time_moves_the_next_fast_submit_without_a_snapshot(limit, cl
     grant_fast_seconds("tight", 0.01 - fast_seconds_left("tight"))
     submit("still fast", tier="fast", account="tight", **SMALL)
     assert _lanes(clean_redis) == [1, 0, 0]
-    charge_fast_seconds("tight", 0.02)  # a fast run ends: the balance is spent
+    grant_fast_seconds("tight", -0.02)  # a fast run ends: the balance is spent
     spent = submit("spent", tier="fast", account="tight", **SMALL)
     assert snapshot_cache().view() is None  # no beat: no snapshot says it is spent
     assert _lanes(clean_redis) == [1, 0, 1]

@@ -1,5 +1,5 @@
 """Faults on a real cluster, each counted: jobs submitted, accepted, completed,
-re-run, duplicated and lost (lost must be 0). ``benchmarks/soak_faults.py`` runs
+re-run, duplicated and lost (lost must be 0). The soak ``tests/soak/faults.py`` runs
 the same faults for minutes; this is the quick form."""
 from __future__ import annotations
 
@@ -13,10 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
-from benchmarks.common import markdown_table
-from benchmarks.faults import (
+import tasks.broker.enqueue as enqueue
+from routing.names import JOB_TASK
+from tasks import submit
+from tasks.broker.keys import attempts_key
+from tasks.settings import settings
+from tests.flaky_model import open_gate
+from tests.harness.faults import (
     HEADERS,
     JobStream,
     kill_supervisor,
@@ -24,10 +29,7 @@ from benchmarks.faults import (
     wait_replaced,
     worker_pids,
 )
-from tasks import submit
-from tasks.broker.keys import attempts_key
-from tasks.settings import settings
-from tests.flaky_model import open_gate
+from tests.harness.tables import markdown_table
 
 pytestmark = pytest.mark.cluster
 #: Short, so that a gated job easily outlives it.
@@ -48,7 +50,7 @@ def _report(counts) -> None:
 def _received(cluster, job_id: str) -> int:
     """How many times a worker of ``cluster`` received job ``job_id``'s message."""
     log = (cluster.log_dir / "workers.log").read_text(errors="replace")
-    return log.count(f"gpulanes.generate[{job_id}] received")
+    return log.count(f"{JOB_TASK}[{job_id}] received")
 
 
 def _runs(client, results) -> list[int]:
@@ -114,7 +116,7 @@ def test_a_job_longer_than_the_visibility_timeout_runs_once(cluster, app, clean_
 
 def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, clean_redis,
                                                                 monkeypatch):
-    vary(monkeypatch, route_hashing=False)  # shared lanes: each worker takes one
+    monkeypatch.setattr(enqueue, "ROUTE_HASHING", False)  # shared lanes: each takes one
     gates = [new_gate(), new_gate()]
     held = [submit(f"gate:{g} held over a supervisor crash", model="flaky", **SMALL)
             for g in gates]
@@ -152,11 +154,11 @@ def test_supervisor_killed_and_restarted_while_workers_hold_jobs(cluster, app, c
 
 @pytest.fixture(scope="module")
 def redis_faults(tmp_path_factory) -> dict[str, dict]:
-    """benchmarks/soak_faults.py --quick, its two Redis scenarios, on a cluster and Redis
+    """tests/soak/faults.py --quick, its two Redis scenarios, on a cluster and Redis
     of its own (the default visibility timeout): their counts, by scenario."""
     out = tmp_path_factory.mktemp("soak") / "counts.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "soak_faults.py"), "--quick",
+        [sys.executable, str(ROOT / "tests" / "soak" / "faults.py"), "--quick",
          "--only", "redis", "--only", "redis-freeze", "--json", str(out)],
         capture_output=True, text=True, timeout=170, cwd=ROOT,
         env={**os.environ, "GPULANES_KEEP_STATE": "1"})

@@ -14,7 +14,8 @@ from conftest import vary
 import celeryconfig as cfg
 from gpu_worker.lease import Lease, renew
 from tasks.broker import runs
-from tasks.broker.keys import DEAD_KEY, HOLDERS_KEY, attempts_key, done_key, lease_key
+from tasks.broker.keys import (DEAD_KEY, DEAD_TTL_S, HOLDERS_KEY, attempts_key, done_key,
+                               lease_key)
 from tasks.broker.publish import PublishRefused, publishing
 from tasks.broker.holder import set_holder
 from tasks.broker.transport import Connection, put_back_held
@@ -56,7 +57,7 @@ def test_a_finished_or_dead_job_never_runs_again(clean_redis):
                         "failures|standard")
     assert _begin("j4", B, "t2") == ("dead", '{"error": "ValueError: bug"}')  # its failure
     # a copy that comes as late as the letter is kept still finds its run counter
-    assert clean_redis.ttl(attempts_key("j4")) > settings.dead_ttl_s - 60 > settings.runs_kept_s
+    assert clean_redis.ttl(attempts_key("j4")) > DEAD_TTL_S - 60 > settings.runs_kept_s
 
 
 def test_a_deferred_copy_steps_aside_from_a_released_lease(clean_redis):
@@ -170,7 +171,7 @@ def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatc
         set_holder(RUNTIME.incarnation)
         with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
             tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
-            vary(monkeypatch, run_hung_s=1e-6)
+            vary(monkeypatch, max_job_s=5e-7)  # hung at once: 2 x MAX_JOB_S
             lease = _lease(job_id, RUNTIME.incarnation, tag)
             assert lease.overdue()
             give_up_hung(tag, lease)

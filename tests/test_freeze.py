@@ -11,17 +11,18 @@ import os
 import signal
 
 import pytest
-from conftest import SMALL, new_gate, vary, wait_at_gate, wait_until
+from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 import celeryconfig as cfg
-from benchmarks.faults import JobStream, settle, wait_replaced, worker_pids
-from routing.names import LANES
+import tasks.broker.enqueue as enqueue
+from routing.names import JOB_TASK, LANES
 from tasks import submit
 from tasks.broker.keys import HOLDERS_KEY, METRICS_KEY
 from tasks.jobs.accounts import fast_seconds_left
 from tasks.settings import settings
 from tasks.worker.generate import STALE_FIELD
 from tests.flaky_model import open_gate, runs_finished, runs_started
+from tests.harness.faults import JobStream, settle, wait_replaced, worker_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -104,7 +105,7 @@ def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, ap
             os.kill(_pid(holder), signal.SIGCONT)
         second = job.info
         assert second["pid"] != _pid(holder)
-        wait_until(lambda: _logged(cluster, f"gpulanes.generate[{job.id}] ignored"),
+        wait_until(lambda: _logged(cluster, f"{JOB_TASK}[{job.id}] ignored"),
                    timeout_s=30, what="the woken holder's copy to step aside")
         os.kill(second["pid"], signal.SIGKILL)  # the new holder dies mid-run
     finally:
@@ -117,7 +118,7 @@ def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, ap
 def test_revoked_jobs_never_run_though_a_worker_restarts(cluster, app, clean_redis,
                                                          monkeypatch):
     """Finding 5: a worker restarted after a revoke never heard of it and ran the jobs."""
-    vary(monkeypatch, route_hashing=False)  # shared lanes: each worker takes one
+    monkeypatch.setattr(enqueue, "ROUTE_HASHING", False)  # shared lanes: each takes one
     gates = [new_gate(), new_gate()]
     blockers = [submit(f"gate:{g} hold a worker", model="flaky", **SMALL) for g in gates]
     for result, gate in zip(blockers, gates):

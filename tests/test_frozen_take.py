@@ -17,14 +17,14 @@ import uuid
 import pytest
 from conftest import SMALL, poll, wait_until
 
-from benchmarks.faults import worker_pids
 from routing.lanes import Route
-from routing.names import GENERATE_TASK
+from routing.names import JOB_TASK
 from tasks import submit
 from tasks.broker.keys import HOLDERS_KEY
 from tasks.broker.message import JobMessage, JobRoute
 from tasks.jobs.schema import validate
 from tasks.settings import settings
+from tests.harness.faults import worker_pids
 
 pytestmark = pytest.mark.cluster
 
@@ -41,7 +41,7 @@ def _with_countdown(app, prompt: str, countdown_s: float):
     job = validate(prompt, tier="standard", **SMALL)
     message = JobMessage(job, JobRoute.of(Route(lane="standard", requested_tier="standard")),
                          time.time())
-    return app.send_task(GENERATE_TASK, task_id=str(uuid.uuid4()), kwargs=message.kwargs(),
+    return app.send_task(JOB_TASK, task_id=str(uuid.uuid4()), kwargs=message.kwargs(),
                          countdown=countdown_s, queue="standard")
 
 

@@ -1,8 +1,8 @@
-"""A nearly full artifact disk (issue 32, point 3), for real: a 1 MB tmpfs under a real
+"""A nearly full artifact disk, for real: a 1 MB tmpfs under a real
 worker, jobs writing 100 kB artifacts. A finished model's output waits for room
 instead of its model running again, and the sick worker comes back only once the
 disk has room, its self-checks backing off meanwhile. (The 100-job, minute-long
-version: ``benchmarks/soak_faults.py --only full-disk``.)"""
+version: ``tests/soak/faults.py --only full-disk``.)"""
 from __future__ import annotations
 
 import re
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import wait_until
 
+from gpu_worker.health import FIRST_PROBE_S
 from tests.tmpfs import tmpfs
 
 #: The disk, and what each job writes to it: ten artifacts fit, the eleventh does not.
 DISK = "1m"
 BLOB_BYTES = 100_000
 JOBS = 14
-PROBE_S = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +30,7 @@ def small_disk():
 @pytest.fixture(scope="module")
 def cluster(small_disk, cluster_factory):
     # torn down before small_disk: its worker leaves the disk before it is unmounted
-    return cluster_factory(workers=1, env={"GPULANES_ARTIFACT_DIR": str(small_disk),
-                                           "GPULANES_SICK_PROBE_S": str(PROBE_S)})
+    return cluster_factory(workers=1, env={"GPULANES_ARTIFACT_DIR": str(small_disk)})
 
 
 class WorkerLog:
@@ -66,7 +65,7 @@ def test_a_full_disk_keeps_the_worker_aside_and_no_model_runs_twice(cluster, sma
     # worker steps aside: its self-checks fail, each twice as late as the last
     wait_until(lambda: log.count("self-check failed") >= 4, timeout_s=60,
                what="four failed self-checks while the disk is full")
-    assert log.check_delays_s()[:4] == [PROBE_S, 2 * PROBE_S, 4 * PROBE_S, 8 * PROBE_S]
+    assert log.check_delays_s()[:4] == [FIRST_PROBE_S * 2**n for n in range(4)]
     assert log.count("serving again") == 0  # not back while the disk stays full
     assert sum(runs_started(tag) for tag in tags) == 11  # no other model ran meanwhile
     assert log.count("refused its output") == 1

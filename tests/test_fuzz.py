@@ -21,7 +21,8 @@ from routing.names import TIERS
 from tasks import submit
 from tasks.errors import InvalidJob
 from tasks.jobs import catalog
-from tasks.jobs.schema import JOB_FIELDS, MAX_SEED, check_job, model_names
+from tasks.jobs.image import MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, MIN_SIDE
+from tasks.jobs.schema import JOB_FIELDS, MAX_ACCOUNT_CHARS, MAX_SEED, check_job, model_names
 from tasks.settings import settings as gl
 from tasks.worker.rejects import check_call, check_content
 from tests.typed_model import TypedInput, TypedPart
@@ -63,14 +64,14 @@ def _int_ok(value, low: int, high: int) -> bool:
 
 
 GOOD_VALUE = {
-    "prompt": lambda v: _text_ok(v, gl.max_prompt_chars),
+    "prompt": lambda v: _text_ok(v, MAX_PROMPT_CHARS),
     "tier": lambda v: isinstance(v, str) and v in TIERS,
-    "account": lambda v: _text_ok(v, gl.max_account_chars) and bool(ACCOUNT_RE.fullmatch(v)),
+    "account": lambda v: _text_ok(v, MAX_ACCOUNT_CHARS) and bool(ACCOUNT_RE.fullmatch(v)),
     "model": lambda v: isinstance(v, str) and v in IMAGE_MODELS,
     "seed": lambda v: v is None or _int_ok(v, 0, MAX_SEED),
-    "steps": lambda v: _int_ok(v, 1, gl.max_steps),
-    "width": lambda v: _int_ok(v, gl.min_side, gl.max_side) and v % 8 == 0,
-    "height": lambda v: _int_ok(v, gl.min_side, gl.max_side) and v % 8 == 0,
+    "steps": lambda v: _int_ok(v, 1, MAX_STEPS),
+    "width": lambda v: _int_ok(v, MIN_SIDE, MAX_SIDE) and v % 8 == 0,
+    "height": lambda v: _int_ok(v, MIN_SIDE, MAX_SIDE) and v % 8 == 0,
     "downgradable": lambda v: v is None or isinstance(v, bool),
 }
 
@@ -82,14 +83,14 @@ GARBAGE = st.one_of(
     st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(),
                                                          max_size=2),
     st.sampled_from([math.nan, math.inf, -math.inf, 1e308, "", " ", "\x00", "\ud800",
-                     "fast\x00", "x" * (gl.max_prompt_chars + 1), b"fast", object()]),
+                     "fast\x00", "x" * (MAX_PROMPT_CHARS + 1), b"fast", object()]),
 )
 #: Any code point, plus the ones that break encoders, terminals and C strings.
 #: (A list joined, not st.text: text() drops the surrogates from its alphabet.)
 NASTY_TEXT = st.lists(st.one_of(st.characters(), st.sampled_from(
     ["\ud800", "\udfff", "\x00", "\x1b", "\r", "\u202e", "\ufeff", "\U0010ffff"])),
     min_size=1, max_size=40).map("".join)
-SIDE = st.integers(gl.min_side // 8, gl.max_side // 8).map(lambda n: n * 8)
+SIDE = st.integers(MIN_SIDE // 8, MAX_SIDE // 8).map(lambda n: n * 8)
 
 
 def near(good: st.SearchStrategy, *edges) -> st.SearchStrategy:
@@ -100,14 +101,14 @@ def near(good: st.SearchStrategy, *edges) -> st.SearchStrategy:
 
 LIKELY_GOOD = {
     "prompt": st.one_of(st.text(min_size=1, max_size=60), NASTY_TEXT,
-                        st.just("y" * gl.max_prompt_chars)),
+                        st.just("y" * MAX_PROMPT_CHARS)),
     "tier": near(st.sampled_from(TIERS), "Fast", "fast ", "turbo"),
     "account": st.from_regex(ACCOUNT_RE, fullmatch=True).filter(lambda a: len(a) <= 70),
     "model": near(st.sampled_from(IMAGE_MODELS), "sdxl", "Demo", "demo ", "echo"),
     "seed": near(st.one_of(st.none(), st.integers(0, MAX_SEED)), -1, MAX_SEED + 1),
-    "steps": near(st.integers(1, gl.max_steps), 0, -1, gl.max_steps + 1),
-    "width": near(SIDE, 0, gl.min_side - 8, gl.min_side + 1, gl.max_side + 8),
-    "height": near(SIDE, 0, gl.min_side - 8, gl.max_side - 1, gl.max_side + 8),
+    "steps": near(st.integers(1, MAX_STEPS), 0, -1, MAX_STEPS + 1),
+    "width": near(SIDE, 0, MIN_SIDE - 8, MIN_SIDE + 1, MAX_SIDE + 8),
+    "height": near(SIDE, 0, MIN_SIDE - 8, MAX_SIDE - 1, MAX_SIDE + 8),
     "downgradable": st.one_of(st.none(), st.booleans()),
 }
 

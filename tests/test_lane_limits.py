@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from conftest import SMALL, vary
+from conftest import SMALL, fast_waiting, vary
 from kombu import Exchange, Queue
 
 from routing.names import LANES, worker_queue
@@ -23,7 +23,6 @@ from tasks import submit
 from tasks.broker.enqueue import snapshot_cache
 from tasks.broker.keys import LEDGER_KEY, lane_keys, lists_key
 from tasks.errors import LaneFull
-from tasks.jobs.fastlimit import fast_waiting
 from tasks.jobs.schema import validate
 from tasks.worker.generate import generate
 
@@ -35,7 +34,7 @@ def limits(monkeypatch):
     # The router's copy of the limits too (made, with the defaults, before they change),
     # and back after: later tests keep the defaults.
     monkeypatch.setattr(snapshot_cache(), "max_depth", dict(LIMITS))
-    vary(monkeypatch, **{f"max_depth_{lane}": depth for lane, depth in LIMITS.items()})
+    vary(monkeypatch, max_depth=dict(LIMITS))
     return LIMITS
 
 

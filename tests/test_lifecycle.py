@@ -102,8 +102,9 @@ def test_sigterm_finishes_the_running_job_and_stops_cleanly(cluster_factory, app
 
 
 def test_crashed_worker_is_restarted_and_its_job_runs_again(cluster_factory, app):
-    # MAX_JOB_S=2 makes the visibility timeout 2*2+1 = 5 s for this cluster.
-    cluster_factory(workers=1, env={"GPULANES_MAX_JOB_S": "2"})
+    # Redis hands the job back 5 s after the worker took it.
+    cluster_factory(workers=1, env={"GPULANES_MAX_JOB_S": "2",
+                                    "GPULANES_VISIBILITY_TIMEOUT_S": "5"})
     (host, pid), = _worker_pids(app, 1).items()
     gate = new_gate()
     doomed = submit(f"gate:{gate} killed mid-job", model="flaky", **SMALL)

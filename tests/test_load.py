@@ -1,6 +1,6 @@
 """Load: a burst of submits from several processes against a small cluster.
 
-The quick form of ``benchmarks/soak_load.py``: 2,000 submits from 3 spawned
+The quick form of the soak ``tests/soak/load.py``: 2,000 submits from 3 spawned
 processes, as fast as they can, against two CPU workers and beat, with lane
 limits small enough that the burst must fill them. Every submit is either
 accepted or refused with ``LaneFull`` (nothing else), refusals come only once
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak_load import accepted_ids, run_burst
-from benchmarks.soak_probe import Probe, collect
-from benchmarks.soak_report import moved_into
 from tasks.settings import settings
+from tests.soak.load import accepted_ids, run_burst
+from tests.soak.load_probe import Probe, collect
+from tests.soak.load_report import moved_into
 
 JOBS, PROCS = 2000, 3
 #: Small enough that a 2,000-job burst fills every lane.
@@ -33,8 +33,7 @@ def soaked(cluster, app, redis_server):
     """Run the burst once (the submitters inherit the limits) and wait for its jobs."""
     client = redis_server.client()
     with pytest.MonkeyPatch.context() as patch:
-        for lane, depth in LIMITS.items():
-            patch.setenv(f"GPULANES_MAX_DEPTH_{lane.upper()}", str(depth))
+        patch.setenv("GPULANES_MAX_DEPTH", ",".join(f"{lane}={n}" for lane, n in LIMITS.items()))
         probe = Probe(client, cluster.hostnames, {}).start()
         try:
             burst = run_burst(JOBS, PROCS, timeout_s=120)
@@ -70,7 +69,7 @@ def test_fast_jobs_in_the_fast_lane_start_within_its_budget(soaked):
     _, fate, _ = soaked
     waits_s = [r["queued_ms"] / 1000 for r in fate.results.values()
                if r["lane"] == "fast" and not r.get("cached")]
-    assert waits_s and max(waits_s) <= settings.max_wait_fast_s
+    assert waits_s and max(waits_s) <= settings.max_wait_s["fast"]
 
 
 @pytest.mark.cluster

@@ -15,8 +15,8 @@ from conftest import SMALL, free_port, http_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks import submit
-from tasks.broker.keys import (DEAD_KEY, METRICS_KEY, SNAPSHOT_KEY, WORKERS_KEY, metric_field,
-                               usage_key)
+from tasks.broker.keys import (DEAD_KEY, FAIR_WINDOW_S, METRICS_KEY, SNAPSHOT_KEY, WORKERS_KEY,
+                               metric_field, usage_key)
 from tasks.errors import JobFailed
 from tasks.jobs.usage import job_counts
 
@@ -184,7 +184,6 @@ def test_a_workers_counts_are_added_once_per_batch(clean_redis):
     An account's usage bucket lasts as long as fair shares read it."""
     from tasks.broker.stats import push_stats
     from tasks.jobs.usage import PendingCounts
-    from tasks.settings import settings
 
     run_sum, used = (METRICS_KEY, "run_sum|fast"), (usage_key(7), "ann")
     counts = PendingCounts()
@@ -199,7 +198,7 @@ def test_a_workers_counts_are_added_once_per_batch(clean_redis):
     assert float(clean_redis.hget(METRICS_KEY, "run_sum|fast")) == 0.75
     assert float(clean_redis.hget(usage_key(7), "ann")) == 0.75
     assert clean_redis.ttl(METRICS_KEY) == -1  # metrics last
-    assert 0 < clean_redis.ttl(usage_key(7)) <= settings.fair_window_s + 60
+    assert 0 < clean_redis.ttl(usage_key(7)) <= FAIR_WINDOW_S + 60
     counts.pushed(batch[0])
     assert counts.batch() == (2, {run_sum: 1.0})
     push_stats(clean_redis, "gpu0@h", {}, ("gpu0@h/1/1.0", *counts.batch()))

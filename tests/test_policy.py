@@ -22,7 +22,7 @@ from routing.policy import (
     next_state,
     relax_levels,
 )
-from routing.snapshot import SnapshotCache, view_from_snapshot
+from routing.snapshot import SnapshotCache, base_view, full_lanes
 
 BUDGET = 10.0
 
@@ -151,6 +151,11 @@ SNAPSHOT = {"at": 100.0,
                        "standard": {"overloaded": True, "calm_samples": 1}},
             "exhausted": ["a"], "levels": {"h": 2}}
 DEPTHS = {"fast": 5, "standard": 5, "relaxed": 10}
+
+
+def view_from_snapshot(snapshot: dict, sent: dict, max_depth: dict) -> PolicyView:
+    """The full routing view of a snapshot, as a router makes it (``SnapshotCache.view``)."""
+    return base_view(snapshot).but(full=full_lanes(snapshot, sent, max_depth))
 
 
 def test_view_counts_jobs_sent_since_the_snapshot():

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from conftest import vary, wait_until
 
-from benchmarks.faults import worker_pids
 from tasks import submit
 from tasks.broker.keys import METRICS_KEY, metric_field
 from tasks.jobs.accounts import fast_seconds_left
+from tests.harness.faults import worker_pids
 
 pytestmark = pytest.mark.cluster
 LONG = dict(steps=120, width=768, height=768)

@@ -63,7 +63,7 @@ def test_fast_runs_capped_runs_and_unpreemptible_runs_never_stop(news, monkeypat
 
 def test_a_run_that_may_not_stop_keeps_its_fast_jobs_when_it_ends_within_budget(
         news, monkeypatch):
-    vary(monkeypatch, max_wait_fast_s=10.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})
     for left_s, handed in ((9.9, 0), (10.0, 1), (None, 2)):  # None: not known, handed
         tell(news, own=True)
         assert not news.wanted("fast", 0, True, left_s) and len(news.handed) == handed

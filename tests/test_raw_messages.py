@@ -19,7 +19,7 @@ from kombu.exceptions import ContentDisallowed
 from kombu.serialization import loads
 from kombu.transport.redis import Channel as RedisChannel
 
-from routing.names import GENERATE_TASK, STANDARD, STATS_COMMAND
+from routing.names import JOB_TASK, JOB_TASK_ALIASES, STANDARD, STATS_COMMAND
 from tasks import submit
 from tasks.jobs.deadletter import dead_jobs
 
@@ -59,7 +59,7 @@ def _envelope(body: bytes, content_type: str = "application/json", headers=None,
                        "delivery_info": {"exchange": lane, "routing_key": lane}}})
 
 
-def _task(app, kwargs, name: str = GENERATE_TASK, args=(), drop=()) -> str:
+def _task(app, kwargs, name: str = JOB_TASK, args=(), drop=()) -> str:
     """A task message as Celery publishes it (protocol 2, JSON), headers in ``drop`` left out."""
     message = app.amqp.as_task_v2(str(uuid.uuid4()), name, args=args, kwargs=kwargs)
     headers = {k: v for k, v in message.headers.items() if k not in drop}
@@ -136,6 +136,18 @@ def test_a_message_built_here_runs(cluster, app, clean_redis):
     assert dead_jobs(clean_redis) == []
 
 
+@pytest.mark.parametrize("name", JOB_TASK_ALIASES)
+def test_a_job_queued_under_the_tasks_earlier_name_still_runs(name, cluster, app, clean_redis):
+    """A message published before the task was renamed runs to its end, as a job."""
+    raw = _task(app, _call(), name=name)
+    assert json.loads(raw)["headers"]["task"] == name
+    clean_redis.lpush(STANDARD, raw)
+    out = app.AsyncResult(json.loads(raw)["headers"]["id"]).get(timeout=30)
+    assert out["seed"] == GOOD_JOB["seed"] and out["lane"] == STANDARD
+    assert out["worker"] == cluster.hostnames[0] and out["attempts"] == 1
+    assert dead_jobs(clean_redis) == []
+
+
 def test_the_pickle_payload_would_leave_its_mark(tmp_path):
     """The proof below is real: unpickling the payload does create its file."""
     pickle.loads(pickle.dumps(Boom(tmp_path / "mark"))).close()
@@ -182,7 +194,7 @@ def test_operators_see_a_refused_message_and_cannot_requeue_it(cluster, app, cle
     entry = wait_until(lambda: dead_jobs(clean_redis), timeout_s=30, what="a dead letter")[0]
     listed = ok("dead", "list")
     assert entry["job_id"] in listed and "invalid_message" in listed and "steps" in listed
-    assert "steps: must be an integer" in failed("dead", "requeue", entry["job_id"])
+    assert "steps: Input should be a valid integer" in failed("dead", "requeue", entry["job_id"])
     assert [e["job_id"] for e in dead_jobs(clean_redis)] == [entry["job_id"]]  # kept
     assert clean_redis.llen(STANDARD) == 0
 

@@ -1,7 +1,7 @@
 """Redis that answers with a refusal (out of memory, its disk failing, a permission it
 denies) on real workers, with the default timeouts, every job counted: nothing
 wedges, nothing runs twice to the end, submits meanwhile get a typed error saying
-what Redis said. ``benchmarks/soak_refusals.py`` runs the longer blips."""
+what Redis said. The soak ``tests/soak/refusals.py`` runs the longer blips."""
 from __future__ import annotations
 
 import json
@@ -15,16 +15,18 @@ import pytest
 import redis
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
-from benchmarks.refusals import disk_failing, out_of_memory, refusal_blip
+from gpu_worker.stuck import STUCK_HEARTBEATS
 from tasks import submit
 from tasks.broker.keys import WORKERS_KEY
 from tasks.broker.outage import OUTAGE, RedisRefused, refused
 from tasks.errors import BrokerRefused, BrokerUnavailable
+from tasks.settings import settings
 from tests.flaky_model import open_gate, runs_finished, runs_started
+from tests.harness.refusals import disk_failing, out_of_memory, refusal_blip
 
 pytestmark = pytest.mark.cluster
-#: A stuck worker exits this soon here (60 s by default).
-STUCK_EXIT_S = 3
+#: A stuck worker exits this soon.
+STUCK_EXIT_S = STUCK_HEARTBEATS * settings.heartbeat_s
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +34,7 @@ def cluster(cluster_factory):
     # five jobs in hand per worker, run as one batch: ten jobs in flight on two workers
     return cluster_factory(workers=2, beat=True, env={
         "GPULANES_MAX_BATCH": "flaky=5", "GPULANES_MAX_QUEUE_DELAY_MS": "flaky=500",
-        "GPULANES_WARM_MODELS": "flaky",
-        "GPULANES_STUCK_EXIT_S": str(STUCK_EXIT_S)})
+        "GPULANES_WARM_MODELS": "flaky"})
 
 
 def _records(client) -> dict[str, dict]:
@@ -91,7 +92,7 @@ def test_refusal_blip_with_ten_jobs_in_flight(cluster, clean_redis, fault, secon
 
 
 def test_submits_refused_near_maxmemory_keep_room_for_accepted_jobs(cluster, clean_redis):
-    """Over ``GPULANES_REDIS_MEMORY_LIMIT`` (0.9) of maxmemory, as beat measured it, a
+    """Over ``MEMORY_LIMIT`` (0.9) of maxmemory, as beat measured it, a
     submit is refused with ``BrokerRefused`` before Redis itself refuses; a job already
     accepted still finishes."""
     from tasks.broker.enqueue import snapshot_cache
@@ -104,7 +105,7 @@ def test_submits_refused_near_maxmemory_keep_room_for_accepted_jobs(cluster, cle
     try:
         wait_until(lambda: (view := snapshot_cache().view()) and view.memory_share > 0.9,
                    15, "beat to measure Redis' memory")
-        with pytest.raises(BrokerRefused, match="GPULANES_REDIS_MEMORY_LIMIT"):
+        with pytest.raises(BrokerRefused, match="over the 90% limit"):
             submit("too near maxmemory", **SMALL)
         open_gate(gate)
         assert accepted.get(timeout=30)["lane"] == "fast"
@@ -117,7 +118,7 @@ def test_submits_refused_near_maxmemory_keep_room_for_accepted_jobs(cluster, cle
 def test_a_wedged_worker_reports_stuck_then_exits_and_its_job_ends(cluster, clean_redis):
     """Redis denies Celery's own state write (an ACL without SETEX): the finished run
     never lets go of its job slot. Its worker shows ``stuck`` in ``lanes status --json``
-    within a heartbeat, exits after ``GPULANES_STUCK_EXIT_S`` and is restarted; once
+    within a heartbeat, exits after ``STUCK_HEARTBEATS`` of them and is restarted; once
     the write is allowed again, the job ends, run once."""
     before = _both_workers(clean_redis)
     clean_redis.execute_command("ACL", "SETUSER", "default", "-setex")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from routing.lanes import Route, lane_for, route
-from routing.names import GENERATE_TASK, LANES
+from routing.names import JOB_TASK, JOB_TASK_ALIASES, LANES
 from routing.router import route_task
 from tasks.broker.store import redis_url
 
@@ -26,11 +26,13 @@ def test_route_dict_omits_unset_fields():
     assert moved["downgraded_from"] == "standard" and moved["downgrade_reason"] == "overload"
 
 
-def test_celery_router_sends_generate_by_tier():
+def test_celery_router_sends_a_job_by_tier():
     kwargs = {"job": {"tier": "fast"}}
-    assert route_task(GENERATE_TASK, (), kwargs, {}) == {"queue": "fast"}
-    assert route_task(GENERATE_TASK, (), {"job": {"tier": "bogus"}}, {}) == {"queue": "standard"}
-    assert route_task(GENERATE_TASK, (), kwargs, {"queue": "relaxed"}) is None
+    assert route_task(JOB_TASK, (), kwargs, {}) == {"queue": "fast"}
+    for old in JOB_TASK_ALIASES:  # a job sent under an earlier name goes to its lane too
+        assert route_task(old, (), kwargs, {}) == {"queue": "fast"}
+    assert route_task(JOB_TASK, (), {"job": {"tier": "bogus"}}, {}) == {"queue": "standard"}
+    assert route_task(JOB_TASK, (), kwargs, {"queue": "relaxed"}) is None
     assert route_task("other.task", (), kwargs, {}) is None
 
 

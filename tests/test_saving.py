@@ -1,5 +1,4 @@
-"""A finished run's output survives a store that refuses it for a while (issue 32,
-point 3): the run keeps the bytes and writes them once the store takes them, the
+"""A finished run's output survives a store that refuses it for a while: the run keeps the bytes and writes them once the store takes them, the
 worker stepping aside meanwhile; a run taken over writes nothing; only a store that
 refuses for the whole wait fails the run."""
 from __future__ import annotations
@@ -48,7 +47,8 @@ def store(monkeypatch, tmp_path):
     monkeypatch.setattr(saving, "store_bytes", store_bytes)
     monkeypatch.setattr(saving, "HEALTH", state.health)
     monkeypatch.setattr(saving, "ARTIFACT_BYTES", state.written)
-    with override(artifact_dir=tmp_path, artifact_url=None, sick_probe_s=0.01):
+    monkeypatch.setattr(saving, "FIRST_PROBE_S", 0.01)
+    with override(artifact_dir=tmp_path, artifact_url=None):
         yield state
 
 

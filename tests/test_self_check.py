@@ -1,5 +1,5 @@
 """A sick worker's self-check makes room for what its jobs write, and backs off while
-it fails (issue 32, point 3): the unit half; ``test_full_disk`` runs it on a real
+it fails: the unit half; ``test_full_disk`` runs it on a real
 worker."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A run's step guard decides at each boundary whether to step aside for a fast job:
-only while the run expects to go on for ``GPULANES_PREEMPT_MIN_LEFT_S`` or more."""
+only while the run expects to go on for ``preempt_min_left_s`` or more."""
 from __future__ import annotations
 
 import time
@@ -38,7 +38,7 @@ def _guard(monkeypatch, pace_s: float, from_step: int = 0) -> tuple[StepGuard, l
 
 
 def test_a_run_with_long_left_steps_aside(monkeypatch):
-    vary(monkeypatch, preempt_min_left_s=1.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})  # preempt_min_left_s: a tenth, 1 s
     guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=0)
     with pytest.raises(Preempted):
         guard(4, 100)  # 96 steps of 0.1 s left
@@ -46,14 +46,14 @@ def test_a_run_with_long_left_steps_aside(monkeypatch):
 
 
 def test_a_run_about_to_end_runs_on_and_claims_nothing(monkeypatch):
-    vary(monkeypatch, preempt_min_left_s=1.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})  # preempt_min_left_s: a tenth, 1 s
     guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=0)
     guard(4, 10)  # 6 steps of 0.1 s: 0.6 s left
     assert claims == [] and guard.report.steps == [4]
 
 
 def test_a_resumed_run_paces_from_where_it_resumed(monkeypatch):
-    vary(monkeypatch, preempt_min_left_s=1.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})  # preempt_min_left_s: a tenth, 1 s
     guard, claims = _guard(monkeypatch, pace_s=0.1, from_step=90)
     guard(94, 100)  # 4 steps since resuming at 90, 6 left
     assert claims == []
@@ -65,7 +65,7 @@ def test_a_fast_run_hands_its_own_queues_fast_jobs_on_only_past_the_budget(
     """A fast job behind a fast run (which nothing preempts) waits it out when it ends
     within the fast budget (2.6 s left of 10 s here); past it (29.6 s), it is handed to
     the shared lane."""
-    vary(monkeypatch, preempt_min_left_s=1.0, max_wait_fast_s=10.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})
     handovers: list[int] = []
     monkeypatch.setattr(PREEMPTION, "_hand_over", lambda: handovers.append(1))
     monkeypatch.setattr(PREEMPTION, "told_at", time.monotonic() + 1)
@@ -78,7 +78,7 @@ def test_a_fast_run_hands_its_own_queues_fast_jobs_on_only_past_the_budget(
 
 
 def test_the_default_is_a_tenth_of_the_fast_budget():
-    assert settings.preempt_min_left_s == pytest.approx(settings.max_wait_fast_s / 10)
+    assert settings.preempt_min_left_s == pytest.approx(settings.max_wait_s["fast"] / 10)
 
 
 def test_a_job_its_model_runs_briefly_stays_out_of_the_preemptible_index(monkeypatch):
@@ -89,7 +89,7 @@ def test_a_job_its_model_runs_briefly_stays_out_of_the_preemptible_index(monkeyp
     from tasks.broker.message import Job
     from tasks.worker.execute import _may_run_long
 
-    vary(monkeypatch, preempt_min_left_s=1.0)
+    vary(monkeypatch, max_wait_s={"fast": 10.0})  # preempt_min_left_s: a tenth, 1 s
     fits: dict[str, CostFit] = {}
     monkeypatch.setattr(RUNTIME, "cost_fits", fits)
     job = Job(tier="relaxed", account="a", model="demo", downgradable=True,

@@ -11,8 +11,8 @@ from tasks import submit
 from tasks.broker.keys import lane_keys
 from tasks.broker.message import BOOKKEEPING, ROUTING
 from tasks.errors import InvalidJob
-from tasks.jobs.schema import check_job
-from tasks.settings import settings
+from tasks.jobs.image import MAX_PROMPT_CHARS, MAX_SIDE, MAX_STEPS, MIN_SIDE
+from tasks.jobs.schema import MAX_ACCOUNT_CHARS, check_job
 from tests.typed_model import TypedPart
 
 GOOD = dict(tier="standard", account="alice", model="demo", seed=1, steps=10,
@@ -21,25 +21,25 @@ GOOD = dict(tier="standard", account="alice", model="demo", seed=1, steps=10,
 BAD = [
     ("prompt", {"prompt": ""}), ("prompt", {"prompt": "   "}),
     ("prompt", {"prompt": 42}), ("prompt", {"prompt": None}),
-    ("prompt", {"prompt": "x" * (settings.max_prompt_chars + 1)}),
+    ("prompt", {"prompt": "x" * (MAX_PROMPT_CHARS + 1)}),
     ("prompt", {"prompt": "nul\x00byte"}),
     ("prompt", {"prompt": "\u200b\u200c\u200d"}), ("prompt", {"prompt": "\u202e\u2066\u2069"}),
     ("prompt", {"prompt": "\ufeff \u2060\u180e"}), ("prompt", {"prompt": "\u3164\u2800"}),
     ("prompt", {"prompt": " \u0301\u20dd "}),
     ("tier", {"tier": "turbo"}), ("tier", {"tier": ["fast"]}), ("tier", {"tier": None}),
     ("tier", {"tier": "FAST"}),
-    ("account", {"account": ""}), ("account", {"account": "a" * (settings.max_account_chars + 1)}),
+    ("account", {"account": ""}), ("account", {"account": "a" * (MAX_ACCOUNT_CHARS + 1)}),
     ("account", {"account": "has space"}), ("account", {"account": 7}),
     ("model", {"model": "sdxl-nope"}), ("model", {"model": ""}), ("model", {"model": 3}),
     ("seed", {"seed": 1.5}), ("seed", {"seed": "7"}), ("seed", {"seed": -1}),
     ("seed", {"seed": 2**64}), ("seed", {"seed": True}),
     ("steps", {"steps": "20"}), ("steps", {"steps": 20.0}), ("steps", {"steps": 0}),
-    ("steps", {"steps": settings.max_steps + 1}), ("steps", {"steps": None}),
+    ("steps", {"steps": MAX_STEPS + 1}), ("steps", {"steps": None}),
     ("steps", {"steps": True}),
     ("width", {"width": "256"}), ("width", {"width": 256.0}), ("width", {"width": 100}),
-    ("width", {"width": settings.min_side - 8}), ("width", {"width": settings.max_side + 8}),
+    ("width", {"width": MIN_SIDE - 8}), ("width", {"width": MAX_SIDE + 8}),
     ("height", {"height": [256]}), ("height", {"height": 0}),
-    ("height", {"height": settings.max_side * 2}),
+    ("height", {"height": MAX_SIDE * 2}),
 ]
 
 

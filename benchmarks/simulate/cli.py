@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import write_json
+from benchmarks.common import json_option, write_json
 from benchmarks.simulate.config import SimConfig
 from benchmarks.simulate.report import print_report, versus
 from benchmarks.simulate.scenarios import SCENARIOS, run_scenario
@@ -23,7 +23,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help=f"comma-separated, of: {', '.join(SCENARIOS)} (default: all)")
     parser.add_argument("--seed", type=int, default=1, help="seed of fleet and jobs")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="write the figures here")
+    json_option(parser, "simulate")
     parser.add_argument("--plots", type=Path, default=Path("/tmp/gpulanes-simulate"),
                         metavar="DIR", help="PNG folder (default: /tmp/gpulanes-simulate)")
     parser.add_argument("--no-plots", action="store_true", help="write no PNG")

@@ -10,7 +10,7 @@ import itertools
 import random
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from gpu_worker.runtime import Runtime
 from routing.names import FAST, LANES
@@ -18,9 +18,16 @@ from routing.snapshot import touched
 from tasks.broker.keys import PRIORITY_SEP
 
 from benchmarks.simulate.engine import Clock
-from benchmarks.simulate.preempt import Preemptor
 from benchmarks.simulate.queues import Lists, SimJob, node_of_key, read_order
 from benchmarks.simulate.workload import ModelSpec
+
+
+class RunWatcher(Protocol):
+    """What the cluster tells of its runs (``benchmarks.simulate.preempt.Preemptor``)."""
+
+    def offer(self, worker: "SimWorker", job: SimJob) -> None: ...
+
+    def pushed(self, key: str) -> None: ...
 
 
 class SimWorker:
@@ -104,7 +111,7 @@ class Cluster:
         #: incarnation -> when it died (its runs' leases lapse from then).
         self.died: dict[str, float] = {}
         #: gpulanes' preemption (None: plain workers run every job to its end).
-        self.preemptor: Preemptor | None = None
+        self.preemptor: RunWatcher | None = None
 
     def start_all(self) -> None:
         """Every (started) worker asks for its first job."""

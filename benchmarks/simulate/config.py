@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from beat.health import MISSES_ALLOWED
+from beat.heartbeat import DEFAULT_SERVICE_S, PUSH_GRACE_S
+from routing.policy import FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES
+from tasks.broker.enqueue import HASH_EPSILON, ROUTE_HASHING
+from tasks.broker.keys import FAIR_WINDOW_S
 from tasks.settings import settings
 
 #: Start of the virtual clock: a unix time, as the real code's clocks are (a due index
@@ -25,20 +30,20 @@ class SimConfig:
     """Beat's and the router's settings, and what only the simulator needs."""
 
     heartbeat_s: float = settings.heartbeat_s
-    heartbeat_reply_s: float = settings.heartbeat_reply_s
+    heartbeat_reply_s: float = PUSH_GRACE_S
     budgets_s: Mapping[str, float] = field(default_factory=_max_wait)
-    release_ratio: float = settings.release_ratio
-    release_samples: int = settings.release_samples
+    release_ratio: float = RELEASE_RATIO
+    release_samples: int = RELEASE_SAMPLES
     max_depth: Mapping[str, int] = field(default_factory=_max_depth)
-    default_service_s: float = settings.default_service_s
-    misses_allowed: int = settings.misses_allowed
+    default_service_s: float = DEFAULT_SERVICE_S
+    misses_allowed: int = MISSES_ALLOWED
     stale_s: float = settings.snapshot_stale_s
-    epsilon: float = settings.hash_epsilon
-    route_hashing: bool = settings.route_hashing
+    epsilon: float = HASH_EPSILON
+    route_hashing: bool = ROUTE_HASHING
     fast_jobs_per_account: int = settings.fast_jobs_per_account
     fast_seconds: float = settings.fast_seconds_default
-    fair_window_s: float = settings.fair_window_s
-    fair_unit_s: float = settings.fair_unit_s
+    fair_window_s: float = FAIR_WINDOW_S
+    fair_unit_s: float = FAIR_UNIT_S
     fair_aging_s: float = settings.fair_aging_s
     preempt: bool = settings.preempt
     max_preemptions: int = settings.max_preemptions

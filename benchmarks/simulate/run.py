@@ -8,7 +8,6 @@ from typing import Any, Callable, Sequence
 
 from routing.names import FAST, LANES
 
-from benchmarks.fleet_routing import hosts_of
 from benchmarks.simulate.cluster import Cluster, SimWorker
 from benchmarks.simulate.config import EPOCH_S, SimConfig
 from benchmarks.simulate.control import Accounts, Beat, Store
@@ -18,6 +17,7 @@ from benchmarks.simulate.preempt import Preemptor
 from benchmarks.simulate.queues import Lists
 from benchmarks.simulate.router import PlainRouter, Router, new_job
 from benchmarks.simulate.workload import Arrival, ModelSpec
+from tests.harness.fleet import hosts_of
 
 MODES = ("gpulanes", "plain")
 #: Heartbeats before the first job: a router starts from a snapshot (as overload.py

@@ -188,7 +188,8 @@ def capacity(size: JobSize) -> tuple[float, float]:
 
 def measure(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     """Capacity, then a real gpulanes trial and its simulation per load."""
-    from benchmarks.overload import Budgets
+    from beat.heartbeat import PUSH_GRACE_S
+    from benchmarks.overload_plan import Budgets
     from benchmarks.overload_side import Beat
     from tasks import app
     from tasks.dev.cluster import LocalCluster
@@ -206,7 +207,7 @@ def measure(args: argparse.Namespace, state: Path) -> dict[str, Any]:
                 "overhead_default_s": max(0.0, budgets.job_s - run_ms / 1000),
                 "budgets_s": {"fast": budgets.fast_s, "standard": budgets.standard_s},
                 "heartbeat_s": settings.heartbeat_s,
-                "heartbeat_reply_s": settings.heartbeat_reply_s}
+                "heartbeat_reply_s": PUSH_GRACE_S}
         beat = Beat(cluster, budgets, state / "logs")
         loads = {f"{load:g}x": one_load(args, beat, load * jobs_s, base) for load in args.loads}
     finally:

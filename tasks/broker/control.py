@@ -3,7 +3,7 @@
 Celery tells running workers of a revoke by broadcast and each keeps it in
 memory, so a worker that starts later (a restart, a new host) never hears of
 it and runs the job. gpulanes keeps every revoke in a Redis sorted set (job
-id -> when, trimmed after ``GPULANES_REVOKE_TTL_S``): written by the app's
+id -> when, trimmed after ``revoke_ttl_s``, the result TTL): written by the app's
 control (``AsyncResult.revoke()``, ``app.control.revoke()``, Flower and
 ``celery control revoke`` all go through it), loaded by each worker when it
 starts, and checked in the Lua call that begins every run (``tasks.broker.runs``).

@@ -15,12 +15,13 @@ import redis
 from celery.result import AsyncResult
 
 from routing.lanes import Route
-from routing.names import FAST, GENERATE_TASK, RELAXED
+from routing.names import FAST, JOB_TASK, RELAXED
 from routing.policy import Admission, PolicyView, decide
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app
 from tasks.broker.backend import no_subscription
 from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, members_key
+from tasks.broker.memory import MEMORY_LIMIT
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import ClaimArgs, LaneAtLimit, PublishRefused, publishing
 from tasks.broker.store import broker_client
@@ -29,6 +30,11 @@ from tasks.settings import settings
 
 #: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
 PLACE_LAPSE_S = 3600
+#: Bounded loads: a worker over (1 + HASH_EPSILON) x the mean load passes jobs on.
+HASH_EPSILON = 0.25
+#: Route a job to the worker that holds its model (consistent hashing with bounded
+#: loads); False: every job through its lane's shared list.
+ROUTE_HASHING = True
 
 
 #: The view routing falls back on without a fresh snapshot: every tier in its own
@@ -63,11 +69,14 @@ def publish_deadline() -> float:
 
 @lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
-    """This process's copy of the lane snapshot (refreshed in the background)."""
-    client = broker_client(socket_timeout=1, socket_connect_timeout=1)
+    """This process's copy of the lane snapshot: read in the first ``submit()``'s own
+    call, before it routes, then refreshed in the background; each read gives up within
+    ``GPULANES_REDIS_TIMEOUT_S`` (one second at most: routing falls back to the tiers)."""
+    read_s = min(1.0, settings.redis_timeout_s)
+    client = broker_client(socket_timeout=read_s, socket_connect_timeout=read_s)
     return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
                          stale_s=settings.snapshot_stale_s, max_depth=settings.max_depth,
-                         epsilon=settings.hash_epsilon,
+                         epsilon=HASH_EPSILON,
                          fetch_members=lambda v: client.get(members_key(v)))
 
 
@@ -96,8 +105,8 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     publish refused after its claim led confirms the claim when it is tried again.
     ``accepted``: a job accepted earlier (a coalesced run's heir): no lane limit
     refuses it, a job once accepted is not dropped for want of room. Any other job is
-    refused (:class:`BrokerRefused`) while Redis is over ``GPULANES_REDIS_MEMORY_LIMIT``
-    of its ``maxmemory``, as the snapshot says.
+    refused (:class:`BrokerRefused`) while Redis is over ``MEMORY_LIMIT`` of its
+    ``maxmemory``, as the snapshot says.
     """
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
@@ -136,11 +145,11 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
 
 def _refuse_near_maxmemory(view: PolicyView) -> None:
     """:class:`BrokerRefused` for a new job while Redis is over its memory limit."""
-    if view.memory_share > settings.redis_memory_limit:
+    if view.memory_share > MEMORY_LIMIT:
         raise BrokerRefused(f"Redis uses {view.memory_share:.0%} of its maxmemory, over "
-                            f"GPULANES_REDIS_MEMORY_LIMIT={settings.redis_memory_limit:g}: new "
-                            "jobs are refused to keep room for the jobs accepted; nothing was "
-                            "enqueued, submit again later", "OOM")
+                            f"the {MEMORY_LIMIT:.0%} limit: new jobs are refused to keep room "
+                            "for the jobs accepted; nothing was enqueued, submit again later "
+                            "(or raise Redis' maxmemory)", "OOM")
 
 
 def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,
@@ -177,7 +186,7 @@ def _hinted_over_fast_limit(job: Job, view: PolicyView) -> bool:
 
 
 def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route | None:
-    model = job.model if settings.route_hashing else None
+    model = job.model if ROUTE_HASHING else None
     return decide(job.tier, job.account, job.downgradable, view, model, over_fast_limit,
                   job.route_key)
 
@@ -224,7 +233,7 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
             no_subscription():
         # argsrepr/kwargsrepr (what Flower and the events show of the call): a short
         # line, not Celery's saferepr of the whole job (a third of a publish's CPU)
-        return app.send_task(GENERATE_TASK, task_id=job_id, retry=False, **options,
+        return app.send_task(JOB_TASK, task_id=job_id, retry=False, **options,
                              kwargs=message.kwargs(), argsrepr="()",
                              kwargsrepr=repr({"model": job.model, "tier": job.tier,
                                               "lane": where.lane, "account": job.account}))

@@ -80,11 +80,6 @@ def lists_key(lane: str) -> str:
     return f"{PREFIX}:lists:{lane}"
 
 
-def ledger_entry(key: str, payload: str) -> str:
-    """What the ledger holds for a message in list ``key``."""
-    return f"{key}\n{payload}"
-
-
 def parse_entry(entry: str | bytes) -> tuple[str, str]:
     """(list key, message) of a ledger entry."""
     text = entry.decode() if isinstance(entry, bytes) else entry
@@ -103,9 +98,11 @@ DEAD_KEY = f"{PREFIX}:dead"
 #: Sorted set: job id -> when its dead letter was written (unix s), so expiry reads the
 #: oldest letters without scanning ``DEAD_KEY``; changed in the same step as that hash.
 DEAD_INDEX_KEY = f"{PREFIX}:dead:index"
+#: How long a dead letter is kept (beat drops older ones): a week.
+DEAD_TTL_S = 7 * 24 * 3600
 #: Hash: job id -> how many more runs of it finished after the first (should stay empty).
 DUPLICATES_KEY = f"{PREFIX}:duplicates"
-#: Sorted set: revoked job id -> when it was revoked (unix s); kept GPULANES_REVOKE_TTL_S.
+#: Sorted set: revoked job id -> when it was revoked (unix s); kept as long as a result.
 REVOKED_KEY = f"{PREFIX}:revoked"
 
 
@@ -117,6 +114,8 @@ def revoked_key(job_id: str) -> str:
 HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.
 USAGE_BUCKET_S = 60
+#: Fair shares count each account's GPU seconds over this window.
+FAIR_WINDOW_S = 900
 
 
 USAGE_PREFIX = f"{PREFIX}:usage:"

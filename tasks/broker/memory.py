@@ -1,5 +1,5 @@
 """What Redis says of itself: how much of its ``maxmemory`` it uses (beat measures it
-each round, and submits are refused above ``GPULANES_REDIS_MEMORY_LIMIT`` of it, so
+each round, and submits are refused above :data:`MEMORY_LIMIT` of it, so
 the outcomes of the jobs already accepted always find room), and whether it is
 refusing writes now (``lanes status`` shows it)."""
 from __future__ import annotations
@@ -9,6 +9,9 @@ from typing import Any
 import redis
 
 MIB = 1 << 20
+#: New jobs are refused while Redis uses more than this share of its ``maxmemory`` (as
+#: beat last measured it): the rest is kept for the outcomes of accepted jobs.
+MEMORY_LIMIT = 0.9
 
 
 def memory_use(client: redis.Redis) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from tasks.broker.backend import Entry
 from tasks.broker.keys import (
     DEAD_INDEX_KEY,
     DEAD_KEY,
+    DEAD_TTL_S,
     FAST_BALANCE_KEY,
     FAST_EXHAUSTED_KEY,
     HOLDERS_KEY,
@@ -121,7 +122,7 @@ def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: s
     FAILURE entry in the result backend) in the same step; False: stale."""
     keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY]
     args = [token, attempt, job_id, entry, failures_field, repr(failed_at(entry)),
-            max(settings.dead_ttl_s, settings.runs_kept_s)]
+            max(DEAD_TTL_S, settings.runs_kept_s)]
     if failed is not None:
         keys, args = [*keys, failed.key], [*args, failed.value, settings.result_ttl_s]
     return bool(_run("run_give_up", keys, args))

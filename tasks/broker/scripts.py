@@ -11,7 +11,7 @@ begun or settled, beat's lead) are confirmed by ``GPULANES_REDIS_REPLICAS`` repl
 when it is set: Redis replicates asynchronously, so a primary that dies, or freezes
 and is replaced, would otherwise take with it what it said it wrote. Such a script
 runs in one pipeline with a write of its own and ``WAIT``, on one connection; fewer
-replicas than asked within ``GPULANES_REDIS_REPLICA_WAIT_S`` raise
+replicas than asked within ``redis_replica_wait_s`` (a third of the Redis timeout) raise
 :class:`NotReplicated`, an outage: the caller was told nothing was done, and tries
 again (each script answers a retry as the call it repeats). So does a write the
 Sentinels may yet drop (``tasks.broker.failover``): one on a primary that froze, was
@@ -73,7 +73,7 @@ def run(client: Any, name: str, keys: Sequence[Any], args: Sequence[Any],
         wait_s: float | None = None) -> Any:
     """Run script ``name`` on ``client`` (a client or a pipeline); a script of
     :data:`REPLICATED` run on a client waits for its replicas, if the settings ask, at
-    most ``wait_s`` (``GPULANES_REDIS_REPLICA_WAIT_S``, and never longer)."""
+    most ``wait_s`` (``redis_replica_wait_s``, and never longer)."""
     if settings.redis_replicas and name in REPLICATED and not isinstance(client, Pipeline):
         limit_s = settings.redis_replica_wait_s
         return replicated(client, name, keys, args, settings.redis_replicas,
@@ -98,7 +98,7 @@ def replicated(client: redis.Redis, name: str, keys: Sequence[Any], args: Sequen
         _rediscover(client)
         raise NotReplicated(f"{acked} of the {replicas} replicas GPULANES_REDIS_REPLICAS "
                             f"asks for confirmed the write within {wait_s:g} s "
-                            "(GPULANES_REDIS_REPLICA_WAIT_S)")
+                            "(a third of GPULANES_REDIS_TIMEOUT_S)")
     if not failover.stands(client.connection_pool):
         _rediscover(client)
         raise NotReplicated("the Sentinels are replacing the primary that took the write "

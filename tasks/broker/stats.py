@@ -16,13 +16,13 @@ import redis
 
 from tasks.broker import scripts
 from tasks.broker.keys import (
+    FAIR_WINDOW_S,
     USAGE_BUCKET_S,
     USAGE_PREFIX,
     WORKER_STATS_AT_KEY,
     WORKER_STATS_KEY,
     counts_pushed_key,
 )
-from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: How long Redis remembers a worker process's last batch of counts (a push retried
@@ -48,7 +48,7 @@ def push_stats(client: redis.Redis, host: str, stats: dict[str, Any],
 def _kept_s(key: str) -> int:
     """How long a counters hash lasts after a push adds to it (0: for good): an
     account's usage bucket as long as fair shares read it."""
-    return settings.fair_window_s + USAGE_BUCKET_S if key.startswith(USAGE_PREFIX) else 0
+    return FAIR_WINDOW_S + USAGE_BUCKET_S if key.startswith(USAGE_PREFIX) else 0
 
 
 def fresh_stats(client: redis.Redis, fresh_s: float, forget_s: float) -> dict[str, dict]:

@@ -50,11 +50,6 @@ def grant_fast_seconds(account: str, seconds: float) -> float:
     return _add(account, seconds)
 
 
-def charge_fast_seconds(account: str, seconds: float, client: redis.Redis | None = None) -> float:
-    """Charge a completed fast run; returns the balance left."""
-    return _add(account, -abs(seconds), client)
-
-
 def fast_seconds_left(account: str) -> float:
     """Fast seconds ``account`` has left (the starting balance if never charged)."""
     left = _client().hget(FAST_BALANCE_KEY, account)

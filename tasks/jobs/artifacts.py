@@ -45,15 +45,6 @@ _BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
-class Artifact:
-    """A written artifact: where, how many bytes, and their sha256 (for checks later)."""
-
-    path: Path
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
 class ArtifactRef:
     """An artifact in the store, as results carry it: its URL (a plain path for the
     local default), media type, size and sha256."""
@@ -79,11 +70,6 @@ def artifact_name(job_id: str, run: int | None = None, name: str = IMAGE,
     suffix = f"-{int(run)}" if run is not None else ""
     named = "" if name == IMAGE else f"-{name}"
     return f"{uuid.UUID(job_id)}{suffix}{named}.{EXTENSIONS.get(media_type, 'bin')}"
-
-
-def artifact_path(artifact_dir: Path, job_id: str, run: int | None = None) -> Path:
-    """Where the PNG of ``job_id`` (of its run number ``run``) lives in a local folder."""
-    return Path(artifact_dir) / artifact_name(job_id, run)
 
 
 def artifact_url(root: str, file_name: str) -> str:

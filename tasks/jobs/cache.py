@@ -32,7 +32,7 @@ generations, see ``Sightings``) and no round trip, and it is only ever read
 where it is written. The price: sightings are
 counted per submitting process, so a digest seen once by each of two
 processes is not admitted yet, and a false positive (rate at most
-``GPULANES_CACHE_BLOOM_ERROR``) admits a one-off early. Both only move the
+``BLOOM_ERROR``) admits a one-off early. Both only move the
 moment of admission; neither can serve a wrong image. A follower's sighting
 counts too: it marks the run it joins for admission.
 
@@ -55,7 +55,7 @@ from celery import states
 from celery.result import AsyncResult, EagerResult
 from pybloom_live import ScalableBloomFilter
 
-from routing.names import GENERATE_TASK, LANES
+from routing.names import JOB_TASK, LANES
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.backend import store_success
@@ -73,6 +73,11 @@ from tasks.broker.publish import ClaimArgs
 from tasks.jobs import catalog
 from tasks.jobs.artifacts import is_intact, references
 from tasks.settings import settings
+
+#: Sightings a submitting process's filter generation holds within BLOOM_ERROR, the
+#: false-positive rate, before the next generation starts.
+BLOOM_CAPACITY = 100_000
+BLOOM_ERROR = 0.001
 
 
 def provisional_s() -> int:
@@ -122,7 +127,7 @@ class Sightings:
 @lru_cache(maxsize=1)
 def sightings() -> Sightings:
     """This process's sightings."""
-    return Sightings(settings.cache_bloom_capacity, settings.cache_bloom_error)
+    return Sightings(BLOOM_CAPACITY, BLOOM_ERROR)
 
 
 def digest(job: dict[str, Any]) -> str:
@@ -169,7 +174,7 @@ def _serve(cached: dict[str, Any], job: dict[str, Any], job_id: str) -> AsyncRes
     result = copy_for(cached, job, job_id, queued_ms=0.0, run_ms=0.0, cold_start=False,
                       load_ms=0.0, started_at=time.time())
     store_success(app, job_id, result)
-    return EagerResult(job_id, result, states.SUCCESS, name=GENERATE_TASK)
+    return EagerResult(job_id, result, states.SUCCESS, name=JOB_TASK)
 
 
 @dataclass(frozen=True)

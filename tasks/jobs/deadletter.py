@@ -1,5 +1,5 @@
 """Jobs that failed for good: kept with their reason, listed, requeued and purged by
-operators, dropped by beat after ``GPULANES_DEAD_TTL_S``.
+operators, dropped by beat after ``DEAD_TTL_S`` (``tasks.broker.keys``).
 
 Every write of a letter changes ``DEAD_KEY`` and its index ``DEAD_INDEX_KEY`` (job id ->
 when it failed) in one step, so expiry reads the oldest letters from the index,

@@ -1,5 +1,5 @@
-"""Artifact expiry: artifacts older than ``GPULANES_ARTIFACT_TTL_S`` (default: as long as
-a result may name them, the result TTL plus the result cache's) are deleted from the
+"""Artifact expiry: artifacts older than ``artifact_ttl_s`` (as long as a result may
+name them: the result TTL plus the result cache's) are deleted from the
 store.
 
 Every worker sweeps the store it writes to (``settings.artifact_root``), from its own

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from routing.names import FAST, GENERATE_TASK
+from routing.names import FAST, JOB_TASK_NAMES
 from tasks.broker.app import redis_client
 from tasks.broker.keys import fast_queued_key
 
@@ -35,17 +35,10 @@ def release_fast(account: str, job_id: str) -> None:
         redis_client().zrem(fast_queued_key(account), job_id)
 
 
-def fast_waiting(account: str) -> int:
-    """How many of ``account``'s fast jobs hold a place now (lapsed ones excluded)."""
-    client = redis_client()
-    now_s, now_us = client.time()
-    return client.zcount(fast_queued_key(account), now_s + now_us / 1e6, "+inf")
-
-
 @signals.task_revoked.connect(weak=False)
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A fast job revoked before it started gives its place back."""
-    if getattr(sender, "name", None) != GENERATE_TASK or request is None:
+    if getattr(sender, "name", None) not in JOB_TASK_NAMES or request is None:
         return
     kwargs = request.kwargs or {}
     if (kwargs.get("route") or {}).get("requested_tier") == FAST:

@@ -14,23 +14,16 @@ from routing.names import TIERS
 from tasks.broker.message import BOOKKEEPING, ROUTING, Job, is_cost
 from tasks.errors import InvalidJob, ModelError
 from tasks.jobs import catalog
+from tasks.jobs.image import MAX_PROMPT_CHARS, MAX_SEED, ImageInput
 from tasks.jobs.jsonfit import TOO_DEEP, as_json, dotted, fit_for_json, shown
 from tasks.settings import settings
 
-MAX_SEED = 2**63 - 1
+#: Longest account name, in characters.
+MAX_ACCOUNT_CHARS = 64
 _ACCOUNT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@:+-]*")
 def model_names() -> tuple[str, ...]:
     """The models a job may name (``GPULANES_MODELS``)."""
     return tuple(sorted(settings.models))
-
-
-def _integer(field: str, value: Any, low: int, high: int) -> int:
-    # bool is an int subclass; True steps is a bug, not a request for one step.
-    if type(value) is not int:
-        raise InvalidJob(field, f"must be an integer, got {type(value).__name__} {shown(value)}")
-    if not low <= value <= high:
-        raise InvalidJob(field, f"must be between {low} and {high}, got {shown(value)}")
-    return value
 
 
 #: Unicode categories that show nothing on their own: formats (zero-width spaces and
@@ -74,16 +67,9 @@ def _choice(field: str, value: Any, allowed: tuple[str, ...] | list[str]) -> str
     return value
 
 
-def _side(field: str, value: Any) -> int:
-    _integer(field, value, settings.min_side, settings.max_side)
-    if value % 8:
-        raise InvalidJob(field, f"must be a multiple of 8, got {value}")
-    return value
-
-
 def check_account(value: Any) -> str:
     """An account name, or :class:`InvalidJob` naming ``account``."""
-    account = _text("account", value, settings.max_account_chars)
+    account = _text("account", value, MAX_ACCOUNT_CHARS)
     if not _ACCOUNT_RE.fullmatch(account):
         raise InvalidJob("account", "may hold letters, digits and _.@:+- and must "
                          "start with a letter or digit")
@@ -100,8 +86,8 @@ def _downgradable(value: Any, tier: str) -> bool:
 
 
 #: An image model's inputs and, for a new job, their defaults (a seed is drawn).
-IMAGE_DEFAULTS: dict[str, Any] = {"prompt": None, "seed": None, "steps": 20, "width": 256,
-                                  "height": 256}
+IMAGE_DEFAULTS: dict[str, Any] = {name: None if field.is_required() else field.default
+                                  for name, field in ImageInput.model_fields.items()}
 #: The fields of an image job as its message carries them.
 JOB_FIELDS: tuple[str, ...] = ("prompt", "tier", "account", "model", "seed", "steps", "width",
                                "height", "downgradable")
@@ -113,22 +99,12 @@ def image_inputs(raw: dict[str, Any], queued: bool = False) -> dict[str, Any]:
     _no_unknown(raw, IMAGE_DEFAULTS)
     if queued and (missing := [f for f in IMAGE_DEFAULTS if f not in raw]):
         raise InvalidJob(missing[0], "is missing from the job")
-    given = {**IMAGE_DEFAULTS, **raw}
-    if queued and given["seed"] is None:
+    typed = _typed(ImageInput, raw)
+    if queued and typed.seed is None:
         raise InvalidJob("seed", "must be an integer in a queued job")
-    seed = given["seed"]
-    return {"prompt": _text("prompt", given["prompt"], settings.max_prompt_chars),
-            "seed": secrets.randbelow(MAX_SEED) if seed is None
-            else _integer("seed", seed, 0, MAX_SEED),
-            "steps": _integer("steps", given["steps"], 1, settings.max_steps),
-            "width": _side("width", given["width"]), "height": _side("height", given["height"])}
-
-
-def model_inputs(model: str, raw: dict[str, Any], queued: bool = False) -> dict[str, Any]:
-    """The inputs of a job of ``model``, checked by its ``Input`` (an image model's by
-    :func:`image_inputs`), as the JSON the message carries; a bad one raises
-    :class:`InvalidJob` naming it. A pydantic error never escapes raw."""
-    return _checked(catalog.spec(model), raw, queued)[0]
+    _text("prompt", typed.prompt, MAX_PROMPT_CHARS)  # text that shows: more than its type
+    seed = secrets.randbelow(MAX_SEED) if typed.seed is None else typed.seed
+    return {**typed.model_dump(), "seed": seed}
 
 
 def _checked(found: catalog.ModelSpec, raw: dict[str, Any],
@@ -137,15 +113,21 @@ def _checked(found: catalog.ModelSpec, raw: dict[str, Any],
     if found.cls is None:
         return _within_size(image_inputs(raw, queued)), None
     _no_unknown(raw, found.Input.model_fields)
+    typed = _typed(found.Input, raw)
+    fit_for_json(typed)
+    return _within_size(as_json(typed)), typed
+
+
+def _typed(input_type: Any, raw: dict[str, Any]) -> Any:
+    """``raw`` as a model's ``Input``; a pydantic error becomes :class:`InvalidJob`
+    naming the field."""
     try:
-        typed = found.Input.model_validate(raw)
+        return input_type.model_validate(raw)
     except ValidationError as exc:
         first = exc.errors()[0]
         deep = first["type"] in ("recursion_depth_exceeded", "recursion_loop")  # or cyclic
         message = TOO_DEEP if deep else first["msg"]
         raise InvalidJob(dotted(first["loc"]) or "inputs", message) from None
-    fit_for_json(typed)
-    return _within_size(as_json(typed)), typed
 
 
 def _no_unknown(raw: dict[str, Any], known: Any) -> None:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.models.hf import Progress, Saved, saved_folder, torch_dtype
 
-#: The same bound as the ``demo`` model's prompts (``GPULANES_MAX_PROMPT_CHARS``'s default).
+#: The same bound as the ``demo`` family's prompts (``tasks.jobs.image.MAX_PROMPT_CHARS``).
 MAX_PROMPT_CHARS = 2000
 #: Seeds drawn for unseeded jobs stay below this, short enough to read and retype.
 DRAWN_SEED_BOUND = 2**32

@@ -42,7 +42,7 @@ import redis
 from celery import signals, states
 from celery.worker.state import revoked as revoked_ids
 
-from routing.names import GENERATE_TASK
+from routing.names import JOB_TASK_NAMES
 from tasks.broker import scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.enqueue import enqueue
@@ -141,7 +141,7 @@ def promote(leader_id: str) -> str | None:
 
 
 def _ours(sender: Any) -> bool:
-    return getattr(sender, "name", None) == GENERATE_TASK
+    return getattr(sender, "name", None) in JOB_TASK_NAMES
 
 
 # ``tasks.worker.generate`` closes its runs itself; these catch what it cannot: an

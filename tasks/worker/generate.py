@@ -1,4 +1,4 @@
-"""The ``generate`` task: run one job on this worker's warm model, write its PNG.
+"""The job task (``routing.names.JOB_TASK``): run one job on this worker's warm model.
 
 A job id has one result, however often its message is delivered. The runs of
 a job are numbered; the run that begins holds the job's lease
@@ -43,7 +43,7 @@ from gpu_worker.hooks import HELD_JOBS
 from gpu_worker.lease import Lease
 from gpu_worker.preempt import PREEMPTION, SUSPENDED, Preempted
 from gpu_worker.runtime import RUNTIME
-from routing.names import FAST, GENERATE_TASK, lane_of, worker_queue
+from routing.names import FAST, JOB_TASK, JOB_TASK_ALIASES, lane_of, worker_queue
 from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
@@ -56,11 +56,12 @@ from tasks.errors import JobFailed, JobRevoked, LeaseLost, WorkerStopping
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import COUNTS, job_counts
-from tasks.settings import settings
+from tasks.settings import RETRY_BASE_S, RETRY_CAP_S, SICK_AFTER, settings
 from tasks.worker.coalesce import deliver, fail_followers, followers_of, settle_call
 from tasks.worker.execute import kept, run_job
 from tasks.worker.progress import Progress
 from tasks.worker.rejects import CheckedTask
+from tasks.worker.revokes import NamedRevokeRequest, how_far, tell_revoked
 from tasks.worker.steps import StepGuard
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
     """The signature of the job's next copy (``message``): in ``queue`` (default: its
     route's shared lane), after ``countdown``."""
     queue = queue or lane_of(message.route.lane)
-    return task.signature_from_request(
+    return generate.signature_from_request(  # under the task's name, whichever it ran by
         task.request, None, message.kwargs(), countdown=countdown,
         retries=retries, queue=queue, exchange=queue, routing_key=queue, **options)
 
@@ -155,31 +156,22 @@ def _stale(task: Any, lease: Lease) -> NoReturn:
     raise Ignore()
 
 
-def _revoked(task: Any, lease: Lease | None,
+def _revoked(task: Any, lease: Lease | None, guard: StepGuard | None = None,
              fast_charge: tuple[str, float] | None = None) -> NoReturn:
-    """A revoked job: not run, or stopped at a step (a fast one charged only the seconds
-    it ran, ``fast_charge``); REVOKED for its caller."""
+    """A revoked job: not run, or stopped at a step of ``guard``'s run (a fast one
+    charged only the seconds it ran, ``fast_charge``); REVOKED for its caller and in
+    Flower (which last heard of it as received, started or in progress)."""
     job_id = task.request.id
     SUSPENDED.take(job_id)  # a preempted job's state, if it waited here
     if lease is not None:
         persist(lambda: runs.release(job_id, lease.token, lease.attempt, fast_charge),
                 f"the release of revoked job {job_id}")
     app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
-    if lease is not None:  # it ran: Flower last heard of it as running
-        _tell_revoked(task)
+    tell_revoked(task)
     signals.task_revoked.send(sender=task, request=task.request, terminated=False,
                               signum=None, expired=False)  # fast place, coalesced run
-    log.info("job %s was revoked: not run", job_id)
+    log.info("job %s revoked %s", job_id, how_far(guard))
     raise Ignore()
-
-
-def _tell_revoked(task: Any) -> None:
-    """The task-revoked event Celery sends for a job it revokes itself (Flower's view)."""
-    try:
-        task.send_event("task-revoked", retry=False, terminated=False, signum=None,
-                        expired=False)
-    except Exception as exc:  # noqa: BLE001  an event is advisory
-        log.info("job %s: revoked event not sent (%s)", task.request.id, exc)
 
 
 def _give_up(task: Any, message: JobMessage, lease: Lease, reason: str, exc: BaseException,
@@ -226,7 +218,7 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
     if isinstance(exc, LeaseLost):
         _stale(task, lease)
     if isinstance(exc, JobRevoked):  # a fast job pays the seconds its model ran
-        _revoked(task, lease, (message.job.account, time.monotonic() - guard.began)
+        _revoked(task, lease, guard, (message.job.account, time.monotonic() - guard.began)
                  if guard.lane == FAST else None)
     if isinstance(exc, Preempted):
         _preempt(task, lease, message, guard.lane, exc, guard.report)
@@ -235,9 +227,9 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
     what = f"job {task.request.id} failed on attempt {attempt}: {type(exc).__name__}: {exc}"
     faults = route.worker_faults
     tries = attempt - faults - route.preempted  # runs lost to workers or preempted: no tries
-    if is_worker_fault(exc) and faults < settings.sick_after + settings.max_retries:
+    if is_worker_fault(exc) and faults < SICK_AFTER + settings.max_retries:
         # back to its shared lane, at once: another worker takes it, surely once this
-        # one steps aside (GPULANES_SICK_AFTER faults in a row)
+        # one steps aside (SICK_AFTER faults in a row)
         log.warning("%s; this worker's fault: the job goes back to its lane", what)
         _retry(task, exc, lease, message, route.back_to_shared(time.time()), 0)
     if is_worker_fault(exc):
@@ -252,7 +244,7 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand fragmented cache back before the retry
     lane = next_lane(route.lane) or route.lane
-    countdown = max(backoff_s(tries, settings.retry_base_s, settings.retry_cap_s),
+    countdown = max(backoff_s(tries, RETRY_BASE_S, RETRY_CAP_S),
                     getattr(exc, "retry_after_s", 0.0))
     log.warning("%s; retrying in %s in %.2fs", what, lane, countdown)
     # its wait in the new lane starts once the backoff is over
@@ -323,11 +315,15 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     return recorded
 
 
-# max_retries=None: gpulanes counts attempts itself (redeliveries included).
-# CheckedTask: a message whose call, job or route breaks the schema never runs.
-@app.task(bind=True, name=GENERATE_TASK, max_retries=None, base=CheckedTask,
-          track_started=not RUN_ENTRIES)
-def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
+#: The job task's options. max_retries=None: gpulanes counts attempts itself
+#: (redeliveries included); CheckedTask: a message whose call, job or route breaks the
+#: schema never runs; NamedRevokeRequest: a job revoked while queued is named in Flower.
+TASK_OPTIONS: dict[str, Any] = dict(bind=True, max_retries=None, base=CheckedTask,
+                                    track_started=not RUN_ENTRIES,
+                                    Request=NamedRevokeRequest)
+
+
+def _run_job(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
     """Run one job (see ``tasks.api.submit``) and describe the result."""
     try:
         return _generate(self, job, route, submitted_at)
@@ -336,6 +332,12 @@ def generate(self, job: dict, route: dict, submitted_at: float) -> dict:
         # Redis answers: the message goes back now; else its records stay in Redis and
         # beat puts it back once this process is gone (an ack could drop them)
         raise Reject(exc, requeue=True) from exc
+
+
+#: The task that runs a job, of any model (``JOB_TASK``).
+generate = app.task(name=JOB_TASK, **TASK_OPTIONS)(_run_job)
+#: The same task under its earlier names: a message queued under one still runs.
+ALIASES = [app.task(name=name, **TASK_OPTIONS)(_run_job) for name in JOB_TASK_ALIASES]
 
 
 def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
@@ -371,7 +373,7 @@ def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
                                             made), message.job, not guard.for_followers)
     if guard.for_followers:  # its own caller revoked it: the run went on for the others
         app.backend.mark_as_revoked(self.request.id, "revoked; its run went on for others")
-        _tell_revoked(self)
+        tell_revoked(self)
         raise Ignore()
     return recorded
 

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from tasks.jobs.artifacts import IMAGE, Artifact, ArtifactRef, artifact_name, store_bytes
+from tasks.jobs.artifacts import IMAGE, ArtifactRef, artifact_name, store_bytes
 
 PNG = "image/png"
 
@@ -28,15 +27,3 @@ def store_png(job_id: str, pixels: np.ndarray, run: int | None = None, *,
     raises :class:`~tasks.errors.ArtifactError`: the worker's trouble, not the job's."""
     artifact_name(job_id, run, name, PNG)  # a bad id or name fails before any encoding
     return store_bytes(job_id, run, name, png_bytes(pixels), PNG, root=root)
-
-
-def save_png(artifact_dir: Path, job_id: str, pixels: np.ndarray,
-             run: int | None = None) -> Artifact:
-    """Write ``pixels`` (H x W x 3, uint8) atomically into the local folder
-    ``artifact_dir``: readers never see half a file.
-
-    A file system that refuses (full, read-only, gone) raises :class:`ArtifactError`:
-    the worker's trouble, not the job's.
-    """
-    ref = store_png(job_id, pixels, run, root=str(artifact_dir))
-    return Artifact(Path(ref.url), ref.bytes, ref.sha256)

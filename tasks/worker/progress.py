@@ -1,7 +1,7 @@
 """A running job's progress, where its caller and Flower look for it.
 
 Every finished step reaches the run's :class:`Progress`; at most one every
-``GPULANES_PROGRESS_S`` goes out (none for a job done within the first), as Celery
+:data:`PROGRESS_S` goes out (none for a job done within the first), as Celery
 users know them:
 
 - the result backend's state ``PROGRESS`` with ``.info`` = ``step``, ``steps``,
@@ -24,9 +24,10 @@ import time
 from typing import Any
 
 from tasks.broker.backend import store_progress
-from tasks.settings import settings
 
 log = logging.getLogger(__name__)
+#: Least time between two progress reports of one job (state PROGRESS, an event).
+PROGRESS_S = 0.25
 #: After a report that could not be written, none for this long.
 PAUSE_S = 10.0
 
@@ -39,9 +40,9 @@ class Progress:
         self.app, self.job_id = task.app, task.request.id
         self.hostname, self.lane, self.preempted = task.request.hostname, lane, preempted
         self.from_step = from_step  #: where the run began (a resumed one: past step 0)
-        # the first report after GPULANES_PROGRESS_S: a job done sooner costs no write
+        # the first report after PROGRESS_S: a job done sooner costs no write
         self.began = time.monotonic()
-        self.next_at = self.began + settings.progress_s
+        self.next_at = self.began + PROGRESS_S
 
     def __call__(self, step: int, steps: int | None) -> None:
         """``step`` of ``steps`` (None: unknown) are done."""
@@ -58,7 +59,7 @@ class Progress:
 
     def _report(self, step: int, steps: int | None, **extra: Any) -> None:
         now = time.monotonic()
-        self.next_at = now + settings.progress_s
+        self.next_at = now + PROGRESS_S
         info = {**self.info(step, steps, now), **extra}
         try:
             if store_progress(self.app, self.job_id, info):

@@ -10,7 +10,7 @@ none of it is deserialized unless it is JSON (``accept_content``). Three layers:
 - :class:`LanesConsumer` (``worker_consumer``): Celery's own refusals (a body it
   cannot decode, content other than JSON, an unknown task, a message without
   task headers) are only logged by Celery; here they are dead-lettered too;
-- :class:`CheckedTask` (``generate``'s base): a well-formed call whose job or
+- :class:`CheckedTask` (the job task's base): a well-formed call whose job or
   route breaks the schema is dead-lettered before it touches the model.
 
 Operators see them with ``celery -A tasks lanes dead list`` (reason
@@ -29,7 +29,7 @@ import redis
 from celery import Task, bootsteps
 from celery.worker.consumer import Consumer
 
-from routing.names import LANES, TIERS
+from routing.names import JOB_TASK, LANES, TIERS
 from tasks.broker.guard import guard_lane_reads
 from tasks.broker.keys import done_key
 from tasks.broker.message import Job, JobMessage, JobRoute
@@ -40,7 +40,7 @@ from tasks.jobs.schema import check_job, shown
 log = logging.getLogger(__name__)
 #: The dead-letter reason of every refused message.
 INVALID_MESSAGE = "invalid_message"
-#: ``generate``'s keyword arguments, the only ones it takes.
+#: The job task's keyword arguments, the only ones it takes.
 CALL_ARGS = frozenset({"job", "route", "submitted_at"})
 #: What reading a task message's malformed headers raises (its KeyError, say).
 MALFORMED = (KeyError, ValueError, TypeError, AttributeError)
@@ -76,17 +76,17 @@ def dead_letter(job_id: str, job: Any, route: Any, problem: BaseException,
         log.exception("could not dead-letter refused message %s", job_id)
 
 
-# --- the generate call -----------------------------------------------------------
+# --- the job task's call --------------------------------------------------------
 
 def check_call(args: Any, kwargs: Any) -> None:
-    """The shape of a ``generate`` call: keyword arguments only, exactly its three."""
+    """The shape of a job task's call: keyword arguments only, exactly its three."""
     if args:
-        raise InvalidJob("args", f"generate takes keyword arguments only, got {len(args)} "
+        raise InvalidJob("args", f"{JOB_TASK} takes keyword arguments only, got {len(args)} "
                          "positional argument(s)")
     names = set(kwargs)
     if names != CALL_ARGS:
         missing, extra = sorted(CALL_ARGS - names), sorted(map(str, names - CALL_ARGS))
-        raise InvalidJob("kwargs", f"generate takes job, route and submitted_at; missing "
+        raise InvalidJob("kwargs", f"{JOB_TASK} takes job, route and submitted_at; missing "
                          f"{missing or 'none'}, unexpected {shown(extra) if extra else 'none'}")
     if not isinstance(kwargs["route"], dict):
         raise InvalidJob("route", f"must be a mapping, got {type(kwargs['route']).__name__}")
@@ -111,7 +111,7 @@ def check_content(kwargs: dict[str, Any]) -> JobMessage:
 
 
 class CheckedTask(Task):
-    """Base of ``generate``: the shape of its call is checked before the task body runs
+    """Base of the job task: the shape of its call is checked before the task body runs
     (a wrong one would not even reach it); the body decodes its message with
     :meth:`checked`."""
 

@@ -3,8 +3,8 @@
 The model's work is the expensive part: once it is done, its output is not thrown
 away because the store is full, read-only or away for a while. The run keeps the
 encoded bytes in memory and tries the write again, the pause doubling from
-``GPULANES_SICK_PROBE_S`` up to :data:`RETRY_CAP_S`, for as long as a run may hold its
-job (``GPULANES_RUN_HUNG_S`` from its start, less a margin): its caller sees it still
+``FIRST_PROBE_S`` up to :data:`RETRY_CAP_S`, for as long as a run may hold its
+job (``run_hung_s`` from its start, less a margin): its caller sees it still
 running, and its lease stays extended meanwhile (``gpu_worker.hooks.KeepHeld``). At
 the first refusal the worker steps aside (``gpu_worker.health``), so it runs no other
 model for an output it could not store; it serves again once its self-check finds
@@ -19,7 +19,7 @@ import logging
 import time
 
 from gpu_worker.faults import ARTIFACT_BYTES
-from gpu_worker.health import HEALTH, probe_delays_s
+from gpu_worker.health import FIRST_PROBE_S, HEALTH, probe_delays_s
 from gpu_worker.lease import Lease
 from tasks.errors import ArtifactError, WorkerStopping
 from tasks.broker.outage import stopping
@@ -60,7 +60,7 @@ def _wait_for_store(job_id: str, lease: Lease, blob: Blob, refused: ArtifactErro
     HEALTH.store_refused(refused)
     log.warning("job %s: the artifact store refused its output (%s); the run keeps it and "
                 "tries again for up to %.0fs", job_id, refused, deadline_s - time.time())
-    pauses_s = probe_delays_s(settings.sick_probe_s, RETRY_CAP_S)
+    pauses_s = probe_delays_s(FIRST_PROBE_S, RETRY_CAP_S)
     while True:
         pause_s = next(pauses_s)
         if time.time() + pause_s > deadline_s:

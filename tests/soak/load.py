@@ -1,12 +1,12 @@
 """Load soak: a burst of submits from several processes against one small cluster.
 
-``python benchmarks/soak_load.py [--jobs 20000 --procs 4]`` starts a local
+``python tests/soak/load.py [--jobs 20000 --procs 4]`` starts a local
 cluster (its own embedded Redis, ``--workers`` CPU workers, beat), then
-``--procs`` submitter processes (``benchmarks/soak_submit.py``) that together
+``--procs`` submitter processes (``tests/soak/load_submit.py``) that together
 call ``submit()`` ``--jobs`` times as fast as they can: 20 % fast, 30 %
 standard, 50 % relaxed, eight accounts, one job in ten seeded (result cache
 and coalescing), each a few-millisecond generation. The workers drain far
-slower than the burst arrives, so the lane limits (``GPULANES_MAX_DEPTH_*``,
+slower than the burst arrives, so the lane limits (``GPULANES_MAX_DEPTH``,
 the defaults unless ``--max-depth`` is given) must push back. Then it waits
 (at most ``--drain`` s) for every accepted job.
 
@@ -15,7 +15,7 @@ It prints two tables and exits 1 if any bound is broken:
 - the burst: accepted, refused with ``LaneFull`` (by requested tier), other
   errors (must be 0), jobs spilled to a lower lane at submit, the deepest
   each lane got against its limit, what became of the accepted jobs (lost
-  must be 0), the queue wait of fast jobs against ``GPULANES_MAX_WAIT_FAST_S``,
+  must be 0), the queue wait of fast jobs against the fast budget (``GPULANES_MAX_WAIT_S``),
   and Redis' memory against what the lane limits allow;
 - memory per process: each submitter at the start, middle and end of its
   share, and the workers, beat and Redis over the first and second half of
@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Any
 
 if not __package__:  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.soak_probe import Probe, collect, process_tree  # noqa: E402
-from benchmarks.soak_report import memory_rows, report_rows  # noqa: E402
-from benchmarks.soak_submit import Outcome, Share, run_share, status_kb  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.harness.private import run_private  # noqa: E402
+from tests.harness.tables import markdown_table  # noqa: E402
+from tests.soak.load_probe import Probe, collect, process_tree  # noqa: E402
+from tests.soak.load_report import memory_rows, report_rows  # noqa: E402
+from tests.soak.load_submit import Outcome, Share, run_share, status_kb  # noqa: E402
 
 HEARTBEAT_S = 1  # beat works in whole seconds
 
@@ -141,13 +142,13 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         print(f"{args.procs} submitters, {args.jobs} jobs ...", file=sys.stderr, flush=True)
         figures = soak(cluster, app, args)
     from tasks.settings import settings
-    figures.update(max_depth=lane_limits(), budget_s=settings.max_wait_fast_s, procs=args.procs,
+    figures.update(max_depth=lane_limits(), budget_s=settings.max_wait_s["fast"], procs=args.procs,
                    jobs=args.jobs)
     return figures
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python benchmarks/soak_load.py", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python tests/soak/load.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=20000, help="submits in all (20000)")
     parser.add_argument("--procs", type=int, default=4, help="submitter processes (4)")
@@ -164,12 +165,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def depth_settings(raw: str | None) -> dict[str, str]:
-    """``"500,2000,10000"`` -> the three MAX_DEPTH_* settings (no prefix)."""
+    """``"500,2000,10000"`` -> the MAX_DEPTH setting (no prefix)."""
     if not raw:
         return {}
     fast, standard, relaxed = raw.split(",")
-    return {"MAX_DEPTH_FAST": fast, "MAX_DEPTH_STANDARD": standard,
-            "MAX_DEPTH_RELAXED": relaxed}
+    return {"MAX_DEPTH": f"fast={fast},standard={standard},relaxed={relaxed}"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """Fault soak: a stream of jobs through a real cluster while it is broken on purpose.
 
-``python benchmarks/soak_faults.py`` starts a private cluster (an embedded Redis
+``python tests/soak/faults.py`` starts a private cluster (an embedded Redis
 with AOF on, ``--workers`` CPU workers, beat) with the default visibility
 timeout, and runs, one after another, each while jobs stream in at ``--rate``
 per second:
@@ -28,7 +28,7 @@ per second:
    get SIGTERM and finish what they hold) and started again at once;
 7. **full disk** (root only): the workers write artifacts to a 1 MB tmpfs held
    full for ``--full-disk-s`` under ``--full-disk-jobs`` jobs of 100 kB artifacts
-   (``benchmarks/full_disk.py``): no worker comes back while it is full, and no
+   (``tests/soak/full_disk.py``): no worker comes back while it is full, and no
    model runs twice to its end;
 8. **long jobs** (only with ``--visibility-s``, shorter than the jobs):
    ``--long-jobs`` jobs that run longer than the visibility timeout, among the
@@ -38,7 +38,7 @@ Then it prints one markdown table: per scenario the jobs submitted, accepted
 (``submit()`` returned), refused (it raised), completed, failed, falsely
 failed, re-run (more than one run began: a killed run, then another),
 duplicated (more than one run finished) and lost (accepted, no result by the
-deadline; must be 0), and the scenario's seconds. See ``benchmarks/faults.py``
+deadline; must be 0), and the scenario's seconds. See ``tests/harness/faults.py``
 for how each is counted. ``--quick`` runs a small size; ``--only`` some
 scenarios; ``--json`` writes the rows.
 """
@@ -56,9 +56,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 if not __package__:  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.faults import (  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from routing.names import JOB_TASK  # noqa: E402
+from tests.harness.faults import (  # noqa: E402
     HEADERS,
     SMALL,
     Counts,
@@ -70,7 +70,9 @@ from benchmarks.faults import (  # noqa: E402
     small_job,
     wait_replaced,
 )
-from benchmarks.full_disk import full_disk  # noqa: E402
+from tests.harness.private import run_private  # noqa: E402
+from tests.harness.tables import markdown_table  # noqa: E402
+from tests.soak.full_disk import full_disk  # noqa: E402
 
 SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor",
              "full-disk", "long")
@@ -317,7 +319,7 @@ def long_jobs(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> 
     log = (cluster.log_dir / "workers.log").read_text(errors="replace")
     # a copy that steps aside for a fast job and resumes is delivered again by design
     resumed = {i: log.count(f"job {i} resumes at step") for i in long_ids}
-    again = sum(log.count(f"gpulanes.generate[{i}] received") - resumed[i] > 1
+    again = sum(log.count(f"{JOB_TASK}[{i}] received") - resumed[i] > 1
                 for i in long_ids)
     longest_s = max((stream.accepted[i].result["run_ms"] for i in long_ids), default=0) / 1000
     counts.scenario = (f"{len(long_ids)} jobs of up to {longest_s:.0f}s > visibility "
@@ -362,7 +364,7 @@ def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = {"HEARTBEAT_S": 1, "HEARTBEAT_REPLY_S": "0.3", "CACHE": "on"}
+    settings = {"HEARTBEAT_S": 1, "CACHE": "on"}
     if args.visibility_s is not None:
         settings["VISIBILITY_TIMEOUT_S"] = args.visibility_s
     report = run_private("gl-soak-", lambda state: soak(args, state), "cluster stopped",

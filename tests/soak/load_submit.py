@@ -1,6 +1,6 @@
 """One submitter process of the load soak: a share of the burst, as fast as it can.
 
-Started with the ``spawn`` method by :mod:`benchmarks.soak_load` (and by
+Started with the ``spawn`` method by :mod:`tests.soak.load` (and by
 ``tests/test_load.py``), so it reads its settings afresh from the
 environment it inherits. It routes from a live snapshot before the burst
 begins, waits at a barrier so that every submitter starts together, then

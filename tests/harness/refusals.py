@@ -5,11 +5,11 @@ refusing every write because its disk fails (MISCONF) while ten jobs are in flig
 on the workers: :func:`refusal_blip` counts what became of each job once Redis takes
 writes again (done, failed, run to the end twice, seconds after Redis healed) and
 what a submit met meanwhile. Shared by ``tests/test_refusals.py`` (short blips) and
-``benchmarks/soak_refusals.py`` (the full sizes). Jobs run on the test model
+the soak ``tests/soak/refusals.py`` (the full sizes). Jobs run on the test model
 ``tests.flaky_model`` (``pace:MS``: a job of a known length that reports every step),
 whose runs are counted across processes.
 
-Like ``benchmarks.common``, nothing here imports ``tasks`` at module level.
+Like the rest of ``tests.harness``, nothing here imports ``tasks`` at module level.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from benchmarks.soak_submit import status_kb
+from tests.soak.load_submit import status_kb
 
 
 def process_tree(root_pid: int, root_name: str) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""The full-disk fault of ``benchmarks/soak_faults.py`` (issue 32, point 3), at full size.
+"""The full-disk fault of the fault soak (``tests/soak/faults.py``), at full size.
 
 The cluster's workers are restarted writing their artifacts to a 1 MB tmpfs (root
 only: skipped otherwise), and ``--full-disk-jobs`` jobs of 100 kB artifacts are
@@ -20,7 +20,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from benchmarks.faults import Counts, settle
+from tests.harness.faults import Counts, settle
 
 BLOB_BYTES = 100_000
 DISK = "1m"

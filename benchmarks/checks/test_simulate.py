@@ -135,7 +135,7 @@ def test_a_fast_job_preempts_a_relaxed_run_at_its_next_step() -> None:
 
 
 def test_a_run_about_to_end_is_not_preempted() -> None:
-    # under GPULANES_PREEMPT_MIN_LEFT_S (a tenth of the fast budget: 1 s) left: it ends first
+    # under preempt_min_left_s (a tenth of the fast budget: 1 s) left: it ends first
     jobs = [Arrival(0.0, "relaxed", "a", False, "m", 1.0, 9.0, steps=30),
             Arrival(8.5, "fast", "b", False, "m", 1.0, 1.0, steps=30)]
     _, outcome = _one_worker(jobs, "gpulanes")

@@ -1,7 +1,7 @@
 """The per-trial figures of ``benchmarks/overload.py``, on hand-made outcomes."""
 from __future__ import annotations
 
-from benchmarks.overload import Budgets
+from benchmarks.overload_plan import Budgets
 from benchmarks.overload_report import (SLOW_BIN_S, slow_s, trial_row, trial_table,
                                        window_served)
 from benchmarks.overload_trial import Trial

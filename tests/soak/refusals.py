@@ -1,7 +1,7 @@
 """Refusal soak: Redis out of memory, or refusing writes for a failing disk, while ten
-jobs are in flight on a real cluster (``benchmarks/refusals.py``).
+jobs are in flight on a real cluster (``tests/harness/refusals.py``).
 
-``python benchmarks/soak_refusals.py`` starts a private cluster (an embedded Redis with
+``python tests/soak/refusals.py`` starts a private cluster (an embedded Redis with
 AOF on, two CPU workers taking five jobs at a time, beat; the default timeouts) and
 runs each blip of ``--blips`` (``oom:4,oom:20,misconf:20`` by default: the fault and
 its seconds) with ten jobs of four seconds in flight. It prints one row per blip: the
@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 if not __package__:  # run as a script: make the project importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import markdown_table, run_private  # noqa: E402
-from benchmarks.refusals import FAULTS, refusal_blip  # noqa: E402
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.harness.private import run_private  # noqa: E402
+from tests.harness.refusals import FAULTS, refusal_blip  # noqa: E402
+from tests.harness.tables import markdown_table  # noqa: E402
 
 HEADERS = ("fault", "seconds", "jobs", "submits refused", "done", "failed", "lost",
            "last done after heal (s)", "ran twice")

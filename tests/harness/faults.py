@@ -1,9 +1,9 @@
 """Fault runs on a real cluster: stream jobs at it, break something, count every job.
 
-Shared by ``tests/test_faults.py`` (small, quick) and ``benchmarks/soak_faults.py``
-(long). A :class:`JobStream` submits jobs from a thread and keeps each accepted
-job (``submit()`` returned an ``AsyncResult``) and each refusal (it raised:
-never accepted). :func:`settle` then waits for every accepted job and counts:
+Shared by ``tests/test_faults.py`` (small, quick), the soak ``tests/soak/faults.py``
+(long) and ``benchmarks/failover.py``. A :class:`JobStream` submits jobs from a thread
+and keeps each accepted job (``submit()`` returned an ``AsyncResult``) and each refusal
+(it raised: never accepted). :func:`settle` then waits for every accepted job and counts:
 
 - **completed**: its result came back (``.get()``, the client's own path);
 - **failed**: it failed for good (dead-lettered);
@@ -15,7 +15,7 @@ never accepted). :func:`settle` then waits for every accepted job and counts:
 - **duplicated**: more than one run *finished* (``DUPLICATES_KEY``, written by
   the task when a finished run finds an earlier result stored).
 
-Like ``benchmarks.common``, nothing here imports ``tasks`` at module level.
+Like the rest of ``tests.harness``, nothing here imports ``tasks`` at module level.
 """
 from __future__ import annotations
 
