@@ -1,0 +1,225 @@
+"""Pages of the job's own path: a fast job behind a backlog, the submit path, Redis
+commands per job, the publish ledger, fsync and failover."""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from benchmarks.pages_kit import BASELINE, Page, Plot, num, ratio, table
+
+#: the lanes benchmark's modes, their labels and line styles
+LANE_MODES = {"fifo": ("plain Celery FIFO", ":"), "plain_lanes": ("plain Celery lanes", "--"),
+              "gpulanes": ("gpulanes", "-")}
+
+
+def lanes(data: dict[str, Any]) -> Page:
+    """``benchmarks/lanes.py``: a fast job behind a backlog of relaxed jobs."""
+    config, rows = data["config"], data["summary"]
+    last = rows[-1]
+    page = Page(
+        "lanes", "A fast job behind a relaxed backlog",
+        "One gpulanes worker and one plain Celery worker, each in its own process: a "
+        "blocker job holds each worker while a backlog of relaxed jobs and then one fast "
+        "job are queued; the fast job's wait (submit to start, stamped by the worker) is "
+        f"the median of {config['repeats']} interleaved repeats, jobs of {config['steps']} "
+        f"steps at {config['size']}×{config['size']} on the CPU. " + BASELINE + " It runs "
+        "the jobs in arrival order in one queue (*FIFO*) and, as *plain lanes*, each in "
+        "its tier's queue, read in order (`queue_order_strategy=\"priority\"`).",
+        f"fast job waits {num(last['gpulanes_wait_ms'])} ms behind {last['backlog']} "
+        f"relaxed jobs (plain FIFO: {num(last['fifo_wait_ms'], 0)} ms)",
+        f"FIFO / gpulanes {ratio(last['ratio'], 1)}; plain lanes / gpulanes "
+        f"{ratio(last['lanes_ratio'])}")
+    page.add("## Wait of the fast job", table(
+        ["backlog", "plain FIFO wait ms", "plain lanes wait ms", "gpulanes wait ms",
+         "FIFO / gpulanes", "plain lanes / gpulanes",
+         "fast job started after (FIFO / plain lanes / gpulanes)",
+         "service ms/job (plain / gpulanes)"],
+        [[r["backlog"], num(r["fifo_wait_ms"]), num(r["plain_lanes_wait_ms"]),
+          num(r["gpulanes_wait_ms"]), ratio(r["ratio"], 1), ratio(r["lanes_ratio"]),
+          " / ".join(f"{r[f'{mode}_position']:g}" for mode in LANE_MODES) + " jobs",
+          f"{num(r['plain_service_ms'])} / {num(r['gpulanes_service_ms'])}"] for r in rows]))
+    return page.plot(Plot("lanes-wait.png", "fast job wait against the backlog, per mode",
+                          lambda fig: _lanes_plot(fig, rows)))
+
+
+def _lanes_plot(fig: Any, rows: list[dict[str, Any]]) -> None:
+    ax = fig.add_subplot()
+    backlogs = [r["backlog"] for r in rows]
+    for mode, (label, style) in LANE_MODES.items():
+        ax.plot(backlogs, [r[f"{mode}_wait_ms"] for r in rows], style, marker="o", label=label)
+    ax.set_xlabel("relaxed jobs queued ahead of the fast one")
+    ax.set_ylabel("fast job wait (ms, median)")
+    ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+SUBMIT_LABELS = {"submit": "`submit()` without a seed (validate + route + publish)",
+                 "submit_seeded": "`submit(seed=i)` (claimed in the result cache)",
+                 "submit_echo": "`submit(model=\"echo\")` (a class model, pydantic)",
+                 "plain": "plain Celery `apply_async(queue=tier)`"}
+
+
+def submit(data: dict[str, Any]) -> Page:
+    """``benchmarks/submit.py``: the submit path against a plain Celery app's publish."""
+    modes, paired = data["modes"], data["paired_ratio"]
+    rounds = len(data["seconds"]["plain"])
+    page = Page(
+        "submit", "The submit path against plain Celery",
+        f"Each way of publishing runs in a process of its own, in {rounds} interleaved "
+        "rounds on an embedded Redis with nothing consuming; a thread stands in for beat "
+        "so that `submit()` routes through `decide()` with a live snapshot. " + BASELINE +
+        " The ratios are medians of the per-round ratios, so a slow stretch of the "
+        "machine hits both sides of a pair.",
+        f"`submit()` {num(modes['submit']['jobs_s'], 0)} jobs/s (plain Celery "
+        f"{num(modes['plain']['jobs_s'], 0)})",
+        f"{ratio(paired['submit'], 3)} (with a seed {ratio(paired['submit_seeded'], 3)})")
+    page.add("## Publishes", table(
+        ["what", "jobs/s (all rounds)", "jobs/s (median round)", "µs per call",
+         "CPU µs per call"],
+        [[SUBMIT_LABELS.get(mode, mode), num(m["jobs_s"], 0), num(m["median_round_jobs_s"], 0),
+          num(m["us_per_call"], 0), num(m["cpu_us_per_call"], 0)] for mode, m in modes.items()]))
+    page.add("Paired ratios against plain Celery (median of the rounds): " + ", ".join(
+        f"{mode} {ratio(value, 3)}" for mode, value in paired.items()) + ".")
+    page.add("Each round's rate, per mode: the machine's own swings are what the paired "
+             "ratios cancel out.")
+    page.plot(Plot("submit-rounds.png", "jobs per second of each round, per mode",
+                   lambda fig: _submit_plot(fig, data["seconds"], modes)))
+    return page.add("## The pure parts of `submit()`",
+                    "In memory, no Redis call, µs per call:",
+                    table(["part", "µs per call"],
+                          [[part, num(us)] for part, us in data["pure_us"].items()]))
+
+
+def _submit_plot(fig: Any, seconds: dict[str, list[list[float]]],
+                 modes: dict[str, Any]) -> None:
+    ax = fig.add_subplot()
+    per_round = {mode: m["jobs_s"] * sum(w for w, _ in seconds[mode]) / len(seconds[mode])
+                 for mode, m in modes.items()}  # jobs in one round
+    for mode, rounds in seconds.items():
+        ax.plot(range(1, len(rounds) + 1), [per_round[mode] / wall for wall, _ in rounds],
+                ":" if mode == "plain" else "-", marker=".", label=mode)
+    ax.set_xticks(range(1, len(seconds["plain"]) + 1, max(1, len(seconds["plain"]) // 10)))
+    ax.set_xlabel("round")
+    ax.set_ylabel("jobs/s")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def perjob(data: dict[str, Any]) -> Page:
+    """``benchmarks/perjob.py``: Redis commands per job in the worker."""
+    sides = data["sides"]
+    ours, plain = sides["gpulanes"], sides["plain"]
+    page = Page(
+        "perjob", "Redis commands per job in the worker",
+        "One worker per side serves jobs that do nothing (the `echo` model; for plain "
+        "Celery a task returning the same), `--pool threads -c 1 -E`, late acks, prefetch "
+        "1. Each worker is paused while its jobs are queued, Redis' statistics are reset, "
+        "and `INFO commandstats` counts what Redis ran until every result is stored "
+        "(commands inside Lua scripts included). " + BASELINE,
+        f"{num(ours['commands_per_job'])} Redis commands per job, "
+        f"{num(ours['sent_per_job'])} sent (plain Celery {num(plain['commands_per_job'])})",
+        f"commands {ratio(data['commands_ratio'])}, sent {ratio(data['sent_ratio'])}, "
+        f"jobs/s {ratio(data['rate_ratio'])}")
+    return page.add(f"## Per job ({ours['jobs']} jobs a side)",
+                    table(["Redis command per job", "gpulanes", "plain Celery"],
+                          _perjob_rows(ours, plain)),
+                    f"Against plain Celery: commands Redis ran {ratio(data['commands_ratio'])}, "
+                    f"commands sent {ratio(data['sent_ratio'])}, jobs/s "
+                    f"{ratio(data['rate_ratio'])}.")
+
+
+#: the totals under the per-command rows: (label, key, digits)
+PERJOB_TOTALS = (("**all commands Redis ran**", "commands_per_job", 1),
+                 ("of them inside Lua scripts", "in_scripts_per_job", 1),
+                 ("commands sent (a script counts once)", "sent_per_job", 1),
+                 ("jobs/s", "jobs_s", 0))
+
+
+def _perjob_rows(ours: dict[str, Any], plain: dict[str, Any]) -> list[list[str]]:
+    """A row per Redis command (most per gpulanes job first), then the totals."""
+    names = sorted(set(ours["per_job"]) | set(plain["per_job"]),
+                   key=lambda name: (-ours["per_job"].get(name, 0), name))
+    rows = [[f"`{name.upper()}`", num(ours["per_job"].get(name, 0), 2),
+             num(plain["per_job"].get(name, 0), 2)] for name in names]
+    return rows + [[label, *(num(side[key], digits) for side in (ours, plain))]
+                   for label, key, digits in PERJOB_TOTALS]
+
+
+#: a ledger round's figures, in the order the benchmark writes them
+LEDGER_COLUMNS = ("publishes/s (median round)", "Redis bytes per queued job",
+                  "Redis µs per publish")
+
+
+def ledger(data: dict[str, Any]) -> Page:
+    """``benchmarks/ledger.py``: kombu's Redis transport against gpulanes' ledger."""
+    modes = data["modes"]
+    kombu, ours = list(modes.values())[:2]
+    paired = statistics.median(o[0] / k[0] for k, o in zip(kombu, ours))
+    page = Page(
+        "ledger", "The publish ledger's cost",
+        f"The same `generate` message published with `apply_async` {data['jobs']} times a "
+        f"round, {data['rounds']} alternating rounds, one process on an embedded Redis: "
+        "through kombu's Redis transport (what plain Celery uses) and through gpulanes' "
+        "(which also writes it to the ledger in the same Lua call), and inside the lane "
+        f"limit as `submit()` publishes, with the lane in 1 list and in {data['lists']}. "
+        "Redis µs: Redis' own time per publish, from `INFO commandstats`.",
+        f"{num(statistics.median(r[0] for r in ours), 0)} publishes/s with the ledger "
+        f"(kombu {num(statistics.median(r[0] for r in kombu), 0)})",
+        f"ledger / kombu's transport {ratio(paired)}")
+    rows = [[name, *(num(statistics.median(column), 0 if i < 2 else 1)
+                     for i, column in enumerate(zip(*rounds)))]
+            for name, rounds in modes.items()]
+    return page.add("## Publishes", table(["transport", *LEDGER_COLUMNS], rows, "lrrr"),
+                    f"Publish rate with the ledger over kombu's: {ratio(paired)} (median of "
+                    "paired rounds).")
+
+
+def durability(data: dict[str, Any]) -> Page:
+    """``benchmarks/durability.py``: what fsyncing each accepted job costs a submit."""
+    policies, over = data["policies"], data["throughput_over_everysec"]
+    lost = sum(row["lost_after_kill"] for row in policies.values())
+    page = Page(
+        "durability", "What fsyncing each job costs a submit",
+        f"{data['threads']} threads submit {data['jobs']} jobs a round, {data['rounds']} "
+        "interleaved rounds, to an embedded Redis with no workers, under each "
+        "`appendfsync` policy (and with a replica that confirms each write); then Redis "
+        "is SIGKILLed, restarted from its AOF, and the accepted jobs that are not there "
+        "are counted. The baseline is Redis' `everysec`.",
+        f"{lost} accepted jobs lost to a SIGKILL of Redis",
+        "; ".join(f"{kind}: {ratio(value)} of everysec's submits/s"
+                  for kind, value in over.items()))
+    return page.add("## Submits", table(
+        ["appendfsync", "submits/s", "p50 ms", "p99 ms", "accepted jobs lost to a SIGKILL"],
+        [[kind, num(r["jobs_per_s"], 0), num(r["p50_ms"], 2), num(r["p99_ms"], 2),
+          r["lost_after_kill"]] for kind, r in policies.items()]))
+
+
+def failover(data: dict[str, Any]) -> Page:
+    """``benchmarks/failover.py``: Redis failover under load, every job counted."""
+    runs = data["runs"]
+    lost = sum(r["counts"]["lost"] for r in runs)
+    twice = sum(r["ran_twice"] for r in runs)
+    page = Page(
+        "failover", "Redis failover under load",
+        "A primary, replicas and three Sentinels; CPU workers, beats and an exporter run "
+        "while a stream of jobs is submitted, and the primary is killed, frozen or left "
+        "behind by its replicas. Every job is counted: accepted, refused (the caller is "
+        "told), done, lost, run twice; seconds count from the fault.",
+        f"{lost} accepted jobs lost, {twice} run twice, in {len(runs)} faults",
+        "–")
+    return page.add("## Faults", table(
+        ["scenario", "submitted", "accepted", "refused", "done", "lost", "run twice",
+         "new primary named", "submits back"],
+        [[r["label"], r["counts"]["submitted"], r["counts"]["accepted"],
+          r["counts"]["refused"], r["counts"]["completed"], r["counts"]["lost"],
+          r["ran_twice"], _seconds(r["timeline"].get("promoted_s")),
+          _seconds(r["timeline"].get("submits_back_s"))] for r in runs]))
+
+
+def _seconds(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f} s"
+
+
+RENDERERS = {"lanes": lanes, "submit": submit, "perjob": perjob, "ledger": ledger,
+             "durability": durability, "failover": failover}
