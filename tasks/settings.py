@@ -9,6 +9,7 @@ settings in force, read at the moment they are used, so a test changes one with
 from __future__ import annotations
 
 import math
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, cast
@@ -17,6 +18,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tasks.errors import ConfigError
+from tasks.settings_retired import retired_in
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 PREFIX = "GPULANES_"
@@ -92,7 +94,7 @@ class Settings(BaseSettings):
     ``name=module:function`` (an image model's factory), comma-separated."""
     warm_models: Names = ()
     """Models a worker loads and warms before it takes a job. Unset: the first
-    MODEL_SLOTS of MODELS."""
+    MODEL_SLOTS of MODELS (with the built-in list: ``demo`` alone)."""
     model_slots: PositiveInt = 2
     """Models a worker keeps loaded; the least recently used one makes room."""
     min_replicas: Counts = Field(default_factory=dict)
@@ -230,7 +232,7 @@ class Settings(BaseSettings):
         if unknown := sorted(set(given) - set(default)):
             raise ValueError(f"unknown lane {unknown[0]!r}; use {', '.join(default)}")
         table = {**default, **{lane: parse(value) for lane, value in given.items()}}
-        if any(value <= 0 for value in table.values()):
+        if not all(math.isfinite(value) and value > 0 for value in table.values()):
             raise ValueError("every number must be above 0")
         return table
 
@@ -279,8 +281,11 @@ class Settings(BaseSettings):
     @property
     def warm(self) -> tuple[str, ...]:
         """The models a worker warms at start: WARM_MODELS, else the first MODEL_SLOTS
-        of MODELS."""
-        return self.warm_models or tuple(self.models)[:self.model_slots]
+        of MODELS (with the built-in list: ``demo`` alone)."""
+        if self.warm_models:
+            return self.warm_models
+        return ("demo",) if self.models == BUILT_IN_MODELS else \
+            tuple(self.models)[:self.model_slots]
 
     @property
     def beat_lease_s(self) -> float:
@@ -382,6 +387,8 @@ def _check_across(s: Settings) -> None:
 def load(**values: Any) -> Settings:
     """Settings from the environment, ``values`` (by field name) over it; a bad value
     raises :class:`ConfigError` naming its variable."""
+    if retired := retired_in(os.environ, PREFIX):
+        raise ConfigError(*retired)
     try:
         return Settings(**values)
     except ValidationError as exc:

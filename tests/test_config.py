@@ -11,7 +11,7 @@ import pytest
 
 import celeryconfig
 from tasks.errors import ConfigError
-from tasks.settings import (DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings, load, override,
+from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings, load, override,
                             settings)
 
 #: The most settings a user may set: everything else is a named constant or derived.
@@ -36,11 +36,25 @@ def test_the_warm_models_default_to_the_first_that_fit_the_slots(monkeypatch):
     loaded = load(models="a=x:A,b=x:B,c=x:C", model_slots=2)
     assert loaded.warm_models == () and loaded.warm == ("a", "b")
     assert load(models="a=x:A,b=x:B", warm_models="b").warm == ("b",)
+    assert load(models=dict(BUILT_IN_MODELS)).warm == ("demo",)  # the demo model alone
+
+
+@pytest.mark.parametrize("variable,says", [
+    ("GPULANES_MAX_WAIT_FAST_S", "GPULANES_MAX_WAIT_S="), ("gpulanes_max_steps", "image"),
+    ("GPULANES_RETRY_CAP_S", "fixed"), ("GPULANES_BEAT_LEASE_S", "derived"),
+])
+def test_a_retired_variable_is_refused_naming_what_took_its_place(monkeypatch, variable,
+                                                                   says):
+    monkeypatch.setenv(variable, "5")
+    with pytest.raises(ConfigError) as caught:
+        load()
+    assert caught.value.variable == variable.upper() and says in str(caught.value)
 
 
 @pytest.mark.parametrize("variable,raw", [
     ("MAX_DEPTH", "fast=ten"), ("MAX_JOB_S", "-1"), ("DEVICE", "tpu"),
     ("MODELS", "demo-without-factory"), ("PREEMPT", "maybe"), ("MAX_WAIT_S", "relaxed=5"),
+    ("MAX_WAIT_S", "fast=nan"), ("MAX_WAIT_S", "standard=inf"),
     ("EXPORTER_AUTH", "no-password"), ("CACHE_MAX_ENTRIES", "0"), ("MAX_BATCH", "demo=0"),
 ])
 def test_a_bad_value_names_its_variable(monkeypatch, variable, raw):

@@ -97,6 +97,8 @@ def test_without_the_package_loading_says_what_to_install(monkeypatch):
     (dict(seed=1, count=0), "count"),
     (dict(seed=1, count=17), "count"),
     (dict(seed=1, count="many"), "count"),
+    (dict(seed=1, count="3"), "count"),
+    (dict(seed=1, scale=True), "scale"),
     (dict(seed=-1), "seed"),
     (dict(count=2), "seed"),
     (dict(seed=1, scale=5), "scale"),

@@ -21,6 +21,7 @@ from pydantic.fields import FieldInfo
 
 import tasks.settings as settings_module
 from tasks.settings import PREFIX, Settings
+from tasks.settings_retired import RETIRED
 
 #: Where the page lives, from the project folder.
 PAGE = Path("docs") / "configuration.md"
@@ -57,7 +58,17 @@ def markdown() -> str:
         parts.append(f"\n## {title[:1].upper()}{title[1:]}\n\n"
                      "| variable | type | default | meaning |\n|---|---|---|---|\n")
         parts.extend(row(name, Settings.model_fields[name]) for name in names)
+    parts.append(retired())
     return "".join(parts)
+
+
+def retired() -> str:
+    """The variables no longer read: setting one stops the process, saying this."""
+    rows = "".join(f"| `{PREFIX}{name}` | {instead} |\n"
+                   for name, instead in sorted(RETIRED.items()))
+    return ("\n## Retired variables\n\nSetting one of these stops the process with a "
+            "`ConfigError` that says what took its place.\n\n"
+            f"| variable | instead |\n|---|---|\n{rows}")
 
 
 def sections() -> list[tuple[str, list[str]]]:

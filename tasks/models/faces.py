@@ -39,9 +39,9 @@ PAD_PX, PAD_GREY = 2, 32
 
 
 class FacesInput(BaseModel):
-    """One batch of faces. Unknown fields are refused so a misspelt one is not ignored."""
+    """One batch of faces. Strict: unknown fields and values of another type are refused."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     #: Same seed, same faces (on the same kind of device); face i of a seed does not
     #: depend on ``count``.

@@ -36,6 +36,8 @@ def describe(app: Any, client: redis.Redis, job_id: str) -> dict[str, Any]:
 
     result = app.AsyncResult(job_id)
     state, info = result.state, result.info
+    if state == "PROGRESS" and not (isinstance(info, dict) and "step" in info):
+        state, info = result.state, result.info  # it ended between the two reads
     found: dict[str, Any] = {"id": job_id, "state": state}
     if state == "SUCCESS" and isinstance(info, dict):
         found["result"] = info
