@@ -11,8 +11,8 @@ import pytest
 
 import celeryconfig
 from tasks.errors import ConfigError
-from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings, load, override,
-                            settings)
+from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings,
+                            load, override, settings)
 
 #: The most settings a user may set: everything else is a named constant or derived.
 MOST_SETTINGS = 35
