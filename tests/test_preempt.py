@@ -195,4 +195,5 @@ def test_lanes_submit_draws_the_jobs_progress_from_its_steps(cluster):
                 "768", "--height", "768")
     steps = [line for line in out.splitlines() if line.startswith("running [")]
     assert steps and all("/60" in line for line in steps), out  # "running [###...] step 7/60"
-    assert out.splitlines()[-1].startswith("ran in the standard lane")
+    # the result's line (the lane is the policy's: a busy standard lane moves it down)
+    assert out.splitlines()[-1].startswith("ran in the "), out
