@@ -163,8 +163,9 @@ def redis_server():
 
 
 def drop_keys(client) -> None:
-    """Drop every key but kombu's queue bindings: no job or state of an earlier test."""
-    keys = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding")]
+    """Drop every key but the queue bindings: no job or state of an earlier test."""
+    keys = [k for k in client.scan_iter(count=1000)
+            if not k.startswith((b"_kombu.binding", b"gpulanes:bindings:"))]
     if keys:
         client.delete(*keys)
 

@@ -208,3 +208,28 @@ def fast_news_channel(host: str) -> str:
     return f"{FAST_NEWS_PREFIX}{host}"
 #: Sorted set: preemptions under way (worker incarnation -> until when it counts).
 PREEMPT_CLAIMS_KEY = f"{PREFIX}:preempt:claims"
+
+
+#: Hash per holder (a worker process): take token -> "<list>\n<message>" of each message it
+#: holds, written in the step that takes it off its list (``tasks.broker.handover``).
+HELD_PREFIX = f"{PREFIX}:held:"
+#: Set: every holder that takes with records, so that beat finds a dead one's.
+HOLDING_KEY = f"{PREFIX}:holding"
+#: Pub/sub channels: a message pushed to a queue's lists wakes its consumers on this
+#: prefix plus the queue's name; a fanout exchange's messages go out on ``FANOUT_PREFIX``.
+WAKE_PREFIX = f"{PREFIX}:wake:"
+FANOUT_PREFIX = f"{PREFIX}:fanout:"
+#: List: "<list>\n<problem>\n<item>" of each item a consumer took that was not a message.
+UNREADABLE_KEY = f"{PREFIX}:unreadable"
+#: Set per direct or topic exchange: its bindings, "routing key\x06\x16pattern\x06\x16queue".
+BINDINGS_PREFIX = f"{PREFIX}:bindings:"
+
+
+def held_key(holder: str) -> str:
+    """The records of what ``holder`` holds."""
+    return f"{HELD_PREFIX}{holder}"
+
+
+def list_key(queue: str, priority: int = 0) -> str:
+    """The Redis list of ``queue`` at a priority level (0: the queue's own name)."""
+    return queue if not priority else f"{queue}{PRIORITY_SEP}{priority}"

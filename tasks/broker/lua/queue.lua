@@ -1,0 +1,27 @@
+-- The queue protocol's bookkeeping (tasks.broker.handover), changed in the same step as
+-- a list: the depth of each list and of its lane, the lane's due index (members
+-- "<list>\n<message>", scored by when the job entered its lane: what beat's movers
+-- read), and a wake-up on the list's queue for the workers that consume it.
+-- ``book``: {depths per lane, depths per list, the due indexes' prefix, the wake prefix}.
+-- A list's queue is its name up to kombu's priority separator; its lane, up to the
+-- first '.' too. A count that reaches 0 leaves its hash.
+local function queue_of(key) return string.match(key, '^[^\6]+') end
+local function lane_of_list(key) return string.match(key, '^[^%.\6]+') end
+local function count_list(book, key, by)
+  local lane = lane_of_list(key)
+  if redis.call('HINCRBY', book[1], lane, by) <= 0 then redis.call('HDEL', book[1], lane) end
+  if redis.call('HINCRBY', book[2], key, by) <= 0 then redis.call('HDEL', book[2], key) end
+end
+-- ``message`` was pushed to list ``key`` (``entered``: its lane clock, 0: not indexed).
+local function pushed(book, key, message, entered)
+  count_list(book, key, 1)
+  if tonumber(entered) > 0 then
+    redis.call('ZADD', book[3] .. lane_of_list(key), entered, key .. '\n' .. message)
+  end
+  redis.call('PUBLISH', book[4] .. queue_of(key), '')
+end
+-- ``message`` left list ``key``.
+local function popped(book, key, message)
+  count_list(book, key, -1)
+  redis.call('ZREM', book[3] .. lane_of_list(key), key .. '\n' .. message)
+end
