@@ -64,7 +64,6 @@ bench: $(STAMP)
 	$(PY) benchmarks/affinity.py
 	$(PY) benchmarks/cache.py
 	$(PY) benchmarks/batching.py
-	$(PY) benchmarks/ledger.py
 	$(PY) benchmarks/models.py
 	$(PY) benchmarks/estimate.py
 	$(PY) benchmarks/preempt.py

@@ -17,7 +17,8 @@ accept_content = ["json"]
 result_accept_content = ["json"]
 event_serializer = "json"
 result_extended = True
-broker_url = _settings.broker_url
+#: gpulanes' transport (``tasks.broker.lanes``), named by the URL, on the broker's Redis.
+broker_url = f"gpulanes+{_settings.broker_url}"
 result_backend = _settings.result_backend
 #: How long Redis keeps a finished job's result (Celery's and gpulanes' copy).
 result_expires = _settings.result_ttl_s
@@ -58,28 +59,15 @@ worker_hijack_root_logger = False
 # items that are not messages) is dead-lettered with its reason (tasks.worker.rejects).
 worker_consumer = "tasks.worker.rejects:LanesConsumer"
 
-# Redis has no real acks: an unacked job comes back after the visibility timeout
-# (GPULANES_VISIBILITY_TIMEOUT_S: by default past the longest a job may run and
-# back off); live workers keep the jobs they hold fresh (gpu_worker.hooks.KeepHeld).
-_visibility_s = _settings.visibility_timeout_s
+# The queue protocol records which worker holds each job in the step that takes it: a
+# dead or frozen worker's jobs go back through beat's health check; live workers keep
+# the leases of the jobs they run (gpu_worker.hooks.KeepLeases).
 broker_transport_options = {
-    "queue_order_strategy": "priority",  # honour the -Q order: fast first
     # Lanes do priority; message priority only orders accounts inside relaxed
     # (fast and standard always use step 0, so lane order holds).
     "priority_steps": list(RELAX_PRIORITIES),
-    "visibility_timeout": _visibility_s,
-    # sweep for abandoned jobs every few seconds, not every 100 s
-    "unacked_restore_interval": max(1, min(10, _visibility_s // 4)),
-    "unacked_restore_throttle": 1,
     "socket_timeout": _settings.redis_timeout_s,
     "socket_connect_timeout": _settings.redis_connect_timeout_s,
-    # A worker's BRPOP on a Redis that stopped answering (frozen, failed over) is
-    # dropped and sent again (asking the Sentinels anew) about 2 s after its reply is
-    # due, not 26 s; a connection idle this long is pinged before its next command.
-    "health_check_interval": 1,
-    # A publisher's connection is tried once, not again and again for seconds: a
-    # submit during an outage fails at once (workers' consumers retry on their own).
-    "max_retries": 0,
     **({"master_name": _settings.sentinel_master} if _settings.sentinel_master else {}),
 }
 result_backend_transport_options = ({"master_name": _settings.sentinel_master}

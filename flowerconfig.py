@@ -33,3 +33,18 @@ def _declare_lanes_for_broker_page() -> None:
 
 
 _declare_lanes_for_broker_page()
+
+
+def _bare_broker_url_for_broker_page() -> None:
+    """Flower's broker page picks its Redis reader by the broker URL's scheme; hand it the
+    Redis URL behind the ``gpulanes+`` that names gpulanes' transport (the lists are
+    named as kombu names them, so Flower reads their lengths as it would)."""
+    from flower.app import Flower
+
+    from tasks.broker.store import bare
+
+    named = Flower.broker_uri_with_password
+    Flower.broker_uri_with_password = property(lambda self: bare(named.func(self)))
+
+
+_bare_broker_url_for_broker_page()

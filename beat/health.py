@@ -1,25 +1,28 @@
 """Health checks that heal: put a dead worker's jobs back in their lanes at once.
 
-Workers record which incarnation holds each broker message
-(``gpu_worker.hooks.HeldJobs``). When an incarnation is dead (it missed its
-heartbeats, or a newer process took over its name) each message it still
-holds goes back to the front of its lane, long before Redis' visibility
-timeout would return it. The move is one Redis transaction that re-checks
-the holder, so a message that meanwhile went to another worker stays there.
-A job whose lease its holder still extends (``gpu_worker.hooks.KeepHeld``)
-stays put: that process lives and runs it, though it no longer answers
-heartbeats (a warm shutdown); a dead runner's lease lapses within seconds.
+The queue protocol records which incarnation holds each message in the step that
+takes it (``tasks.broker.handover``). When an incarnation is dead (it missed its
+heartbeats, or a newer process took over its name) each message it still holds
+goes back to the front of its list. Each move is one Lua step that re-checks the
+record, so a message that meanwhile went elsewhere stays there. A job whose lease
+its holder still extends (``gpu_worker.hooks.KeepLeases``) stays put: that process
+lives and runs it, though it no longer answers heartbeats (a warm shutdown); a dead
+runner's lease lapses within seconds.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
 import redis
 
-from tasks.broker.transport import put_back_held
+from tasks.broker import leader
+from tasks.broker.handover import put_back_all
+from tasks.broker.keys import METRICS_KEY, metric_field
 
 log = logging.getLogger(__name__)
+#: The ``METRICS_KEY`` field counting messages put back (``gpulanes_recovered_total``).
+RECOVERED_FIELD = metric_field("recovered")
 #: Heartbeat rounds a worker may miss in a row before it is dead to routing and beat
 #: puts back the jobs it held.
 MISSES_ALLOWED = 2
@@ -66,16 +69,14 @@ def dead_incarnations(incarnations: Iterable[str], workers: Mapping[str, dict],
     return dead
 
 
-def requeue_dead(app: Any, client: redis.Redis, workers: Mapping[str, dict],
-                 holders: Mapping[str, str], misses_allowed: int) -> int:
-    """Restore every message a dead incarnation holds (``holders``: tag -> incarnation);
-    returns how many."""
-    dead = dead_incarnations(holders.values(), workers, misses_allowed)
+def requeue_dead(client: redis.Redis, workers: Mapping[str, dict], holders: Iterable[str],
+                 misses_allowed: int) -> int:
+    """Give back every message a dead incarnation among ``holders`` holds; how many."""
+    dead = dead_incarnations(holders, workers, misses_allowed)
     if not dead:
         return 0
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
-        restored = sum(put_back_held(channel, client, tag, who)
-                       for tag, who in holders.items() if who in dead)
+    restored = sum(put_back_all(client, who, epoch=leader.epoch()) for who in sorted(dead))
+    if restored:
+        client.hincrby(METRICS_KEY, RECOVERED_FIELD, restored)
     log.warning("dead worker(s) %s: %d job(s) put back in their lanes", sorted(dead), restored)
     return restored

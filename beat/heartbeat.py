@@ -34,6 +34,7 @@ from routing.policy import (FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES, admissi
                             relax_levels)
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
+from tasks.broker.handover import holders
 from tasks.broker.eviction import SAFE_POLICY
 from tasks.broker.memory import memory_use
 from tasks.broker.outage import RedisRefused
@@ -44,7 +45,6 @@ from tasks.broker.keys import (
     DEAD_TTL_S,
     FAIR_WINDOW_S,
     FAST_EXHAUSTED_KEY,
-    HOLDERS_KEY,
     LIST_DEPTHS_KEY,
     PRIORITY_SEP,
     SNAPSHOT_KEY,
@@ -118,7 +118,7 @@ def ask_workers(client: redis.Redis) -> dict[str, dict]:
 def list_lengths(client: redis.Redis) -> dict[str, dict[str, int]]:
     """Per lane, the jobs in each of its lists that hold any (every priority level of
     the shared lane and of each worker's own queue of it), from the depth counters the
-    ledger keeps (``tasks.broker.keys.LIST_DEPTHS_KEY``): one read, whatever the number
+    queue protocol keeps (``tasks.broker.keys.LIST_DEPTHS_KEY``): one read, whatever the number
     of workers and lists."""
     lengths: dict[str, dict[str, int]] = {lane: {} for lane in LANES}
     for key, count in client.hgetall(LIST_DEPTHS_KEY).items():
@@ -270,14 +270,14 @@ def heartbeat() -> str:
     previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
     replies = ask_workers(client)
     now = time.time()
-    holders = client.hgetall(HOLDERS_KEY)
+    holding = holders(client)
     workers = merge(previous, replies, now, MISSES_ALLOWED)
-    workers.update(unheard_holders(holders.values(), workers, now))
+    workers.update(unheard_holders(holding, workers, now))
     lengths = list_lengths(client)
     snapshot = build_snapshot(client, workers, now, lengths)
     if not write_round(client, snapshot, workers):
         return "another beat leads: nothing written"
-    requeue_dead(app, client, workers, holders, MISSES_ALLOWED)
+    requeue_dead(client, workers, holding, MISSES_ALLOWED)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
             return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")

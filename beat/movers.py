@@ -1,7 +1,7 @@
 """What beat moves between lanes, and when: queue-wait deadlines and relax aging.
 
 The moves themselves are the broker's (``tasks.broker.moves``: one Lua step per
-message, removed only if still there, its ledger entry, depths, due index, run rank
+message, removed only if still there, its depths, due index, run rank
 and fast place following it, fenced by beat's epoch). What is due is read from each
 lane's due index (``tasks.broker.keys.due_key``), never by reading every list: a
 round costs what it moves, whatever the number of workers.
@@ -34,7 +34,6 @@ import time
 
 import redis
 
-from beat.ledger import recover_lost
 from beat.balance import node_of
 from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
@@ -104,5 +103,4 @@ def move_queued() -> str:
     lifted = age_relaxed(client, settings.fair_aging_s)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
-    recovered = recover_lost(client, grace_s=max(10.0, 3 * settings.heartbeat_s))
-    return f"deadline moves {moved}, aged {lifted}, lost and put back {recovered}"
+    return f"deadline moves {moved}, aged {lifted}"

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 def return_to_shared_lanes(client: redis.Redis, node: str, why: str = "is gone") -> int:
     """Move every job queued for worker ``node`` to the front of its shared lane
     (``why``: for the log, the worker "is gone" or "is sick"). Only the lists the
-    ledger's depth counters say hold jobs are read (one read for all of them)."""
+    depth counters say hold jobs are read (one read for all of them)."""
     pairs = [(own, shared, lane) for lane in LANES
              for own, shared in zip(lane_keys(worker_queue(lane, node)), lane_keys(lane))]
     counts = client.hmget(LIST_DEPTHS_KEY, [own for own, _, _ in pairs])

@@ -3,7 +3,7 @@
 ``python benchmarks/fleet.py`` builds, at each size, what a cluster of that many
 workers leaves in a private embedded Redis: every worker's pushed stats (records
 shaped like the workers' own), its own queues with jobs in them (published through
-the real publish script, so the ledger, depths and due indexes are real), jobs in
+the real publish script, so the depths and due indexes are real), jobs in
 the shared lanes, and the worker record of beat's previous round. Then it measures:
 
 - ``decide()`` p50/p99, the compact snapshot's bytes, applying a new snapshot, and a
@@ -108,7 +108,7 @@ def publish_us(clients: dict[int, Any]) -> dict[int, dict[str, float]]:
 
 def _publishes_us(client: Any, lane: str) -> float:
     """Mean Redis microseconds of ``PUBLISHES`` publishes to ``lane`` (relaxed: a heavy
-    level); the lane is left as it was (the entries' ledger lines stay)."""
+    level); the lane is left as it was (their due index entries stay)."""
     import json
     import uuid
 

@@ -27,7 +27,7 @@ PAGES = ROOT / "docs" / "benchmarks"
 #: JSON name -> its page
 RENDERERS: dict[str, Callable[[dict[str, Any]], Page]] = {**PATHS, **LOAD, **STORE, **SIM}
 #: the index's order: the job's path, a busy pool, models, the fleet, Redis' guarantees
-ORDER = ("lanes", "submit", "perjob", "ledger", "overload", "fairness", "preempt", "affinity",
+ORDER = ("lanes", "submit", "perjob", "overload", "fairness", "preempt", "affinity",
          "coldstart", "cache", "models", "batching", "estimate", "fleet", "simulate",
          "durability", "failover")
 INTRO = """\

@@ -1,5 +1,5 @@
 """Pages of the job's own path: a fast job behind a backlog, the submit path, Redis
-commands per job, the publish ledger, fsync and failover."""
+commands per job, fsync and failover."""
 from __future__ import annotations
 
 import statistics
@@ -146,35 +146,6 @@ def _perjob_rows(ours: dict[str, Any], plain: dict[str, Any]) -> list[list[str]]
                    for label, key, digits in PERJOB_TOTALS]
 
 
-#: a ledger round's figures, in the order the benchmark writes them
-LEDGER_COLUMNS = ("publishes/s (median round)", "Redis bytes per queued job",
-                  "Redis µs per publish")
-
-
-def ledger(data: dict[str, Any]) -> Page:
-    """``benchmarks/ledger.py``: kombu's Redis transport against gpulanes' ledger."""
-    modes = data["modes"]
-    kombu, ours = list(modes.values())[:2]
-    paired = statistics.median(o[0] / k[0] for k, o in zip(kombu, ours))
-    page = Page(
-        "ledger", "The publish ledger's cost",
-        f"The same `generate` message published with `apply_async` {data['jobs']} times a "
-        f"round, {data['rounds']} alternating rounds, one process on an embedded Redis: "
-        "through kombu's Redis transport (what plain Celery uses) and through gpulanes' "
-        "(which also writes it to the ledger in the same Lua call), and inside the lane "
-        f"limit as `submit()` publishes, with the lane in 1 list and in {data['lists']}. "
-        "Redis µs: Redis' own time per publish, from `INFO commandstats`.",
-        f"{num(statistics.median(r[0] for r in ours), 0)} publishes/s with the ledger "
-        f"(kombu {num(statistics.median(r[0] for r in kombu), 0)})",
-        f"ledger / kombu's transport {ratio(paired)}")
-    rows = [[name, *(num(statistics.median(column), 0 if i < 2 else 1)
-                     for i, column in enumerate(zip(*rounds)))]
-            for name, rounds in modes.items()]
-    return page.add("## Publishes", table(["transport", *LEDGER_COLUMNS], rows, "lrrr"),
-                    f"Publish rate with the ledger over kombu's: {ratio(paired)} (median of "
-                    "paired rounds).")
-
-
 def durability(data: dict[str, Any]) -> Page:
     """``benchmarks/durability.py``: what fsyncing each accepted job costs a submit."""
     policies, over = data["policies"], data["throughput_over_everysec"]
@@ -221,5 +192,5 @@ def _seconds(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f} s"
 
 
-RENDERERS = {"lanes": lanes, "submit": submit, "perjob": perjob, "ledger": ledger,
+RENDERERS = {"lanes": lanes, "submit": submit, "perjob": perjob,
              "durability": durability, "failover": failover}

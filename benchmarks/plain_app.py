@@ -38,7 +38,7 @@ QUEUES = ("fast", "standard", "relaxed")
 URL = os.environ.get("PLAIN_BROKER_URL", "redis://localhost:6379/1")
 GATE_TIMEOUT_S = 60.0
 #: gpulanes modules that would mean the plain side is not plain.
-NOT_PLAIN = ("tasks.broker.app", "tasks.broker.transport", "tasks.broker.backend", "tasks.api")
+NOT_PLAIN = ("tasks.broker.app", "tasks.broker.lanes", "tasks.broker.backend", "tasks.api")
 
 app = Celery("plain", broker=URL, backend=URL)
 app.conf.update(

@@ -13,7 +13,12 @@ flushed Redis, the same workload (the protocols are in ``benchmarks/protocols_im
   then a blocking one on all three for 50 ms; XACK + XDEL; XAUTOCLAIM recovers;
 * **k** kombu's stock Redis transport as a plain Celery user has it (``kombu.Connection``,
   direct exchanges, prefetch 1, late ack, lanes read in priority order): BRPOP, then a
-  second round trip records the message as unacked.
+  second round trip records the message as unacked;
+* **g** gpulanes' transport (``tasks.broker.lanes``), used as **k** is: one Lua script
+  moves the next message of the lanes, in order, into the process's record hash
+  (``gpulanes:held:<holder>``); an ack drops the record; a push publishes a wake-up
+  that idle consumers wait on (pub/sub, no polling); recovery gives a dead holder's
+  records back to the fronts of their lists (``handover.put_back_all``).
 
 Throughput: ``--producers`` processes publish ``--jobs`` jobs (lanes in turn, one
 round trip each) while ``--consumers`` processes take, "run" (nothing), record and
@@ -21,7 +26,11 @@ ack them. Redis commands per job are ``INFO commandstats`` deltas over the jobs;
 Redis counts the commands a Lua script calls, so a script's EVALSHA and every call
 inside it are counted. Redis CPU per job is ``used_cpu_user + used_cpu_sys``. Then a
 fast job is published behind ``--backlog`` relaxed ones (consumers "running" each job
-for ``--work-ms``): its wait is publish to take. Crash check: one consumer (1 ms per
+for ``--work-ms``): its wait is publish to take. Idle pickup: one consumer, sent
+``--pickups`` fast jobs one at a time, each ``--pickup-gap-ms`` after the last was
+taken (so it finds the consumer idle): publish to take; then, with nothing published
+for ``--idle-s``, the consumer's CPU (``/proc/<pid>/stat``, every thread, in clock
+ticks of 10 ms: 0.2% of a core over 5 s) and the commands Redis runs per second. Crash check: one consumer (1 ms per
 job) is SIGKILLed, ``--kills`` times, up to 1.5 ms after it counted a job done: around
 its next take or while it holds the job; an *orphan* is a job it
 did not finish that is in no lane and under no holder record (kombu's unacked hash
@@ -171,6 +180,51 @@ def one_kill(key: str, sock: str, state: Path, ctx: Any, round_: int) -> dict[st
             "lost_after_recovery": len(missing - proto.located())}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pickup(proto: Any, results: Any, n: int, gap_ms: float) -> float:
+    """One fast job, published ``gap_ms`` after the last one was taken (the consumer
+    is idle): its publish-to-take, ms."""
+    time.sleep(gap_ms / 1000)
+    proto.publish("fast", f"fast-i{n}", body_of(f"fast-i{n}", "fast", probe=True))
+    kind, wait_s = results.get(timeout=WAIT_S)
+    return 1000 * wait_s
+
+
+def idle_load(proto: Any, pid: int, seconds: float) -> dict[str, float]:
+    """Over ``seconds`` with nothing published: consumer ``pid``'s CPU (% of a core)
+    and the commands Redis ran per second."""
+    proto.r.config_resetstat()
+    cpu_before, began = cpu_s(pid), time.perf_counter()
+    time.sleep(seconds)
+    elapsed = time.perf_counter() - began
+    calls = sum(redis_figures(proto.r)[0].values())
+    return {"idle_cpu_pct": 100 * (cpu_s(pid) - cpu_before) / elapsed,
+            "idle_redis_cmds_per_s": calls / elapsed}
+
+
+def idle(key: str, sock: str, state: Path, args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
+    """One consumer, idle between ``--pickups`` single fast jobs (publish to take), then
+    idle ``--idle-s`` with nothing published."""
+    proto, shared, results = fresh(key, sock, "idler"), shared_state(ctx), ctx.Queue()
+    consumer = ctx.Process(target=consume, args=(key, sock, "idle", str(state / f"{key}idle"),
+                                                 shared, results))
+    consumer.start()
+    until(lambda: shared["ready"].value == 1, "the idle consumer to start", [consumer])
+    shared["go"].set()
+    # the first job finds the consumer still connecting and declaring: not counted
+    waits = [pickup(proto, results, n, args.pickup_gap_ms) for n in range(args.pickups + 1)][1:]
+    time.sleep(args.pickup_gap_ms / 1000)
+    load = idle_load(proto, consumer.pid, args.idle_s)
+    stop([consumer], shared, results)
+    return {"idle_pickup_p50_ms": percentile(waits, 0.5),
+            "idle_pickup_p99_ms": percentile(waits, 0.99), **load}
+
+
 def crash(key: str, sock: str, state: Path, args: argparse.Namespace, ctx: Any) -> dict[str, Any]:
     """``--kills`` kills; totals."""
     kills = [one_kill(key, sock, state, ctx, n) for n in range(args.kills)]
@@ -191,7 +245,7 @@ def run_protocol(key: str, sock: str, state: Path, args: argparse.Namespace) -> 
             "fast_wait_ms": statistics.median(p["wait_ms"] for p in probes),
             "fast_wait_max_ms": max(p["wait_ms"] for p in probes),
             "relaxed_ahead": statistics.median(p["ahead"] for p in probes),
-            "crash": crash(key, sock, state, args, ctx)}
+            **idle(key, sock, state, args, ctx), "crash": crash(key, sock, state, args, ctx)}
 
 
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
@@ -207,7 +261,8 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     finally:
         server.stop()
     config = {name: getattr(args, name) for name in
-              ("jobs", "producers", "consumers", "backlog", "probes", "work_ms", "kills")}
+              ("jobs", "producers", "consumers", "backlog", "probes", "work_ms", "kills",
+               "pickups", "pickup_gap_ms", "idle_s")}
     return {"config": {**config, "crash_jobs": CRASH_JOBS, "aof": "off"}, "summary": rows}
 
 
@@ -216,11 +271,14 @@ def table(rows: list[dict[str, Any]]) -> str:
     return markdown_table(
         ["protocol", "jobs/s", "Redis cmds/job", "Redis CPU µs/job", "take→ack p50 ms",
          "take→ack p99 ms", "fast job behind backlog: wait ms (median / max)",
+         "idle pickup p50 / p99 ms", "idle CPU % of a core", "idle Redis cmds/s",
          "kills", "orphans after kill", "recovered"],
         [[r["protocol"], f"{r['jobs_per_s']:,.0f}", f"{r['commands_per_job']:.2f}",
           f"{r['redis_cpu_us_per_job']:.1f}", f"{r['take_to_ack_p50_ms']:.3f}",
           f"{r['take_to_ack_p99_ms']:.3f}",
-          f"{r['fast_wait_ms']:.1f} / {r['fast_wait_max_ms']:.1f}", r["crash"]["kills"],
+          f"{r['fast_wait_ms']:.1f} / {r['fast_wait_max_ms']:.1f}",
+          f"{r['idle_pickup_p50_ms']:.2f} / {r['idle_pickup_p99_ms']:.2f}",
+          f"{r['idle_cpu_pct']:.2f}", f"{r['idle_redis_cmds_per_s']:.1f}", r["crash"]["kills"],
           r["crash"]["orphans"], r["crash"]["recovered"]] for r in rows])
 
 
@@ -229,24 +287,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/protocols.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a few seconds: small counts")
-    parser.add_argument("--protocols", default="abck", help="which to run (default: abck)")
+    parser.add_argument("--protocols", default="abckg", help="which to run (default: abckg)")
     for name, default, kind in (("jobs", 20000, int), ("producers", 2, int),
                                 ("consumers", 4, int), ("backlog", 1000, int),
-                                ("probes", 3, int), ("work-ms", 1.0, float), ("kills", 10, int)):
+                                ("probes", 3, int), ("work-ms", 1.0, float), ("kills", 10, int),
+                                ("pickups", 200, int), ("pickup-gap-ms", 20.0, float),
+                                ("idle-s", 5.0, float)):
         parser.add_argument(f"--{name}", type=kind, default=None,
                             help=f"(default: {default})")
     json_option(parser, "protocols")
     args = parser.parse_args(argv)
     quick = {"jobs": 600, "producers": 1, "consumers": 2, "backlog": 200, "probes": 1,
-             "work_ms": 1.0, "kills": 1}
+             "work_ms": 1.0, "kills": 1, "pickups": 20, "pickup_gap_ms": 20.0, "idle_s": 0.5}
     full = {"jobs": 20000, "producers": 2, "consumers": 4, "backlog": 1000, "probes": 3,
-            "work_ms": 1.0, "kills": 10}
+            "work_ms": 1.0, "kills": 10, "pickups": 200, "pickup_gap_ms": 20.0, "idle_s": 5.0}
     for name, value in (quick if args.quick else full).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     if set(args.protocols) - set(PROTOCOLS) or min(args.jobs, args.producers, args.consumers,
-                                                   args.probes, args.kills) < 1:
-        parser.error("--protocols takes letters of abck; counts must be >= 1")
+                                                   args.probes, args.kills, args.pickups) < 1:
+        parser.error("--protocols takes letters of abckg; counts must be >= 1")
     return args
 
 

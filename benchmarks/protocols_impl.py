@@ -17,6 +17,9 @@ from typing import Any, Iterable
 import redis
 
 LANES = ("fast", "standard", "relaxed")
+#: the lanes' kombu queues (k, g), not named as gpulanes' lanes: its transport may send
+#: a lane's publish through admission (``tasks.broker.publish``), not measured here
+QUEUES = tuple(f"bench-{lane}" for lane in LANES)
 #: idle backoff of the polling protocol (a): first and longest sleep, seconds
 IDLE_FIRST_S, IDLE_MAX_S = 0.001, 0.02
 #: how long a blocking take waits before it looks at the lanes again, seconds
@@ -220,15 +223,15 @@ class Kombu(Protocol):
     """(k) kombu's stock Redis transport: BRPOP, then a pipeline records it as unacked."""
 
     name = "k: kombu (BRPOP)"
+    url, options = "redis+socket://", {"queue_order_strategy": "priority"}
 
     def __init__(self, sock: str, worker: str, **options: Any) -> None:
         from kombu import Connection, Exchange, Queue
         from kombu import Consumer as KombuConsumer
 
         super().__init__(sock, worker)
-        self.conn = Connection(f"redis+socket://{sock}", transport_options={
-            "queue_order_strategy": "priority", **options})
-        self.queues = [Queue(lane, Exchange(lane, "direct"), routing_key=lane) for lane in LANES]
+        self.conn = Connection(self.url + sock, transport_options={**self.options, **options})
+        self.queues = [Queue(name, Exchange(name, "direct"), routing_key=name) for name in QUEUES]
         self.producer, self.consumer, self.held = None, None, []
         self.Consumer = KombuConsumer
 
@@ -238,7 +241,8 @@ class Kombu(Protocol):
             for queue in self.queues:
                 queue(self.producer.channel).declare()
         queue = self.queues[LANES.index(lane)]
-        self.producer.publish(json.loads(body), exchange=queue.exchange, routing_key=lane)
+        self.producer.publish(json.loads(body), exchange=queue.exchange,
+                              routing_key=queue.routing_key)
 
     def take(self) -> list[tuple[Any, str]]:
         import socket
@@ -263,7 +267,7 @@ class Kombu(Protocol):
         handle.ack()
 
     def located(self) -> set[str]:
-        entries = [e for lane in LANES for e in self.r.lrange(lane, 0, -1)]
+        entries = [e for name in QUEUES for e in self.r.lrange(name, 0, -1)]
         entries += [json.dumps(json.loads(v)[0]) for v in self.r.hvals("unacked")]
         return {kombu_id(entry) for entry in entries}
 
@@ -280,6 +284,39 @@ class Kombu(Protocol):
         self.conn.release()
 
 
+class Lanes(Kombu):
+    """(g) gpulanes' transport, used as (k) is: one Lua step moves the message into this
+    process's records (``gpulanes:held:<holder>``); idle consumers wait on pub/sub."""
+
+    name = "g: gpulanes (hand-over)"
+    url, options = "gpulanes+redis+socket://", {}
+
+    def __init__(self, sock: str, worker: str, **options: Any) -> None:
+        import tasks.broker.lanes  # noqa: F401  registers the transport
+
+        super().__init__(sock, worker, **options)
+
+    def take(self) -> list[tuple[Any, str]]:
+        if self.consumer is None:  # as a worker does: its name is its takes' holder
+            from tasks.broker.holder import set_holder
+
+            set_holder(self.worker)
+        return super().take()
+
+    def located(self) -> set[str]:
+        from tasks.broker.keys import HELD_PREFIX
+
+        entries = [e for name in QUEUES for e in self.r.lrange(name, 0, -1)]
+        entries += [record.partition("\n")[2] for key in self.r.keys(HELD_PREFIX + "*")
+                    for record in self.r.hvals(key)]
+        return {kombu_id(entry) for entry in entries}
+
+    def recover(self, dead: str) -> int:
+        from tasks.broker.handover import put_back_all
+
+        return put_back_all(self.r, dead)
+
+
 def kombu_id(entry: str) -> str:
     """Our job id inside a kombu message (its body base64-encoded JSON)."""
     message = json.loads(entry)
@@ -289,7 +326,7 @@ def kombu_id(entry: str) -> str:
     return json.loads(body)["id"]
 
 
-PROTOCOLS = {"a": AckSets, "b": Processing, "c": Streams, "k": Kombu}
+PROTOCOLS = {"a": AckSets, "b": Processing, "c": Streams, "k": Kombu, "g": Lanes}
 
 
 # --- the processes ---------------------------------------------------------------

@@ -6,7 +6,7 @@ way of publishing, each publishing the same jobs on its own:
 
 *submit*: ``tasks.submit(prompt, tier=...)`` without a seed (one is drawn): validate
 every field, read the in-process lane snapshot, ``decide()`` the lane, publish
-through the lane script (limit, fast place and fast time, ledger: one round trip).
+through the lane script (limit, fast place and fast time: one round trip).
 *submit_seeded*: the same with ``seed=i``: a seeded job of a deterministic model is
 also claimed in the result cache, by the publish script itself (each job here is new,
 so each claim leads and its job is pushed).
@@ -115,13 +115,15 @@ class SnapshotWriter(threading.Thread):
 
 
 def flush_lanes(client: Any) -> None:
-    """Empty every lane (all priority levels), the publish ledger, its counts and due
-    indexes; kombu's bindings stay."""
+    """Empty every lane (all priority levels), its counts and due index; the bindings
+    stay."""
     from routing.names import LANES
-    from tasks.broker.keys import LEDGER_BOOK, due_key, lane_keys, lists_key
+    from tasks.broker.keys import (LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys,
+                                   lists_key)
 
-    client.delete(*LEDGER_BOOK, *[key for lane in LANES
-                                  for key in (*lane_keys(lane), due_key(lane), lists_key(lane))])
+    client.delete(LANE_DEPTHS_KEY, LIST_DEPTHS_KEY,
+                  *[key for lane in LANES
+                    for key in (*lane_keys(lane), due_key(lane), lists_key(lane))])
 
 
 def run_rounds(client: Any, publishers: Publishers, jobs: int,

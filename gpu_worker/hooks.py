@@ -5,12 +5,11 @@ Add a concern (VRAM guard, metrics, ...) by writing a hook and listing it in
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import defaultdict, deque
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from celery import bootsteps, signals
 from celery.utils.dispatch import Signal
@@ -27,11 +26,9 @@ from gpu_worker.stats import StatsPush
 from gpu_worker.stopping import BoundedStop
 from gpu_worker.stuck import WATCHDOG
 from routing.names import JOB_TASK_NAMES, LANES, lane_of
-from tasks.broker.keys import HOLDERS_KEY, UNACKED_INDEX_KEY
+from tasks.broker.holder import TOKENS, give_back, give_back_all_but, set_holder
 from tasks.broker.message import Job, JobMessage
 from tasks.broker.outage import OUTAGE
-from tasks.broker.holder import note_unanswered, set_holder, unanswered_since
-from tasks.broker.transport import put_back_held
 from tasks.errors import ModelError
 from tasks.jobs import catalog
 from tasks.settings import settings
@@ -134,13 +131,11 @@ class JobStats(Hook):
 class HeldJobs(Hook):
     """Which broker messages this worker process holds, and the lease of each run.
 
-    kombu's take records in Redis which process holds each message
-    (``tasks.broker.transport``): if this process dies, beat's health check puts its
-    messages back at once instead of after the visibility timeout. Here the
-    process keeps its own list, so it can keep them fresh (:class:`KeepHeld`)
-    and notice a record of its own in Redis that it does not hold (an ack lost
-    in an outage, a record restored from the AOF): such an orphan goes back to
-    its lane, or is dropped if its job finished.
+    The queue protocol records in Redis which process holds each message in the step
+    that takes it (``tasks.broker.handover``): if this process dies, beat's health
+    check gives its messages back at once. Here the process keeps its own list, so it
+    can keep its runs' leases extended (:class:`KeepLeases`) and give back the message
+    of a run that hung.
     """
 
     def __init__(self) -> None:
@@ -151,8 +146,7 @@ class HeldJobs(Hook):
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.task_received: self.on_received, signals.task_prerun: self.on_prerun,
-                signals.task_postrun: self.on_postrun, signals.task_revoked: self.on_revoked,
-                signals.worker_shutdown: self.on_shutdown}
+                signals.task_postrun: self.on_postrun, signals.task_revoked: self.on_revoked}
 
     def on_received(self, request: Any = None, **_: Any) -> None:
         with self._lock:  # a retry's message (same id) may arrive before the run ends
@@ -191,14 +185,19 @@ class HeldJobs(Hook):
         if ran is not None:  # its message is settled next, or the worker is stuck
             WATCHDOG.ended(*ran, time.monotonic())
 
-    def keep_only(self, job_ids: set[str]) -> int:
-        """Forget the messages received and not yet running, but for ``job_ids``'s; how
-        many were forgotten."""
+    def keep_only(self, job_ids: set[str]) -> set[str]:
+        """Forget the messages received and not yet running, but for ``job_ids``'s; the
+        delivery tags of those kept and of the runs."""
         with self._lock:
-            gone = [i for i in self._received if i not in job_ids]
-            for job_id in gone:
+            for job_id in [i for i in self._received if i not in job_ids]:
                 del self._received[job_id]
-        return len(gone)
+        return set(self.tags())
+
+    def tags(self) -> list[str]:
+        """The delivery tags of every message this process holds: received, or running."""
+        with self._lock:
+            return ([tag for tags in self._received.values() for tag in tags]
+                    + [tag for tag, _ in self._running.values()])
 
     def running(self) -> int:
         """How many runs are in flight in this process."""
@@ -210,15 +209,12 @@ class HeldJobs(Hook):
         with self._lock:
             self._leases[threading.get_ident()] = lease
 
-    def held(self) -> tuple[list[str], list[Lease]]:
-        """(delivery tags of every message this process holds, the leases of its runs);
-        a run given up as hung (:meth:`hung`) holds neither any more."""
+    def leases(self) -> list[Lease]:
+        """The leases of this process's runs; a run given up as hung (:meth:`hung`) holds
+        none any more."""
         with self._lock:
-            waiting = [tag for tags in self._received.values() for tag in tags]
-            running = [(tag, self._leases.get(thread)) for thread, (tag, _)
-                       in self._running.items()]
-        kept = [(tag, lease) for tag, lease in running if not (lease and lease.abandoned)]
-        return waiting + [tag for tag, _ in kept], [lease for _, lease in kept if lease]
+            leases = list(self._leases.values())
+        return [lease for lease in leases if not lease.abandoned]
 
     def hung(self) -> list[tuple[str, Lease]]:
         """(tag, lease) of each run past its lease's time limit and not yet given up."""
@@ -227,69 +223,22 @@ class HeldJobs(Hook):
                     if (lease := self._leases.get(thread)) and lease.overdue()
                     and not lease.abandoned]
 
-    def on_shutdown(self, **_: Any) -> None:
-        if not WATCHDOG.takes_writes:  # Redis away: beat settles what is left once it is
-            return
-        with contextlib.suppress(*OUTAGE):
-            settle_orphans(set(self.held()[0]), confirmed=None)
 
-
-def put_back_own(tags: Iterable[str]) -> int:
-    """Put back messages this process holds but no longer runs; how many went back."""
-    from tasks.broker.app import app, redis_client  # the app exists by now
-
-    with app.connection_for_write() as conn:
-        return sum(put_back_held(conn.default_channel, redis_client(), tag,
-                                 RUNTIME.incarnation, unless_running=False) for tag in tags)
-
-
-def settle_orphans(held: set[str], confirmed: set[str] | None) -> set[str]:
-    """Records in Redis naming this process as holder of a message it does not hold:
-    those also among ``confirmed`` (seen last time: not a take in flight; None: all)
-    go back to their lane, or are dropped if their job finished. Returns the rest."""
-    from tasks.broker.app import redis_client  # the app exists by now
-
-    orphans = {tag for tag, who in redis_client().hgetall(HOLDERS_KEY).items()
-               if who == RUNTIME.incarnation and tag not in held}
-    due = orphans if confirmed is None else orphans & confirmed
-    if due:
-        back = put_back_own(due)
-        log.warning("%d message(s) recorded as held here but not held (an ack lost in an "
-                    "outage?): %d put back in their lanes, the rest finished", len(due), back)
-    return orphans - due
-
-
-#: Rounds of :class:`KeepHeld` that settle orphans once Redis answers after an outage.
-SETTLE_ROUNDS = 3
-
-
-class KeepHeld(Hook):
-    """Keep Redis from handing out again a job this worker still holds.
-
-    kombu redelivers an unacked message once its delivery is older than the
-    visibility timeout, even while a live worker runs it. So, every
-    ``settings.keepalive_s``, this worker dates each message it holds from now (the
-    score in kombu's unacked index) and extends the lease of each job it runs
-    (``gpu_worker.lease``), in one round trip. A worker that dies stops: its
-    jobs come back after the timeout, or at once through beat's health check.
-    After Redis failed to answer (an outage, a restart), or left a take or an ack of
-    this process unanswered (``tasks.broker.holder.unanswered_since``: Redis may run
-    it once it answers, even for a worker that held nothing to keep fresh), it also
-    settles the orphans of :func:`settle_orphans`, until none is left to confirm.
-    """
+class KeepLeases(Hook):
+    """Keep the lease of each job this worker runs, every ``settings.keepalive_s``, in
+    one round trip; a run past its time limit without a step is given up
+    (:func:`give_up_hung`). A worker that dies stops: its leases lapse, and beat's
+    health check gives its messages back."""
 
     def __init__(self, held: HeldJobs) -> None:
         self.held = held
-        self.index_key = UNACKED_INDEX_KEY
-        self._suspects: set[str] = set()
-        self._settle_rounds = 0
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_ready: self.on_ready}
 
     def on_ready(self, **_: Any) -> None:
         # Runs until the process ends: a warm shutdown still finishes its jobs.
-        threading.Thread(target=self._loop, name="keep-held", daemon=True).start()
+        threading.Thread(target=self._loop, name="keep-leases", daemon=True).start()
 
     def _loop(self) -> None:
         failed = False
@@ -298,51 +247,43 @@ class KeepHeld(Hook):
             failed = self.round(failed)
 
     def round(self, failed: bool) -> bool:
-        """One round: keep held messages fresh; after an outage (the last round
-        ``failed``, or a take or ack of this process was left unanswered) settle orphans
-        for ``SETTLE_ROUNDS`` rounds that reach Redis (a write it runs late may come
-        after the first), each found twice, a round apart, so a take in flight is not
-        one. Whether this round failed."""
-        if unanswered_since(clear=True) or failed:
-            self._settle_rounds = SETTLE_ROUNDS
+        """One round; whether it failed (Redis away: tried again next round)."""
         try:
-            self.refresh()
-            if self._settle_rounds or self._suspects:
-                self._suspects = settle_orphans(set(self.held.held()[0]), self._suspects)
-                self._settle_rounds = max(0, self._settle_rounds - 1)
+            for tag, lease in self.held.hung():
+                give_up_hung(tag, lease)
+            if leases := self.held.leases():
+                renew(leases)
         except Exception as exc:  # noqa: BLE001  Redis away: try again next round
             if not failed:  # once an outage, not every round of it
-                log.warning("could not keep held jobs fresh (%s: %s); trying every %ss",
-                            type(exc).__name__, exc, settings.keepalive_s,
+                log.warning("could not keep the leases of running jobs (%s: %s); trying "
+                            "every %ss", type(exc).__name__, exc, settings.keepalive_s,
                             exc_info=not isinstance(exc, OUTAGE))
             return True
         if failed:
-            log.warning("held jobs kept fresh again")
+            log.warning("the leases of running jobs are kept again")
         return False
-
-    def refresh(self) -> None:
-        for tag, lease in self.held.hung():
-            give_up_hung(tag, lease)
-        tags, leases = self.held.held()
-        if tags or leases:
-            renew(leases, tags, self.index_key)
 
 
 def give_up_hung(tag: str, lease: Lease) -> None:
     """A run that held its job past its time limit without a step (a call into the device
     that never returns): its message goes back to its lane for another worker, and the
     run, should it ever wake, finds its lease lost at its next step."""
+    from tasks.broker.app import redis_client  # the app exists by now
+
     lease.abandon()
-    put_back_own([tag])
+    if token := TOKENS.pop(tag, ""):
+        give_back(redis_client(), token)
     log.error("job %s: run %d hung (no step for %.0fs past its start); its message is back "
               "in its lane", lease.job_id, lease.attempt, settings.run_hung_s)
 
 
 class WorkerSetup(Hook):
     """What a worker process sets up once its identity is known (after the models load):
-    its takes record it as holder; it listens for fast jobs to step aside for; its
-    outcome writes wait out a Redis outage instead of failing the job (until it is told
-    to stop: ``gpu_worker.stopping``); the revokes made while it was away are loaded."""
+    its takes record it as holder, and what its earlier incarnations held goes back to
+    the lanes (one process per name: they are gone); it listens for fast jobs to step
+    aside for; its outcome writes wait out a Redis outage instead of failing the job
+    (until it is told to stop: ``gpu_worker.stopping``); the revokes made while it was
+    away are loaded."""
 
     def handlers(self) -> dict[Signal, Callable[..., Any]]:
         return {signals.worker_init: self.on_worker_init}
@@ -352,6 +293,7 @@ class WorkerSetup(Hook):
         from tasks.broker.store import broker_client
 
         set_holder(RUNTIME.incarnation)
+        give_back_earlier_incarnations()
         PREEMPTION.start(broker_client(health_check_interval=30), RUNTIME.hostname,
                          RUNTIME.incarnation)
         # Celery makes a result backend per thread, when the thread first needs one:
@@ -362,13 +304,27 @@ class WorkerSetup(Hook):
         log.info("%d revoked job(s) loaded", load_revokes())
 
 
+def give_back_earlier_incarnations() -> int:
+    """Give back what earlier processes under this worker's name held; how many."""
+    from tasks.broker.app import redis_client
+    from tasks.broker.handover import holders, put_back_all
+
+    client, prefix = redis_client(), f"{RUNTIME.hostname}/"
+    earlier = [who for who in holders(client)
+               if who.startswith(prefix) and who != RUNTIME.incarnation]
+    back = sum(put_back_all(client, who, unless_running=False) for who in earlier)
+    if back:
+        log.warning("%d job(s) an earlier process of this worker held went back to their "
+                    "lanes", back)
+    return back
+
+
 class ConsumerRestarts(bootsteps.StartStopStep):
     """A consumer that lost its connection drops the messages it received but did not
     run yet (those waiting for their countdown too): Celery counts on the broker to
-    hand them out again, but the restore kombu tries as the connection closes fails
-    while Redis does not answer. Their records still name this process, which would
-    keep them fresh for ever: as the consumer starts again, :class:`HeldJobs` forgets
-    them, and :class:`KeepHeld` puts back any such orphan once Redis answers."""
+    hand them out again. Their records still name this process: as the consumer starts
+    again, :class:`HeldJobs` forgets them and each goes back to the front of its list
+    (once Redis answers, before the next take)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
@@ -376,15 +332,17 @@ class ConsumerRestarts(bootsteps.StartStopStep):
         if c.restart_count > 0:  # not the first start (0): the connection was lost
             from celery.worker.state import reserved_requests
 
-            dropped = HELD_JOBS.keep_only({request.id for request in reserved_requests})
-            note_unanswered()
+            from tasks.broker.app import redis_client
+
+            kept = HELD_JOBS.keep_only({request.id for request in reserved_requests})
+            dropped = give_back_all_but(redis_client(), kept)
             log.warning("consumer reconnected: %d job(s) received and not yet run were "
-                        "dropped; their records go back to their lanes", dropped)
+                        "dropped; their messages go back to their lanes", dropped)
 
 
 HELD_JOBS = HeldJobs()
 HOOKS: list[Hook] = [NoEviction(), OwnQueues(), WarmModels(), WorkerSetup(), JobStats(),
-                     HELD_JOBS, KeepHeld(HELD_JOBS), HEALTH_HOOK, StatsPush(),
+                     HELD_JOBS, KeepLeases(HELD_JOBS), HEALTH_HOOK, StatsPush(),
                      BoundedStop(HELD_JOBS.running)]
 
 

@@ -2,8 +2,8 @@
 
 A job's runs are numbered by its run counter (``tasks.broker.keys.attempts_key``),
 which each run that starts increments. The run holds the job's lease,
-``"<worker incarnation>#<run number>#<delivery tag>"``, for ``settings.lease_ttl_s`` seconds (three
-keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepHeld``).
+``"<worker incarnation>#<run number>#<take token>"``, for ``settings.lease_ttl_s`` seconds
+(three keep-alive periods), and its worker extends it (``gpu_worker.hooks.KeepLeases``).
 Every write a run makes about its job (its result, its retry, its dead letter,
 its charge) checks in the same Lua call that the run still holds the job: the
 lease is its own, or lapsed with no newer run begun (``tasks/broker/lua/holds.lua``).
@@ -23,12 +23,11 @@ from __future__ import annotations
 import threading
 import time
 from functools import lru_cache
-from typing import Iterable
 
 import redis
 
 from tasks.broker import scripts
-from tasks.broker.keys import UNACKED_INDEX_KEY, attempts_key, lease_key
+from tasks.broker.keys import attempts_key, lease_key
 from tasks.broker.outage import persist, stopping
 from tasks.broker.store import broker_client
 from tasks.errors import LeaseLost
@@ -84,20 +83,18 @@ class Lease:
             if not self._lost and time.monotonic() < self._valid_until - early_s:
                 return
         if not self._lost:  # nothing else can take the job meanwhile but a newer run
-            persist(lambda: renew([self], tags=()), f"the lease of job {self.job_id}")
+            persist(lambda: renew([self]), f"the lease of job {self.job_id}")
         if self._lost:
             raise LeaseLost(f"run {self.attempt} of job {self.job_id} was taken over by a "
                             "newer run: it stops here and writes nothing")
 
 
-def renew(leases: list[Lease], tags: Iterable[str], index_key: str = UNACKED_INDEX_KEY,
-          now: float | None = None) -> list[int]:
-    """Date ``tags`` from now in kombu's unacked index and extend every lease still
-    held, in one round trip; 1 or 0 per lease (each lease is told)."""
-    tags = list(tags)
+def renew(leases: list[Lease]) -> list[int]:
+    """Extend every lease still held, in one round trip; 1 or 0 per lease (each lease is
+    told)."""
     sent_at = time.monotonic()
-    keys = [index_key, *(key for lease in leases for key in lease.keys)]
-    args = [time.time() if now is None else now, settings.lease_ttl_s, len(tags), *tags,
+    keys = [key for lease in leases for key in lease.keys]
+    args = [settings.lease_ttl_s,
             *(value for lease in leases for value in (lease.token, lease.attempt))]
     held = scripts.run(_client(), "lease_renew", keys, args)
     for lease, ok in zip(leases, held):

@@ -178,8 +178,9 @@ class Settings(BaseSettings):
     remembered as long, and artifacts swept after it (plus CACHE_TTL_S with the cache
     on: a cache hit's result names them)."""
     visibility_timeout_s: PositiveInt | None = None
-    """Redis' redelivery of an unacked job. Unset: 2 x MAX_JOB_S + 30 s (the longest
-    retry backoff)."""
+    """The span in which a job's copies may come back (a run, its retries' backoff): run
+    records are kept past it, and a running job's lease never outlasts it. Unset:
+    2 x MAX_JOB_S + 30 s (the longest retry backoff)."""
 
     @field_validator("models", mode="before")
     @classmethod

@@ -8,7 +8,7 @@ import pytest
 from conftest import SMALL
 
 from tasks import submit
-from tasks.broker.keys import LEDGER_KEY
+from tasks.broker.keys import DUE_PREFIX, HELD_PREFIX, LANE_DEPTHS_KEY
 from tasks.errors import InvalidJob, JobFailed, ModelError
 from tasks.jobs.artifacts import open_artifact
 
@@ -88,11 +88,13 @@ def test_a_bad_input_is_named_before_anything_is_enqueued(call, field, clean_red
     with pytest.raises(InvalidJob) as caught:
         submit(**call)
     assert caught.value.field == field
-    # nothing of a job: no message in any list, no ledger entry, no result (the running
-    # workers push their stats, counters and the usage of earlier jobs on their own,
-    # whenever they like)
+    # nothing of a job: no message in any list, none counted, indexed or held, no result
+    # (the running workers push their stats, counters and the usage of earlier jobs on
+    # their own, whenever they like)
     assert not [k for k in clean_redis.scan_iter() if clean_redis.type(k) == b"list"]
-    assert not clean_redis.exists(LEDGER_KEY)
+    assert not clean_redis.exists(LANE_DEPTHS_KEY)
+    assert not list(clean_redis.scan_iter(f"{DUE_PREFIX}*"))
+    assert not any(clean_redis.hlen(k) for k in clean_redis.scan_iter(f"{HELD_PREFIX}*"))
     assert not list(clean_redis.scan_iter("celery-task-meta-*"))
 
 

@@ -10,7 +10,7 @@ from conftest import SMALL, bind_own_queues
 from beat.balance import READ_PER_LIST, give_idle_work, target_key
 from routing.balance import COLD_FACTOR, Queued, hand_out, idle, per_worker, rescue_fast
 from routing.names import worker_queue
-from tasks.broker.keys import LEDGER_KEY, PRIORITY_SEP
+from tasks.broker.keys import LIST_DEPTHS_KEY, PRIORITY_SEP, due_key, parse_entry
 from tasks.jobs.schema import validate
 from tasks.worker.generate import generate
 
@@ -125,10 +125,15 @@ def test_an_idle_worker_takes_the_youngest_job_of_a_busy_holders_queue(clean_red
     assert _ids(clean_redis, worker_queue("standard", free)) == [queued[-1]]
     assert _ids(clean_redis, source) == queued[-2::-1]  # the older two stay, in order
     assert clean_redis.llen(worker_queue("standard", cold)) == 0  # 4 s: not worth a load
-    # the ledger follows the message: its entry names the new list, the depths count it
-    entry = clean_redis.hget(LEDGER_KEY, clean_redis.hkeys(LEDGER_KEY)[0])
-    assert entry is not None
+    # the due index follows the message: its entry names the new list, the depths count it
+    (raw,) = clean_redis.lrange(worker_queue("standard", free), 0, -1)
+    entries = [parse_entry(e) for e in clean_redis.zrange(due_key("standard"), 0, -1)]
+    assert sorted(key for key, _ in entries) == sorted([source, source,
+                                                        worker_queue("standard", free)])
+    assert (worker_queue("standard", free), raw.decode()) in entries
     assert _lengths(clean_redis)["standard"] == {source: 2, worker_queue("standard", free): 1}
+    assert {k.decode(): int(v) for k, v in clean_redis.hgetall(LIST_DEPTHS_KEY).items()} == \
+        {source: 2, worker_queue("standard", free): 1}
 
 
 def test_nothing_is_read_or_moved_while_no_worker_is_idle(clean_redis, app, monkeypatch):
@@ -145,15 +150,18 @@ def test_nothing_is_read_or_moved_while_no_worker_is_idle(clean_redis, app, monk
 
 
 def test_a_job_taken_before_the_move_is_not_moved(clean_redis, app):
+    from tasks.broker import handover
     from tasks.broker.moves import hand_over
 
     source = worker_queue("standard", "gpu0@busy")
     bind_own_queues(app, source)
     _publish(source)
     raw = clean_redis.lrange(source, 0, 0)[0]
-    clean_redis.rpop(source)  # its worker took it meanwhile
+    handover.take(clean_redis, "gpu0@busy/1/1.0", [source], "t1")  # its worker took it meanwhile
     assert hand_over(clean_redis, [(source, worker_queue("standard", "gpu1@free"), raw)]) == 0
     assert clean_redis.llen(worker_queue("standard", "gpu1@free")) == 0
+    assert handover.held(clean_redis, "gpu0@busy/1/1.0") == {"t1": (source, raw.decode())}
+    assert not clean_redis.hgetall(LIST_DEPTHS_KEY)  # nothing counted in either list
 
 
 def test_a_stuck_fast_job_goes_to_the_least_busy_holder_without_fast_work():

@@ -11,19 +11,21 @@ import time
 import pytest
 from conftest import SMALL, STATE_DIR, wait_until
 
+from beat.health import requeue_dead
 from beat.heartbeat import expire_dead_letters, heartbeat, write_round
 from beat.lease import Leadership
-from beat.ledger import recover_lost
 from beat.movers import enforce_deadlines
 from gpu_worker.processes import spawn
-from tasks.broker import leader
+from tasks.broker import handover, leader
 from tasks.broker.keys import (
     BEAT_LEADER_KEY,
     DEAD_INDEX_KEY,
     DEAD_KEY,
+    HELD_PREFIX,
     LANE_DEPTHS_KEY,
-    LEDGER_KEY,
+    LIST_DEPTHS_KEY,
     SNAPSHOT_KEY,
+    lane_keys,
 )
 from tasks.broker.leader import fenced
 from tasks.jobs.schema import validate
@@ -63,24 +65,26 @@ def test_every_write_of_an_old_leader_is_refused(clean_redis):
     clean_redis.hset(DEAD_KEY, "dead-job", json.dumps({"failed_at": 1.0}))
     clean_redis.zadd(DEAD_INDEX_KEY, {"dead-job": 1.0})
     lost = _stale("standard", waited_s=0)
-    clean_redis.rpop("standard")  # taken by a worker that died before recording it
+    gone = "gpu9@h/1/1.0"  # a worker that died holding it
+    handover.take(clean_redis, gone, lane_keys("standard"), "t1")
+    dead = {"gpu9@h": {"incarnation": gone, "alive": False, "started_at": 1.0}}
     clean_redis.set(SNAPSHOT_KEY, json.dumps({"at": 1.0}))
     with fenced(1):  # the paused leader wakes up and carries on with its round
         assert enforce_deadlines(clean_redis, settings.max_wait_s) == {"fast": 0, "standard": 0}
         assert not write_round(clean_redis, {"at": 2.0}, {"gpu0@h": {"alive": True}})
         assert expire_dead_letters(clean_redis, time.time()) == 0
-        assert recover_lost(clean_redis, grace_s=0, audit=True) == 0
-        assert recover_lost(clean_redis, grace_s=0, now=time.time() + 1, audit=True) == 0
+        assert requeue_dead(clean_redis, dead, [gone], misses_allowed=2) == 0
     assert _ids(clean_redis, "fast") == [stale] and clean_redis.llen("standard") == 0
     assert json.loads(clean_redis.get(SNAPSHOT_KEY)) == {"at": 1.0}
-    assert clean_redis.hexists(DEAD_KEY, "dead-job") and clean_redis.hlen(LEDGER_KEY) == 2
+    assert clean_redis.hexists(DEAD_KEY, "dead-job")
+    assert [lost in raw for _, raw in handover.held(clean_redis, gone).values()] == [True]
     with fenced(2):  # the leader now does each of them
         assert enforce_deadlines(clean_redis, settings.max_wait_s)["fast"] == 1
         assert write_round(clean_redis, {"at": 2.0}, {"gpu0@h": {"alive": True}})
         assert expire_dead_letters(clean_redis, time.time()) == 1
-        assert recover_lost(clean_redis, grace_s=0, audit=True) + recover_lost(
-            clean_redis, grace_s=0, now=time.time() + 1, audit=True) == 1
+        assert requeue_dead(clean_redis, dead, [gone], misses_allowed=2) == 1
     assert set(_ids(clean_redis, "standard")) == {stale, lost}
+    assert handover.held(clean_redis, gone) == {}
 
 
 def test_a_round_of_a_beat_that_does_not_lead_writes_nothing(clean_redis):
@@ -155,8 +159,9 @@ def test_a_killed_leader_is_replaced_within_5s_and_no_job_moves_twice(clean_redi
     assert led_s < 5, f"the standby led after {led_s:.1f}s"
     assert oldest_s < settings.snapshot_stale_s, f"routers saw a {oldest_s:.1f}s old snapshot"
     assert sorted(_ids(clean_redis, "standard")) == sorted(jobs)  # each once, none lost
-    assert clean_redis.hlen(LEDGER_KEY) == 40
+    assert not clean_redis.keys(HELD_PREFIX + "*")  # none taken meanwhile, none held
     assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 40
+    assert int(clean_redis.hget(LIST_DEPTHS_KEY, "standard")) == 40
 
 
 @pytest.mark.cluster

@@ -159,7 +159,7 @@ def test_a_caller_sees_its_result_only_once_its_run_is_closed_to_joiners(cluster
                    if c.startswith(f"HSET {run_key(job.id)} settled"))
     announced = next(i for i, c in enumerate(seen)
                      if c.startswith(f"PUBLISH celery-task-meta-{job.id}"))
-    assert settled < announced
+    assert settled < announced, [c[:150] for c in seen[announced - 3:settled + 2]]
 
 
 def test_jobs_without_a_seed_are_never_cached_or_coalesced(cluster, clean_redis):

@@ -11,6 +11,7 @@ import pytest
 
 import celeryconfig
 from tasks.errors import ConfigError
+from routing.names import RELAX_PRIORITIES
 from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings,
                             load, override, settings)
 
@@ -116,9 +117,8 @@ def test_delivery_guarantees(app):
     assert conf.worker_prefetch_multiplier == 1
     assert conf.task_acks_late and conf.task_reject_on_worker_lost
     options = conf.broker_transport_options
-    assert options["queue_order_strategy"] == "priority"
-    # A job may run MAX_JOB_S and back off RETRY_CAP_S before Redis redelivers it.
-    assert options["visibility_timeout"] > settings.max_job_s + RETRY_CAP_S
+    assert conf.broker_url == f"gpulanes+{settings.broker_url}"  # gpulanes' transport
+    assert options["priority_steps"] == list(RELAX_PRIORITIES)
     assert celeryconfig.result_expires == settings.result_ttl_s
 
 

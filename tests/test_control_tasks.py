@@ -15,10 +15,9 @@ from conftest import SMALL, wait_until
 
 from beat.heartbeat import expire_dead_letters, heartbeat, write_round
 from beat.lease import Leadership
-from beat.ledger import recover_lost
 from beat.movers import move_queued
 from routing.names import FAST, HEARTBEAT_TASK, MOVERS_TASK
-from tasks.broker import leader
+from tasks.broker import handover, leader
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     BEAT_LEADER_KEY,
@@ -44,20 +43,21 @@ def _stale_fast_job() -> str:
 
 def test_beats_rounds_outside_a_leaders_epoch_write_nothing(clean_redis, caplog):
     assert Leadership(clean_redis).renew() == 1  # a beat leads: only its epoch may write
+    held = _stale_fast_job()
+    gone = "gpu9@h/1/1.0"  # a worker, never heard from, that took it and died
+    handover.take(clean_redis, gone, [FAST], "t1")
+    assert gone in handover.holders(clean_redis)  # where beat's heartbeat would find it
     stale = _stale_fast_job()
-    lost = _stale_fast_job()
-    clean_redis.lrem(FAST, 1, next(raw for raw in clean_redis.lrange(FAST, 0, -1)
-                                   if json.loads(raw)["headers"]["id"] == lost))
     clean_redis.hset(DEAD_KEY, "old-letter", json.dumps({"failed_at": 1.0}))
     clean_redis.zadd(DEAD_INDEX_KEY, {"old-letter": 1.0})
     with caplog.at_level(logging.ERROR, logger="tasks.broker.leader"):
         assert heartbeat() == move_queued() == leader.NOT_LEADING  # as on a worker: no epoch
         assert not write_round(clean_redis, {"at": 1.0}, {"gpu0@h": {"alive": True}})
         assert expire_dead_letters(clean_redis, time.time()) == 0
-        assert recover_lost(clean_redis, grace_s=0, now=time.time() + 1, audit=True) == 0
     assert clean_redis.get(SNAPSHOT_KEY) is None and not clean_redis.exists(WORKERS_KEY)
     assert [json.loads(raw)["headers"]["id"] for raw in clean_redis.lrange(FAST, 0, -1)] \
-        == [stale]  # neither moved down nor joined by the lost one
+        == [stale]  # neither moved down nor joined by the dead worker's
+    assert [held in raw for _, raw in handover.held(clean_redis, gone).values()] == [True]
     assert clean_redis.hexists(DEAD_KEY, "old-letter")
     refused = [r.getMessage() for r in caplog.records]
     assert any("heartbeat round refused" in m for m in refused), refused

@@ -168,7 +168,7 @@ def test_malformed_lane_items_are_priced_as_unknown_jobs(clean_redis):
     for item in ('{"body": "x"}', "not json", deep, _message({"model": "demo",
                                                               "cost": 10**400})):
         clean_redis.lpush("standard", item)
-    clean_redis.hset(LIST_DEPTHS_KEY, "standard", 4)  # as if published through the ledger
+    clean_redis.hset(LIST_DEPTHS_KEY, "standard", 4)  # as if published: counted
     sample = queued_sample(clean_redis, list_lengths(clean_redis))
     assert sorted(sample["standard"]) == [("", 1.0, 1.0)] * 3 + [("demo", 1.0, 1.0)]
 

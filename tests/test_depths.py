@@ -1,5 +1,6 @@
-"""Lane depths are counters kept in the same step as every push, take, move, restore and
-purge; the audit corrects them from the real lists; the due index follows the ledger."""
+"""Lane depths are counters kept in the same step as every push, take, move, give-back
+and purge, as is the due index: a message's count and index entry follow it in the step
+that moves it, so there is nothing to audit."""
 from __future__ import annotations
 
 import base64
@@ -8,10 +9,10 @@ import time
 
 from conftest import SMALL
 
-from beat.ledger import recover_lost
 from beat.movers import age_relaxed, enforce_deadlines
 from tasks import submit
-from tasks.broker.keys import LANE_DEPTHS_KEY, LEDGER_KEY, LIST_DEPTHS_KEY, due_key, lane_keys
+from tasks.broker import handover
+from tasks.broker.keys import HELD_PREFIX, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys
 from tasks.settings import settings
 
 
@@ -19,6 +20,12 @@ def _depths(client) -> tuple[dict, dict]:
     def read(key):
         return {k.decode(): int(v) for k, v in client.hgetall(key).items()}
     return read(LANE_DEPTHS_KEY), read(LIST_DEPTHS_KEY)
+
+
+def _held(client) -> dict[str, tuple[str, str]]:
+    """Every record of every holder: take token -> (list, message)."""
+    return {token: record for key in client.keys(HELD_PREFIX + "*")
+            for token, record in handover.held(client, key.decode()[len(HELD_PREFIX):]).items()}
 
 
 def _lengths(client) -> dict[str, int]:
@@ -39,7 +46,7 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
     assert clean_redis.zcard(due_key("relaxed")) == 4
     with app.connection_for_write() as conn:
         channel = conn.default_channel
-        taken = channel.basic_get("standard")  # a worker's take: recorded unacked
+        taken = channel.basic_get("standard")  # a worker's take: recorded as held
         assert _depths(clean_redis)[0]["standard"] == 2
         assert clean_redis.zcard(due_key("standard")) == 2
         channel.basic_reject(taken.delivery_tag, requeue=True)  # kombu's restore
@@ -49,14 +56,12 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
         assert clean_redis.zcard(due_key("relaxed")) == 0  # purged with them
     lanes, lists = _depths(clean_redis)
     assert lanes == {"fast": 2, "standard": 3} and lists == _lengths(clean_redis)
-    assert clean_redis.hlen(LEDGER_KEY) == 5
+    assert lists == {"fast": 2, "standard": 3} and not _held(clean_redis)
 
 
-def test_a_workers_brpop_take_counts_its_list_out_and_beat_drops_its_due_entry(app,
-                                                                            clean_redis):
-    """A worker takes with BRPOP: its take counts the message out of the list BRPOP named,
-    without reading the ledger, and leaves the due index entry, which beat's movers drop
-    once it is due (the ledger no longer has it), never moving anything for it."""
+def test_a_workers_take_counts_its_list_out_and_drops_its_due_entry(app, clean_redis):
+    """A worker's take counts the message out of its list and drops its due index entry
+    in the same step: beat's movers never read an entry for a message already taken."""
     for _ in range(3):
         submit("p", tier="standard", **SMALL)
     taken = []
@@ -64,28 +69,33 @@ def test_a_workers_brpop_take_counts_its_list_out_and_beat_drops_its_due_entry(a
         channel = conn.channel()
         channel.basic_qos(0, 1, False)
         channel.basic_consume("standard", False, taken.append, "test-consumer")
-        conn.drain_events(timeout=5)  # BRPOP, as a worker's consumer takes
+        conn.drain_events(timeout=5)  # a consumer's take, as a worker's
         assert len(taken) == 1
         assert _depths(clean_redis)[0] == {"standard": 2}
-        assert _depths(clean_redis)[1] == _lengths(clean_redis)
-        assert clean_redis.hlen(LEDGER_KEY) == 2
-        assert clean_redis.zcard(due_key("standard")) == 3  # the taken one's entry stays
+        assert _depths(clean_redis)[1] == _lengths(clean_redis) == {"standard": 2}
+        (record,) = _held(clean_redis).values()
+        assert record[0] == "standard" and taken[0].delivery_tag in record[1]
+        assert clean_redis.zcard(due_key("standard")) == 2  # the taken one's entry went
+        assert not any(record[1] in entry.decode()
+                       for entry in clean_redis.zrange(due_key("standard"), 0, -1))
         moved = enforce_deadlines(clean_redis, {"standard": 0.0}, now=time.time() + 10_000)
         assert moved["standard"] == 2  # the two queued ones; nothing for the taken one
         assert clean_redis.zcard(due_key("standard")) == 0
+        assert list(_held(clean_redis).values()) == [record]  # the held one stays held
         channel.basic_ack(taken[0].delivery_tag)
+        assert not _held(clean_redis)
         channel.close()
 
 
 def test_a_job_sent_to_a_queue_no_worker_bound_lands_in_its_shared_lane(app, clean_redis):
     """A worker's own queue with no binding (the worker never bound it, or its binding
     went): kombu would drop the message and the caller never know; it goes to the
-    shared lane of its lane instead, ledgered and counted like any publish."""
+    shared lane of its lane instead, counted and indexed like any publish."""
     from tasks import submit
 
     job = submit("p", tier="standard", **SMALL)  # the shared lane, for its message shape
     raw = clean_redis.lpop(lane_keys("standard")[0])
-    clean_redis.delete(LEDGER_KEY, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key("standard"))
+    clean_redis.delete(LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key("standard"))
     message = json.loads(raw)
     with app.connection_for_write() as conn:
         producer = conn.Producer()
@@ -93,16 +103,18 @@ def test_a_job_sent_to_a_queue_no_worker_bound_lands_in_its_shared_lane(app, cle
                          routing_key="standard.ghost@h", serializer="json",
                          headers=message["headers"], retry=False)
     assert clean_redis.llen(lane_keys("standard")[0]) == 1
-    assert _depths(clean_redis)[0] == {"standard": 1} and clean_redis.hlen(LEDGER_KEY) == 1
-    assert job.id in clean_redis.lindex(lane_keys("standard")[0], 0).decode()
+    assert _depths(clean_redis) == ({"standard": 1}, {"standard": 1})
+    (raw,) = clean_redis.lrange(lane_keys("standard")[0], 0, -1)
+    assert job.id in raw.decode()
+    assert clean_redis.zrange(due_key("standard"), 0, -1) == [b"standard\n" + raw]
 
 
 def test_moves_carry_their_count_and_their_place_in_the_index(clean_redis):
     old = time.time() - 10_000
     for tier in ("fast", "fast", "relaxed"):
         submit("p", tier=tier, account="heavy", **SMALL)
-    for tag in clean_redis.zrange(due_key("fast"), 0, -1):  # as if submitted long ago
-        clean_redis.zadd(due_key("fast"), {tag: old})
+    for entry in clean_redis.zrange(due_key("fast"), 0, -1):  # as if submitted long ago
+        clean_redis.zadd(due_key("fast"), {entry: old})
     moved = enforce_deadlines(clean_redis, settings.max_wait_s, now=time.time())
     assert moved["fast"] == 0  # the index was ahead of the messages: they stay, indexed
     assert clean_redis.zcard(due_key("fast")) == 2
@@ -131,21 +143,39 @@ def test_aging_reads_the_index_of_the_higher_levels_only(clean_redis):
     assert _depths(clean_redis)[1] == {"relaxed": 1} == _lengths(clean_redis)
 
 
-def test_the_audit_corrects_counts_gone_wrong(clean_redis, leading):
+def test_takes_repeated_give_backs_and_a_dead_holders_put_back_keep_the_counts_exact(
+        clean_redis, leading):
+    """Nothing corrects the counters: every step that moves a message counts it, once.
+    A take repeated with its token (its answer lost) takes nothing more; a give-back of
+    a record already given back gives nothing; beat's put-back of a dead holder counts
+    what it returns."""
+    from tasks.broker import leader
+
     for _ in range(3):
         submit("p", tier="standard", **SMALL)
-    clean_redis.hset(LANE_DEPTHS_KEY, mapping={"standard": 7, "fast": 2})  # a lost write
-    clean_redis.hset(LIST_DEPTHS_KEY, mapping={"standard": 1, "fast.gpu9@gone": 4})
-    recover_lost(clean_redis, grace_s=60, audit=True)
-    assert _depths(clean_redis) == ({"standard": 3}, {"standard": 3})
+    keys = lane_keys("standard")
+    first = handover.take(clean_redis, "dead", keys, "t1")
+    assert handover.take(clean_redis, "dead", keys, "t1") == first  # sent again
+    handover.take(clean_redis, "dead", keys, "t2")
+    handover.take(clean_redis, "live", keys, "t3")
+    assert _depths(clean_redis) == ({}, {}) and not _lengths(clean_redis)
+    assert handover.put_back(clean_redis, "live", "t3") == 1
+    assert handover.put_back(clean_redis, "live", "t3") == 0  # given back once only
+    assert _depths(clean_redis) == ({"standard": 1}, {"standard": 1})
+    assert handover.put_back_all(clean_redis, "dead", epoch=leader.epoch()) == 2
+    assert _depths(clean_redis) == ({"standard": 3}, {"standard": 3}) == (
+        {"standard": 3}, _lengths(clean_redis))
+    assert not _held(clean_redis) and clean_redis.zcard(due_key("standard")) == 3
 
 
 def test_an_ack_that_redis_does_not_answer_still_frees_the_workers_hand(app, clean_redis,
                                                                        monkeypatch):
     """With prefetch 1, a take kombu still counted after a lost ack would keep a worker
-    from ever taking another job; the records left in Redis are settled later."""
-    import pytest
+    from ever taking another job; the record left in Redis is dropped before the next
+    take."""
     import redis
+
+    from tasks.broker.holder import holder
 
     submit("p", tier="standard", **SMALL)
     with app.connection_for_write() as conn:
@@ -153,13 +183,16 @@ def test_an_ack_that_redis_does_not_answer_still_frees_the_workers_hand(app, cle
         channel.basic_qos(prefetch_count=1)
         taken = channel.basic_get("standard")
         assert not channel.qos.can_consume()
+        ack = handover.ack
 
-        def frozen(tag):
+        def frozen(*args):
             raise redis.TimeoutError("Timeout reading from socket")
 
-        monkeypatch.setattr(channel.qos, "_drop_if_mine", frozen)
-        with pytest.raises(redis.TimeoutError):
-            channel.basic_ack(taken.delivery_tag)
+        monkeypatch.setattr(handover, "ack", frozen)
+        channel.basic_ack(taken.delivery_tag)
         channel.qos._flush()  # kombu's in-memory acks
         assert channel.qos.can_consume()
-        assert clean_redis.hexists("unacked", taken.delivery_tag)  # left for settle_orphans
+        assert len(handover.held(clean_redis, holder())) == 1  # left for the next take
+        monkeypatch.setattr(handover, "ack", ack)
+        assert channel.basic_get("standard") is None  # the next take settles it first
+        assert handover.held(clean_redis, holder()) == {}

@@ -134,15 +134,16 @@ def test_places_lapse_so_a_job_that_never_starts_cannot_hold_one(limit, monkeypa
 
 def test_a_publish_that_reaches_redis_too_late_takes_nothing(limit, monkeypatch, clean_redis):
     """The place is taken in the publish itself: a publish Redis runs after its caller
-    gave up (here: a deadline already past) writes no job, no ledger entry, no place."""
+    gave up (here: a deadline already past) writes no job, no count, no place."""
     import tasks.broker.enqueue as enqueue
-    from tasks.broker.keys import LEDGER_KEY
+    from tasks.broker.keys import LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key
     from tasks.errors import BrokerUnavailable
 
     monkeypatch.setattr(enqueue, "publish_deadline", lambda: 1.0)  # 1970 on Redis' clock
     with pytest.raises(BrokerUnavailable, match="too late"):
         submit("late", tier="fast", account="late", **SMALL)
-    assert _lanes(clean_redis) == [0, 0, 0] and not clean_redis.hlen(LEDGER_KEY)
+    assert _lanes(clean_redis) == [0, 0, 0]
+    assert not clean_redis.exists(LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key("fast"))
     assert fast_waiting("late") == 0
 
 

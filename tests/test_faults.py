@@ -71,8 +71,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_workers_sigkilled_mid_job_during_a_stream_lose_nothing(cluster, app, clean_redis):
-    """Each kill lands while the worker runs a job (held at a gate). A worker idle
-    in BRPOP can lose the message Redis has just handed it (see README, faults)."""
+    """Each kill lands while the worker runs a job (held at a gate): its record names the
+    job, and beat gives it back."""
     stream, doomed = JobStream().start(rate_per_s=15), []
     for _ in range(2):
         gate = new_gate()

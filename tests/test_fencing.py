@@ -1,6 +1,6 @@
 """The fence of a job's runs, one Lua call at a time, against the test Redis.
 
-A run holds its job by its lease ("<worker process>#<run>#<delivery tag>"); every
+A run holds its job by its lease ("<worker process>#<run>#<take token>"); every
 write it makes checks that it still does. These tests drive the scripts directly:
 what a stale run, a woken worker or a retried call may and may not do.
 """
@@ -9,30 +9,35 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from conftest import vary
 
-import celeryconfig as cfg
 from gpu_worker.lease import Lease, renew
-from tasks.broker import runs
-from tasks.broker.keys import (DEAD_KEY, DEAD_TTL_S, HOLDERS_KEY, attempts_key, done_key,
-                               lease_key)
-from tasks.broker.publish import PublishRefused, publishing
+from tasks.broker import handover, runs
 from tasks.broker.holder import set_holder
-from tasks.broker.transport import Connection, put_back_held
+from tasks.broker.keys import (DEAD_KEY, DEAD_TTL_S, attempts_key, done_key, held_key,
+                               lane_keys, lease_key)
+from tasks.broker.holder import token_of
+from tasks.broker.publish import PublishRefused, publishing
 from tasks.settings import settings
 from tasks.worker.generate import generate
 
 A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
 
 
-def _begin(job_id: str, holder: str, tag: str) -> tuple[str, str]:
-    return runs.begin(job_id, holder, tag, None)
+def _begin(job_id: str, holder: str, taken: str) -> tuple[str, str]:
+    return runs.begin(job_id, holder, taken, None)
 
 
-def _lease(job_id: str, holder: str, tag: str) -> Lease:
-    verdict, number = _begin(job_id, holder, tag)
+def _lease(job_id: str, holder: str, taken: str) -> Lease:
+    verdict, number = _begin(job_id, holder, taken)
     assert verdict == "run"
-    return Lease(job_id, int(number), runs.token(holder, int(number), tag), time.monotonic())
+    return Lease(job_id, int(number), runs.token(holder, int(number), taken), time.monotonic())
+
+
+def _publish() -> str:
+    return generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
+                                queue="standard").id
 
 
 def test_a_retried_begin_carries_on_as_the_same_run(clean_redis):
@@ -43,9 +48,10 @@ def test_a_retried_begin_carries_on_as_the_same_run(clean_redis):
 
 def test_a_copy_is_dropped_only_while_the_holders_own_message_is_recorded(clean_redis):
     _lease("j2", A, "t1")
-    clean_redis.hset(HOLDERS_KEY, "t1", A)  # A's take of t1, recorded
+    clean_redis.hset(held_key(A), "t1", "standard\n{}")  # A's take t1, recorded
     assert _begin("j2", B, "t2") == ("busy", "")  # A's copy comes back if A dies
-    clean_redis.hdel(HOLDERS_KEY, "t1")  # A's message was put back while A ran
+    clean_redis.hset(held_key(B), "t1", "standard\n{}")  # another's record of that name
+    clean_redis.hdel(held_key(A), "t1")  # A's message was put back while A ran
     assert _begin("j2", B, "t2") == ("defer", "")  # t2 may be the last copy: kept
 
 
@@ -84,7 +90,7 @@ def test_a_stale_run_writes_nothing(clean_redis):
     assert runs.finish("j5", old.token, old.attempt, {"attempts": 1, "run_ms": 5.0},
                        "acct", charge_fast=True)[:2] == ("stale", "")
     assert not runs.give_up("j5", old.token, old.attempt, "{}", "failures|fast")
-    assert renew([old], tags=()) == [0] and old._lost
+    assert renew([old]) == [0] and old._lost
     assert clean_redis.get(lease_key("j5")).decode() == new.token
     assert not clean_redis.exists(done_key("j5")) and not clean_redis.hexists(DEAD_KEY, "j5")
 
@@ -92,7 +98,7 @@ def test_a_stale_run_writes_nothing(clean_redis):
 def test_a_lapsed_lease_is_taken_again_while_no_newer_run_began(clean_redis):
     lease = _lease("j6", A, "t1")
     clean_redis.delete(lease_key("j6"))  # Redis was away: the lease lapsed
-    assert renew([lease], tags=()) == [1]
+    assert renew([lease]) == [1]
     assert clean_redis.get(lease_key("j6")).decode() == lease.token
     assert runs.finish("j6", lease.token, lease.attempt, {"attempts": 1, "run_ms": 5.0},
                        "acct", charge_fast=False)[:2] == ("stored", "")
@@ -109,7 +115,7 @@ def test_a_handed_over_lease_cannot_be_taken_back(clean_redis):
     with publishing(fence=fence):
         generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
                              task_id="j7", queue="standard")
-    assert renew([lease], tags=()) == [0]
+    assert renew([lease]) == [0]
     try:  # the same publish tried again after a lost reply: refused, nothing pushed
         with publishing(fence=fence):
             generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
@@ -121,65 +127,70 @@ def test_a_handed_over_lease_cannot_be_taken_back(clean_redis):
     assert _begin("j7", B, "t2") == ("run", "2")
 
 
-def test_an_ack_drops_only_the_records_of_its_own_take(clean_redis):
-    """An AOF that lost its last second can hand the same tag to another worker: the
-    first worker's late ack must not erase the second's record."""
-    generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                         queue="standard")
+def test_an_ack_drops_only_the_record_of_its_own_take(clean_redis, app):
+    """The message a process holds may be held by another too (given back while it ran,
+    or handed out again by an AOF that lost its last second): the first one's late ack
+    drops its own record, never the other's, even under the same token."""
+    _publish()
+    set_holder(A)
     try:
-        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
-            set_holder(A)
-            channel = c.channel()
+        with app.connection_for_write() as conn:
+            channel = conn.channel()
             tag = channel.basic_get("standard", no_ack=False).delivery_tag
-            clean_redis.hset(HOLDERS_KEY, tag, B)  # B holds the same tag now
+            token = token_of(tag)
+            ((key, raw),) = handover.held(clean_redis, A).values()
+            clean_redis.hset(held_key(B), token, f"{key}\n{raw}")  # B holds it now
             channel.qos.ack(tag)
-            assert clean_redis.hexists("unacked", tag) and clean_redis.hget(HOLDERS_KEY, tag)
-            clean_redis.hset(HOLDERS_KEY, tag, A)  # its own take: the ack drops it
-            channel.qos.ack(tag)
-            assert not clean_redis.hexists("unacked", tag)
-            assert not clean_redis.hexists(HOLDERS_KEY, tag)
+            assert handover.held(clean_redis, A) == {} and not token_of(tag)
     finally:
         set_holder("")
+    assert handover.held(clean_redis, B) == {token: (key, raw)}
+    assert clean_redis.llen("standard") == 0  # B runs it: not put back either
 
 
-def test_a_dead_holders_message_of_a_failed_job_is_dropped_not_put_back(clean_redis):
-    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                                  queue="standard").id
-    with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c, \
-            Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as beat:
-        tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
-        clean_redis.hset(HOLDERS_KEY, tag, A)
-        clean_redis.hset(DEAD_KEY, job_id, "{}")  # its ack was lost after it failed
-        from tasks.broker.app import redis_client
+@pytest.mark.parametrize("ended", ["finished", "failed"])
+def test_a_dead_holders_message_of_an_ended_job_is_dropped_not_put_back(clean_redis, ended):
+    """Its holder died after the job's outcome was stored and before its ack: beat drops
+    the record instead of putting the message back, and the job runs no more."""
+    job_id = _publish()
+    assert handover.take(clean_redis, A, lane_keys("standard"), "t1") is not None
+    if ended == "finished":
+        clean_redis.set(done_key(job_id), json.dumps({"attempts": 1}))
+    else:
+        clean_redis.hset(DEAD_KEY, job_id, "{}")
+    assert handover.put_back_all(clean_redis, A) == 0
+    assert clean_redis.llen("standard") == 0 and handover.held(clean_redis, A) == {}
+    assert A not in handover.holders(clean_redis)
+    assert not clean_redis.exists(lease_key(job_id))  # no copy to come: nothing marked
 
-        assert not put_back_held(beat.default_channel, redis_client(), tag, A)
-        assert clean_redis.llen("standard") == 0 and not clean_redis.hexists("unacked", tag)
 
-
-def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatch):
+def test_a_hung_run_is_given_up_and_its_message_put_back(clean_redis, monkeypatch, app):
     """A run that held its job past any run's time limit without a step: its worker
-    stops extending its lease, puts its message back, and the run is lost if it wakes."""
-    import pytest
-
+    stops extending its lease, gives its message back as it came, and the run is lost if
+    it wakes. The copy given back waits for the lease to lapse (deferred, not dropped),
+    and the worker's channel, closed with the hung message unacked, pushes no other."""
     from gpu_worker.hooks import give_up_hung
     from gpu_worker.runtime import RUNTIME
     from tasks.errors import LeaseLost
 
-    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                                  queue="standard").id
+    job_id = _publish()
+    sent = clean_redis.lrange("standard", 0, -1)
     try:
         set_holder(RUNTIME.incarnation)
-        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
-            tag = c.channel().basic_get("standard", no_ack=False).delivery_tag
+        with app.connection_for_write() as conn:
+            tag = conn.channel().basic_get("standard", no_ack=False).delivery_tag
             vary(monkeypatch, max_job_s=5e-7)  # hung at once: 2 x MAX_JOB_S
-            lease = _lease(job_id, RUNTIME.incarnation, tag)
+            lease = _lease(job_id, RUNTIME.incarnation, token_of(tag))
             assert lease.overdue()
             give_up_hung(tag, lease)
+            assert clean_redis.lrange("standard", 0, -1) == sent  # byte for byte
+            assert handover.held(clean_redis, RUNTIME.incarnation) == {}
     finally:
         set_holder("")
-    (raw,) = clean_redis.lrange("standard", 0, -1)
-    assert json.loads(raw)["headers"]["id"] == job_id
-    assert json.loads(raw)["properties"]["delivery_tag"] != tag
+    waiting = clean_redis.lrange("standard", 0, -1)
+    assert [json.loads(raw).get("redelivered") for raw in waiting] == [None]  # no other copy
+    assert waiting == sent
+    assert _begin(job_id, B, "t2") == ("defer", "")
     with pytest.raises(LeaseLost):
         lease.check()
 
@@ -212,48 +223,42 @@ def test_a_run_stores_its_started_and_success_entries_in_its_own_steps(clean_red
     assert clean_redis.get(entry_key) == b"untouched"
 
 
-def test_a_finish_acks_its_message_in_the_same_step_unless_stale_or_held_by_another(
-        clean_redis):
-    """A run that still holds its job drops its message's records (kombu's unacked record
-    and index entry, the holder) in its finish, and kombu's ack then leaves Redis alone;
-    a stale run's finish drops nothing, nor does one whose tag another process holds."""
-    from tasks.broker import holder as holding
-    from tasks.broker.keys import UNACKED_INDEX_KEY, UNACKED_KEY
+def test_a_finish_acks_its_message_in_the_same_step_unless_stale(clean_redis):
+    """A run that still holds its job drops its message's record in its finish (kombu's
+    ack then leaves Redis alone); a stale run's finish drops nothing, and a finish drops
+    only its own process's record, never another's of the same message."""
+    def took(holder: str, taken: str) -> None:
+        clean_redis.hset(held_key(holder), taken, "standard\n{}")
 
-    def took(tag: str, holder: str) -> None:
-        clean_redis.hset(UNACKED_KEY, tag, "[]")
-        clean_redis.zadd(UNACKED_INDEX_KEY, {tag: time.time()})
-        clean_redis.hset(HOLDERS_KEY, tag, holder)
-
-    def records(tag: str) -> tuple:
-        return (clean_redis.hexists(UNACKED_KEY, tag), clean_redis.zscore(UNACKED_INDEX_KEY, tag)
-                is not None, clean_redis.hget(HOLDERS_KEY, tag))
+    def holds(holder: str, taken: str) -> bool:
+        return bool(clean_redis.hexists(held_key(holder), taken))
 
     result = {"attempts": 1, "run_ms": 5.0}
     set_holder(A)
     try:
-        took("t1", A)
+        took(A, "t1")
         lease = _lease("j11", A, "t1")
         assert runs.finish("j11", lease.token, 1, result, "acct", charge_fast=False,
                            ack="t1")[:2] == ("stored", "")
-        assert records("t1") == (False, False, None) and "t1" in holding._acked
+        assert not holds(A, "t1")
         # a stale run: its lease lapsed and a newer run began
-        took("t3", A)
+        took(A, "t3")
         old = _lease("j12", A, "t3")
         clean_redis.delete(lease_key("j12"))
+        took(B, "t4")
         _lease("j12", B, "t4")
         assert runs.finish("j12", old.token, 1, result, "acct", charge_fast=False,
                            ack="t3")[0] == "stale"
-        assert records("t3") == (True, True, A.encode()) and "t3" not in holding._acked
-        # an AOF that lost its last second handed the same tag to B meanwhile
-        took("t5", B)
+        assert holds(A, "t3") and holds(B, "t4")
+        # B holds the same message under the same token (an AOF that lost its last second)
+        took(A, "t5")
+        took(B, "t5")
         lease = _lease("j13", A, "t5")
         assert runs.finish("j13", lease.token, 1, result, "acct", charge_fast=False,
                            ack="t5")[0] == "stored"
-        assert records("t5") == (True, True, B.encode())
+        assert not holds(A, "t5") and holds(B, "t5")
     finally:
         set_holder("")
-        holding._acked.clear()
 
 
 def test_a_revoked_job_is_not_begun(clean_redis):
@@ -273,52 +278,54 @@ def test_a_first_run_sets_its_counter_and_a_later_one_counts_on(clean_redis):
     assert int(clean_redis.get(attempts_key("j13"))) == 2
 
 
-def test_a_take_redis_ran_after_its_caller_gave_up_is_put_back(redis_server, clean_redis,
-                                                               monkeypatch):
-    """Redis frozen (SIGSTOP) right as a worker that held nothing else records a message
-    it popped: the take times out (the default timeout) and kombu drops the message, but
-    Redis runs the take once it wakes, recording the message as held by that worker. Its
-    keep-alive rounds, which had nothing of their own to refresh, put it back."""
+def test_a_take_redis_ran_after_its_caller_gave_up_is_answered_when_sent_again(
+        redis_server, clean_redis, monkeypatch, app):
+    """Redis frozen (SIGSTOP) as a process sends a take: the take times out (the default
+    timeout), but Redis runs it once it wakes, recording the message as that process's.
+    The process's next take carries the same token and is answered that message, not the
+    next one: no record names a message its holder never got, and nothing is lost."""
     import os
     import signal
     import threading
 
-    import pytest
     import redis
 
-    from gpu_worker.hooks import HeldJobs, KeepHeld
-    from gpu_worker.runtime import RUNTIME
     from tasks.broker import scripts
+    from tasks.broker.holder import PENDING
 
-    job_id = generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                                  queue="standard").id
+    first, second = _publish(), _publish()
     run, pid = scripts.run, redis_server.process.pid
-    clean_redis.script_load(scripts.source("take"))  # as a worker's many takes have
+    clean_redis.script_load(scripts.source("hand_over"))  # as a worker's many takes have
+    thaw = threading.Timer(settings.redis_timeout_s + 0.5, os.kill, (pid, signal.SIGCONT))
 
-    def frozen_take(client, name, *args):
-        if name == "take":
+    def frozen_take(client, name, *args, **kwargs):
+        if name == "hand_over":
             os.kill(pid, signal.SIGSTOP)
-            threading.Timer(settings.redis_timeout_s + 0.5, os.kill,
-                            (pid, signal.SIGCONT)).start()
-        return run(client, name, *args)
+            thaw.start()
+        return run(client, name, *args, **kwargs)
 
-    keep = KeepHeld(HeldJobs())
+    def waiting() -> list[str]:
+        return [json.loads(raw)["headers"]["id"] for raw in clean_redis.lrange("standard", 0, -1)]
+
+    set_holder(A)
     try:
-        set_holder(RUNTIME.incarnation)
-        with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as c:
+        with app.connection_for_write() as conn:
+            channel = conn.channel()  # connected before the freeze
             monkeypatch.setattr(scripts, "run", frozen_take)
             with pytest.raises(redis.TimeoutError):
-                c.channel().basic_get("standard", no_ack=False)
+                channel.basic_get("standard", no_ack=False)
             monkeypatch.setattr(scripts, "run", run)
-        # Redis woke and ran the take: held here, in no list, out of the ledger
-        (tag,) = [t.decode() for t, who in clean_redis.hgetall(HOLDERS_KEY).items()
-                  if who.decode() == RUNTIME.incarnation]
-        assert clean_redis.llen("standard") == 0 and clean_redis.hexists("unacked", tag)
-        assert keep.round(failed=False) is False  # seen once: a take in flight looks alike
-        assert clean_redis.hexists("unacked", tag)
-        assert keep.round(failed=False) is False  # seen again: an orphan, put back
+            thaw.join()
+            # Redis woke and ran the take: held here, under the take's own token
+            ((token, (key, raw)),) = handover.held(clean_redis, A).items()
+            assert json.loads(raw)["headers"]["id"] == first and PENDING.unanswered == token
+            assert waiting() == [second]
+            message = channel.basic_get("standard", no_ack=False)
+            assert message.headers["id"] == first and token_of(message.delivery_tag) == token
+            assert handover.held(clean_redis, A) == {token: (key, raw)}
+            assert waiting() == [second] and not PENDING.unanswered
+            channel.qos.ack(message.delivery_tag)
     finally:
         set_holder("")
-    (raw,) = clean_redis.lrange("standard", 0, -1)
-    assert json.loads(raw)["headers"]["id"] == job_id
-    assert not clean_redis.hexists("unacked", tag) and not clean_redis.hexists(HOLDERS_KEY, tag)
+        PENDING.unanswered = ""
+    assert handover.held(clean_redis, A) == {} and waiting() == [second]

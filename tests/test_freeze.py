@@ -13,11 +13,10 @@ import signal
 import pytest
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
-import celeryconfig as cfg
 import tasks.broker.enqueue as enqueue
 from routing.names import JOB_TASK, LANES
 from tasks import submit
-from tasks.broker.keys import HOLDERS_KEY, METRICS_KEY
+from tasks.broker.keys import HELD_PREFIX, METRICS_KEY, parse_entry
 from tasks.jobs.accounts import fast_seconds_left
 from tasks.settings import settings
 from tasks.worker.generate import STALE_FIELD
@@ -34,13 +33,19 @@ def cluster(cluster_factory):
     return cluster_factory(workers=2, beat=True)
 
 
-def _holder_of(client, job_id: str) -> str | None:
-    """The worker process ("host/pid/start") recorded as holding a message of ``job_id``."""
-    for tag, who in client.hgetall(HOLDERS_KEY).items():
-        raw = client.hget("unacked", tag)
-        if raw and json.loads(raw)[0]["headers"]["id"] == job_id:
-            return who.decode()
+def _held_by(client, job_id: str) -> tuple[str, str] | None:
+    """(the worker process "host/pid/start" recorded as holding a message of ``job_id``,
+    the take token of its record)."""
+    for key in client.keys(HELD_PREFIX + "*"):
+        for token, record in client.hgetall(key).items():
+            if json.loads(parse_entry(record)[1])["headers"]["id"] == job_id:
+                return key.decode()[len(HELD_PREFIX):], token.decode()
     return None
+
+
+def _holder_of(client, job_id: str) -> str | None:
+    held = _held_by(client, job_id)
+    return held[0] if held else None
 
 
 def _pid(incarnation: str) -> int:
@@ -84,9 +89,9 @@ def test_a_worker_frozen_mid_job_stops_at_its_next_step(cluster, app, clean_redi
 
 def test_a_woken_retry_holder_never_erases_the_copy_that_replaced_it(cluster, app,
                                                                      clean_redis):
-    """Finding 1: a worker frozen while it held a job's retry came back, acked the
-    put-back copy's record (same delivery tag), and the job was lost when the new
-    holder died. Now every put-back copy has a tag of its own."""
+    """A worker frozen while it held a job's retry wakes after its copy was put back and
+    taken by another worker: its ack drops only its own record (each take has a token
+    of its own), so the job survives the new holder's death."""
     gate, seed = new_gate(), 22
     prompt = f"transient:1@6 gate:{gate} retried, frozen, then its new holder killed"
     job = submit(prompt, model="flaky", seed=seed, **SMALL)
@@ -143,22 +148,17 @@ def test_revoked_jobs_never_run_though_a_worker_restarts(cluster, app, clean_red
 
 
 def test_a_copy_is_kept_when_the_running_holder_lost_its_record(cluster, app, clean_redis):
-    """A running job's message put back under it (kombu restores a channel's messages
-    when the worker's connection is reset): the copy finds the job held. It is kept
+    """A running job's message put back under it (a channel closes with its messages
+    unacked when the worker's connection is reset): the copy finds the job held. It is kept
     for later, not dropped, so the job survives its holder's death."""
-    from tasks.broker.app import redis_client
-    from tasks.broker.transport import Connection, put_back_held
+    from tasks.broker.handover import put_back
 
     gate, seed = new_gate(), 23
     prompt = f"gate:{gate} its message put back while it runs"
     job = submit(prompt, model="flaky", seed=seed, **SMALL)
     wait_at_gate(job, gate)
-    holder = _holder_of(clean_redis, job.id)
-    (tag,) = [t for t, who in clean_redis.hgetall(HOLDERS_KEY).items()
-              if who.decode() == holder]
-    with Connection(settings.broker_url, transport_options=cfg.broker_transport_options) as conn:
-        assert put_back_held(conn.default_channel, redis_client(), tag.decode(), holder,
-                             unless_running=False)
+    holder, token = _held_by(clean_redis, job.id)
+    assert put_back(clean_redis, holder, token) == 1
     wait_until(lambda: _logged(cluster, "this copy comes back"), timeout_s=30,
                what="the copy to find the job held and be kept for later")
     os.kill(_pid(holder), signal.SIGKILL)  # the holder dies: no record of its own left

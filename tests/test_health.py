@@ -1,16 +1,23 @@
-"""The health check's restore against kombu's own: a message goes back only if the
-dead worker still holds it, never while another worker does."""
+"""The health check's put-back against a worker's own give-back and ack: a message goes
+back only if the dead worker still holds it, never while another worker does."""
 from __future__ import annotations
 
 import json
 import time
 
-import celeryconfig as cfg
-from tasks.broker.app import redis_client
-from tasks.broker.keys import HOLDERS_KEY, lease_key
-from tasks.broker.transport import Connection, put_back_held
-from tasks.settings import settings
+import pytest
+
+from beat.health import RECOVERED_FIELD, requeue_dead
+from tasks.broker import handover
+from tasks.broker.holder import set_holder
+from tasks.broker.keys import METRICS_KEY, lane_keys, lease_key
+from tasks.broker.holder import token_of
 from tasks.worker.generate import generate
+
+A, B = "gpu0@h/1/1.0", "gpu1@h/2/2.0"
+#: The heartbeat's view: A died (missed its rounds), B lives.
+WORKERS = {"gpu0@h": {"incarnation": A, "alive": False, "started_at": 1.0, "missed": 3},
+           "gpu1@h": {"incarnation": B, "alive": True, "started_at": 2.0, "missed": 0}}
 
 
 def _publish() -> str:
@@ -22,49 +29,58 @@ def _ids(client, key="standard") -> list[str]:
     return [json.loads(raw)["headers"]["id"] for raw in client.lrange(key, 0, -1)]
 
 
-def _connection() -> Connection:
-    return Connection(settings.broker_url, transport_options=cfg.broker_transport_options)
+def _requeue(client) -> int:
+    """beat's health check: every holder on record, judged by :data:`WORKERS`."""
+    return requeue_dead(client, WORKERS, handover.holders(client), misses_allowed=2)
 
 
 def test_a_dead_holders_message_goes_back_to_its_lane(clean_redis):
     job = _publish()
-    with _connection() as worker, _connection() as beat:
-        tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
-        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")  # its lease has lapsed: none
-        assert put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
-        assert _ids(clean_redis) == [job]
-    assert not clean_redis.hexists(HOLDERS_KEY, tag)
+    sent = clean_redis.lrange("standard", 0, -1)
+    handover.take(clean_redis, A, lane_keys("standard"), "t1")  # its lease has lapsed: none
+    assert _ids(clean_redis) == [] and handover.holders(clean_redis) == {A}
+    assert _requeue(clean_redis) == 1
+    assert clean_redis.lrange("standard", 0, -1) == sent  # as it was published: job
+    assert _ids(clean_redis) == [job]
+    assert handover.held(clean_redis, A) == {} and handover.holders(clean_redis) == set()
+    assert int(clean_redis.hget(METRICS_KEY, RECOVERED_FIELD)) == 1
+    assert _requeue(clean_redis) == 0  # nothing left to put back: one copy
 
 
 def test_a_silent_holder_that_still_extends_its_lease_keeps_the_message(clean_redis):
     job = _publish()
-    with _connection() as worker, _connection() as beat:
-        tag = worker.channel().basic_get("standard", no_ack=False).delivery_tag
-        clean_redis.hset(HOLDERS_KEY, tag, "gpu0@h/1/1.0")
-        clean_redis.set(lease_key(job), "gpu0@h/1/1.0", ex=5)  # a warm shutdown runs it
-        assert not put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
-        assert _ids(clean_redis) == []
-        clean_redis.delete(lease_key(job))  # it died: the lease lapses
-        assert put_back_held(beat.default_channel, redis_client(), tag, "gpu0@h/1/1.0")
-        assert _ids(clean_redis) == [job]
+    handover.take(clean_redis, A, lane_keys("standard"), "t1")
+    clean_redis.set(lease_key(job), f"{A}#1#t1", ex=5)  # a warm shutdown runs it
+    assert _requeue(clean_redis) == 0
+    assert _ids(clean_redis) == [] and set(handover.held(clean_redis, A)) == {"t1"}
+    clean_redis.delete(lease_key(job))  # it died: the lease lapses
+    assert _requeue(clean_redis) == 1
+    assert _ids(clean_redis) == [job]
+    # should it wake, the run that let its lease lapse cannot take it again; the copy can
+    assert clean_redis.get(lease_key(job)) == b"released#put-back"
 
 
-def test_a_message_another_worker_took_stays_with_it(clean_redis):
-    """A message put back gets a new delivery tag: the worker that held the old copy,
-    should it wake up, can only touch its own dead copy's records, never the new one's."""
+@pytest.mark.parametrize("late", ["ack", "restore"])
+def test_a_message_another_worker_took_stays_with_it(clean_redis, app, late):
+    """A froze holding a message, beat put it back and B took it. A wakes up late and
+    acks its copy, or closes its channel (its shutdown gives back what it holds): each
+    drops A's own record only, never B's, and pushes nothing: nothing runs twice."""
     job = _publish()
-    with _connection() as a, _connection() as b, _connection() as beat:
-        channel_a = a.channel()
-        old = channel_a.basic_get("standard", no_ack=False)
-        clean_redis.hset(HOLDERS_KEY, old.delivery_tag, "gpu0@h/1/1.0")
-        channel_a.qos.restore_unacked()  # A's warm shutdown: kombu puts the message back
-        assert not clean_redis.hexists(HOLDERS_KEY, old.delivery_tag)
-        new = b.channel().basic_get("standard", no_ack=False)
-        assert new.headers["id"] == job and new.delivery_tag != old.delivery_tag
-        clean_redis.hset(HOLDERS_KEY, new.delivery_tag, "gpu1@h/2/2.0")  # B's take
-        assert not put_back_held(beat.default_channel, redis_client(), old.delivery_tag,
-                                   "gpu0@h/1/1.0")
-        channel_a.qos.ack(old.delivery_tag)  # A wakes up late and acks its copy
-        assert clean_redis.hexists("unacked", new.delivery_tag)  # B's record stands
-        assert clean_redis.hget(HOLDERS_KEY, new.delivery_tag) == b"gpu1@h/2/2.0"
-        assert job not in _ids(clean_redis)  # B keeps it: nothing runs twice
+    set_holder(A)
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.channel()
+            tag = channel.basic_get("standard", no_ack=False).delivery_tag
+            assert set(handover.held(clean_redis, A)) == {token_of(tag)}
+            assert _requeue(clean_redis) == 1  # A is dead to beat
+            taken = handover.take(clean_redis, B, lane_keys("standard"), "tb")  # B's take
+            assert json.loads(taken.raw)["headers"]["id"] == job
+            assert _requeue(clean_redis) == 0  # A holds nothing now: B keeps it
+            if late == "ack":
+                channel.qos.ack(tag)
+        # the channel closed here, with A's copy unacked if it was not acked
+    finally:
+        set_holder("")
+    assert handover.held(clean_redis, B) == {"tb": (taken.key, taken.raw)}  # B's record stands
+    assert handover.held(clean_redis, A) == {}
+    assert job not in _ids(clean_redis)  # B keeps it: nothing runs twice

@@ -21,7 +21,7 @@ from routing.names import LANES, worker_queue
 from routing.snapshot import SnapshotCache
 from tasks import submit
 from tasks.broker.enqueue import snapshot_cache
-from tasks.broker.keys import LEDGER_KEY, lane_keys, lists_key
+from tasks.broker.keys import LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys, lists_key
 from tasks.errors import LaneFull
 from tasks.jobs.schema import validate
 from tasks.worker.generate import generate
@@ -69,7 +69,12 @@ def test_many_submitters_at_once_never_pass_the_limit(limits, clean_redis):
         thread.join(timeout=60)
     assert outcomes == {"accepted": LIMITS["relaxed"], "refused": 90 - LIMITS["relaxed"]}
     assert depth(clean_redis, "relaxed") == LIMITS["relaxed"]
-    assert clean_redis.hlen(LEDGER_KEY) == LIMITS["relaxed"]  # refused ones left no trace
+    # refused ones left no trace: not counted, not indexed
+    assert int(clean_redis.hget(LANE_DEPTHS_KEY, "relaxed")) == LIMITS["relaxed"]
+    assert sum(int(n) for n in clean_redis.hvals(LIST_DEPTHS_KEY)) == LIMITS["relaxed"]
+    first = lane_keys("relaxed")[0]  # its first level holds moved and aged jobs only
+    assert clean_redis.llen(first) == 0
+    assert clean_redis.zcard(due_key("relaxed")) == LIMITS["relaxed"]
 
 
 def test_a_full_lane_spills_down_and_gives_back_the_fast_place(limits, monkeypatch,
@@ -149,9 +154,14 @@ def test_a_refused_publish_leaves_no_result_subscription(limits, clean_redis):
 
 
 def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
-    from tasks.broker.publish import Conditions, _put
+    """redis-py sends a command again on a new connection when the old one broke before
+    its reply: the same publish, run twice, queues its job once."""
+    from tasks.broker.keys import LANE_DEPTHS_KEY
+    from tasks.broker.publish import Conditions, put
 
-    for _ in range(2):  # the second call is a retry of the first under the same tag
-        assert _put(clean_redis, "standard", "standard", '{"m": 1}', "tag-1", "job-1",
-                    Conditions()) == 1
+    message = json.dumps({"body": "", "headers": {"id": "job-1"},
+                          "properties": {"delivery_tag": "tag-1"}})
+    for _ in range(2):  # the second call is a retry of the first: the same message
+        assert put(clean_redis, "standard", "standard", message, "job-1", Conditions()) == 1
     assert clean_redis.llen("standard") == 1
+    assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 1

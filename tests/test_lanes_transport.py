@@ -3,6 +3,7 @@ results, queue and priority order, remote control and events, the hand-over's re
 a holder killed or frozen mid-task, and no polling while idle."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -24,13 +25,18 @@ from tasks.broker import handover  # noqa: E402
 from tasks.broker.keys import HELD_PREFIX, LIST_DEPTHS_KEY  # noqa: E402
 
 
+def _die_with_the_tests() -> None:
+    """A worker whose test process died (a session killed) stops too (PR_SET_PDEATHSIG)."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)
+
+
 def start_worker(name: str, queues: str = "hi,lo") -> subprocess.Popen:
     out = open(STATE_DIR / f"lanes-{name}.out", "a")
     worker = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "tests.lanes_app", "worker", "-P", "threads",
          "-c", "1", "-Q", queues, "-n", f"{name}@lanes", "--without-mingle",
          "--without-gossip", "-l", "info"], env=dict(os.environ), stdout=out,
-        stderr=subprocess.STDOUT)
+        stderr=subprocess.STDOUT, preexec_fn=_die_with_the_tests)
     wait_until(lambda: app.control.ping(destination=[f"{name}@lanes"], timeout=0.5), 60,
                what=f"worker {name} to answer")
     return worker
@@ -158,7 +164,7 @@ def test_a_take_repeated_after_a_lost_answer_gets_the_same_message(clean_redis):
     for n in range(2):
         handover.push(clean_redis, "q", f'{{"n": {n}}}')
     first = handover.take(clean_redis, "h", ["q"], "t1")
-    again = handover.take(clean_redis, "h", ["q"], "t1", repeat=True)
+    again = handover.take(clean_redis, "h", ["q"], "t1")
     assert first == again and first.raw == '{"n": 0}'
     assert handover.take(clean_redis, "h", ["q"], "t2").raw == '{"n": 1}'
     assert set(handover.held(clean_redis, "h")) == {"t1", "t2"}

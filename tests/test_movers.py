@@ -101,7 +101,7 @@ def test_old_relaxed_jobs_jump_to_the_front_of_the_first_level(clean_redis):
 
 def test_an_aged_job_of_the_shared_lane_goes_before_a_workers_own_fresh_jobs(clean_redis, app):
     """A worker takes its own queue's jobs before the shared lane's of the same level
-    (kombu's BRPOP over its queues, level by level): an aged job is lifted above every
+    (the take reads its queues level by level): an aged job is lifted above every
     account's level, so a stream of fresh jobs routed to the worker never holds it."""
     from kombu import Consumer, Exchange, Queue
 

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from routing.names import LANES
 from tasks.broker.keys import (
-    LEDGER_KEY,
+    LANE_DEPTHS_KEY,
     REVOKED_KEY,
-    UNACKED_KEY,
-    parse_entry,
+    held_key,
+    lane_keys,
     run_key,
 )
 
@@ -48,6 +49,11 @@ def own_cluster_env(state_dir: Path, **changes: str) -> dict[str, str]:
     broker URL (it starts its own Redis there)."""
     env = {k: v for k, v in os.environ.items() if k != "GPULANES_BROKER_URL"}
     return {**env, "GPULANES_STATE_DIR": str(state_dir), **changes}
+
+
+def queued(client) -> list[bytes]:
+    """Every message waiting in a lane's shared lists."""
+    return [raw for lane in LANES for key in lane_keys(lane) for raw in client.lrange(key, 0, -1)]
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -112,8 +118,8 @@ def test_submit_no_wait_prints_the_bare_id_of_any_models_job(clean_redis):
     job_id = proc.stdout.strip()
     assert proc.stdout == f"{job_id}\n" and uuid.UUID(job_id)
     assert json.loads(lanes("job", job_id, "--json").stdout)["state"] == "QUEUED"
-    [entry] = clean_redis.hvals(LEDGER_KEY)
-    job = envelope.call(envelope.decode(parse_entry(entry)[1]))[1]["job"]
+    [raw] = queued(clean_redis)
+    job = envelope.call(envelope.decode(raw))[1]["job"]
     assert (job["model"], job["text"], job["repeat"]) == ("echo", "2", 2)  # typed by Input
 
     answer = lanes("submit", "a lighthouse", "--steps", "4", "--width", "64", "--height", "64",
@@ -134,7 +140,7 @@ def test_submit_no_wait_prints_the_bare_id_of_any_models_job(clean_redis):
 def test_submit_with_a_bad_input_names_it_and_enqueues_nothing(clean_redis, args, field):
     error = one_line_error(lanes("submit", "--model", "echo", *args, "--no-wait"))
     assert error.startswith(f"Error: {field}: "), error
-    assert clean_redis.hlen(LEDGER_KEY) == 0
+    assert not queued(clean_redis) and not clean_redis.hgetall(LANE_DEPTHS_KEY)
 
 
 def test_inputs_are_typed_by_the_models_input(tmp_path):
@@ -181,13 +187,20 @@ def _message(job_id: str) -> str:
                        "properties": {"delivery_tag": str(uuid.uuid4())}})
 
 
+def _taken(client, job_id: str) -> None:
+    """Taken by a worker process: its message in that holder's records."""
+    from tasks.broker import handover
+
+    handover.push(client, "fast", _message(job_id))
+    handover.take(client, "gpu0@h/1/1.0", ["fast"], "token")
+    assert client.hlen(held_key("gpu0@h/1/1.0")) == 1
+
+
 @pytest.mark.parametrize("record, state", [
-    (lambda c, j: c.hset(UNACKED_KEY, "tag", json.dumps([json.loads(_message(j)), "", "fast"])),
-     "TAKEN"),
-    (lambda c, j: c.hset(LEDGER_KEY, "tag", f"fast\n{_message(j)}"), "TAKEN"),
+    (_taken, "TAKEN"),
     (lambda c, j: c.hset(run_key("leader-id"), f"f:{j}", "{}"), "FOLLOWING"),
     (lambda c, j: c.set(f"gpulanes:attempts:{j}", 1), "ACCEPTED"),
-], ids=["unacked", "ledger", "follower", "attempts"])
+], ids=["held", "follower", "attempts"])
 def test_a_job_the_broker_records_is_known_without_a_result(app, clean_redis, record, state):
     from tasks.ops.records import describe
 

@@ -100,12 +100,11 @@ def test_submit_counts_a_job_accepted_once_a_replica_holds_it(pair):
 
 
 def test_every_client_of_a_sentinel_url_closes_a_connection_after_a_timeout():
-    """kombu's transport and Celery's result backend build their own connections."""
+    """gpulanes' transport and Celery's result backend build their own connections."""
     code = ("from tasks.broker.app import app\n"
             "from tasks.broker.store import FollowingConnection\n"
-            "channel = app.connection_for_write().transport.Channel\n"
-            "assert issubclass(channel.connection_class, FollowingConnection)\n"
-            "assert issubclass(channel.connection_class_ssl, FollowingConnection)\n"
+            "pool = app.connection_for_write().transport.commands.connection_pool\n"
+            "assert issubclass(pool.connection_class, FollowingConnection)\n"
             "assert app.backend.connparams['connection_class'] is FollowingConnection\n"
             "print('ok')\n")
     proc = _run(code, BROKER_URL="sentinel://127.0.0.1:1", SENTINEL_MASTER="gl")

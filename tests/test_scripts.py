@@ -42,7 +42,7 @@ def test_each_script_compiles_in_redis(name, clean_redis):
 
 def test_includes_are_expanded_and_no_setting_is_frozen_in():
     assert "-- include:" not in scripts.source("run_finish")
-    assert "local function ack" in scripts.source("run_finish")
+    assert "local function settle" in scripts.source("run_finish")
     assert "local function holds" in scripts.source("run_release")
     for name in NAMES:  # templating would be %(...)s or {...}: values travel as ARGV
         assert not re.search(r"%\(|%s|%d|\{\w+\}", scripts.source(name)), name

@@ -27,10 +27,9 @@ def test_a_run_holds_the_message_it_runs_from_not_the_oldest_copy():
     _received(held, "job", "running-copy")
     held.on_prerun(task_id="job", task=_task("running-copy"))
     assert held.running() == 1
-    tags, _ = held.held()
-    assert sorted(tags) == ["running-copy", "waiting-copy"]
+    assert sorted(held.tags()) == ["running-copy", "waiting-copy"]
     held.on_postrun()
-    assert held.held()[0] == ["waiting-copy"] and held.running() == 0
+    assert held.tags() == ["waiting-copy"] and held.running() == 0
 
 
 def test_stuck_only_while_redis_takes_writes_then_exits():

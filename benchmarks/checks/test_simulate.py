@@ -88,8 +88,8 @@ def test_mode_changes_count_each_switch_of_each_lane() -> None:
 
 
 def test_workers_read_their_lists_in_kombus_order() -> None:
-    # kombu's BRPOP: every queue at one priority step, then the next step
-    # (kombu.transport.redis.Channel._brpop_start); fast and standard use step 0 only
+    # the take: every queue at one priority step, then the next step, as kombu's BRPOP
+    # (tasks.broker.lanes.Channel.lists); fast and standard use step 0 only
     node, sep = "gpu0@h", "\x06\x16"
     kombu = [q if pri == 0 else f"{q}{sep}{pri}" for pri in RELAX_PRIORITIES
              for q in worker_queues(node)]

@@ -58,7 +58,7 @@ class SimConfig:
     #: Seconds a worker spends per job beyond its run (ack, result write, next fetch);
     #: a run that steps aside for a fast job costs it too.
     overhead_s: float = 0.0
-    #: Seconds from a publish to the start of the job on an idle worker (the BRPOP
+    #: Seconds from a publish to the start of the job on an idle worker (the take's
     #: wake-up, the task's set-up): part of ``overhead_s`` when jobs run back to back.
     pickup_s: float = 0.0
     #: Measured pickups (``pickup_s``'s spread), drawn in turn in a seeded order; empty:

@@ -9,7 +9,7 @@ two parts routers read), ``beat.health.dead_incarnations``, ``beat.balance.choos
 underneath its Redis calls is done here, the decision each makes kept as the real code
 states it: reading the pushed stats (``tasks.broker.stats.fresh_stats``: stats pushed
 within a heartbeat and the reply time), putting a dead worker's held jobs back
-(``put_back_held``: once its lease lapsed), handing a dead worker's own queues back
+(``tasks.broker.handover.put_back_all``: once its lease lapsed), handing a dead worker's own queues back
 (``beat.shared``), and both movers (``beat.movers``: the ``due`` closures inside
 ``enforce_deadlines`` and ``age_relaxed``).
 """

@@ -1,11 +1,10 @@
-"""The broker's lists as the real transport lays them out, and the jobs in them.
+"""The broker's lists as gpulanes' transport lays them out, and the jobs in them.
 
 A lane is a set of Redis lists: the shared lane and each worker's own queue of it
 (``routing.names.worker_queue``), each split by kombu priority step (``routing.names.
 RELAX_PRIORITIES``: only relaxed uses more than step 0). A worker reads its lists in
-the order kombu's BRPOP names them with ``queue_order_strategy=priority``: every
-queue at step 0 in ``-Q`` order, then every queue at the next step, and so on
-(``kombu.transport.redis.Channel._brpop_start``). Here a list is a deque whose left
+the order its take names them: every queue at step 0 in ``-Q`` order, then every queue
+at the next step, and so on (``tasks.broker.lanes.Channel.lists``). Here a list is a deque whose left
 end runs next; "the front" of a list is that end.
 """
 from __future__ import annotations
@@ -78,7 +77,7 @@ def node_of_key(key: str) -> str | None:
 
 
 class Lists:
-    """Every list, and the counters the ledger keeps beside them: jobs per lane and
+    """Every list, and the counters the queue protocol keeps beside them: jobs per lane and
     per list (``LANE_DEPTHS_KEY``, ``LIST_DEPTHS_KEY``), queued fast jobs per account
     (its fast places)."""
 
@@ -98,7 +97,7 @@ class Lists:
         depth = self.list_depth[key] + step
         if depth:
             self.list_depth[key] = depth
-        else:  # no field for an empty list, as the ledger keeps it
+        else:  # no field for an empty list, as the queue protocol keeps it
             del self.list_depth[key]
         if lane == FAST:
             self.fast_queued[job.arrival.account] += step

@@ -1,2 +1,2 @@
-"""The broker layer: every Redis key and Lua script, kombu's envelope, the
-transport and its ledger, and the one publish path."""
+"""The broker layer: every Redis key and Lua script, kombu's envelope, the queue
+protocol and its kombu transport, and the one publish path."""

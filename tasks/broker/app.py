@@ -1,4 +1,5 @@
-"""The Celery app, configured from ``celeryconfig`` on gpulanes' transport.
+"""The Celery app, configured from ``celeryconfig`` on gpulanes' transport
+(``tasks.broker.lanes``, named by the broker URL).
 
 The worker's task is named in ``include``: a worker imports it when it starts
 (``tasks.worker.generate`` wires the worker's hooks); a process that only submits never
@@ -12,25 +13,19 @@ from typing import Any
 import redis
 from celery import Celery
 from celery.app import backends
-from celery.app.amqp import AMQP
 from celery.backends.redis import SentinelBackend
 
-from tasks.broker import backend, transport
+from tasks.broker import backend, lanes  # noqa: F401  lanes: registers the transport
 from tasks.broker.store import broker_client
 
 #: Celery members the app below overrides (pinned like kombu's: tests/test_kombu_hooks.py).
-CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"), AMQP: ("Connection",),
+CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"),
                 SentinelBackend: ("_get_pool", "connparams")}
 
 
-class LanesAMQP(AMQP):
-    """The app's broker connections: gpulanes' transport on a Redis URL."""
-    Connection = transport.Connection
-
-
 class LanesCelery(Celery):
-    """Celery, on gpulanes' transport and result backend for Redis URLs: this app only,
-    never another app of the process (kombu's and Celery's names are left alone)."""
+    """Celery, on gpulanes' result backend for Redis URLs: this app only, never another
+    app of the process (Celery's names are left alone)."""
 
     def _get_backend(self) -> Any:
         cls, url = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
@@ -38,7 +33,7 @@ class LanesCelery(Celery):
 
 
 app = LanesCelery("gpulanes", include=["tasks.worker.generate"],
-                  amqp=LanesAMQP, control="tasks.broker.control:LanesControl")  # revokes in Redis
+                  control="tasks.broker.control:LanesControl")  # revokes in Redis
 app.config_from_object("celeryconfig")
 
 

@@ -31,16 +31,8 @@ def job_id(envelope: Any) -> str:
     return found if isinstance(found, str) else ""
 
 
-def delivery_tag(envelope: Envelope) -> str:
-    return envelope["properties"]["delivery_tag"]
 
 
-def tag_of(raw: bytes | str) -> str | None:
-    """The delivery tag of a stored envelope; None for anything that is not one."""
-    try:
-        return delivery_tag(decode(raw))
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def call(envelope: Envelope) -> tuple[list, dict, dict]:
@@ -58,9 +50,6 @@ def with_properties(envelope: Envelope, **changes: Any) -> Envelope:
     return {**envelope, "properties": {**envelope["properties"], **changes}}
 
 
-def with_tag(envelope: Envelope, tag: str) -> Envelope:
-    """The same message under another delivery tag (a copy put back on a list)."""
-    return with_properties(envelope, delivery_tag=tag)
 
 
 def addressed_to(envelope: Envelope, queue: str) -> Envelope:

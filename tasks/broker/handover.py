@@ -8,7 +8,7 @@
 - An ack drops the record. A give-back returns it to the front of its list, in the step
   that drops the record: a worker's own (a reject, a shutdown), or beat's for a holder
   that died or froze (:func:`put_back_all`), which reads nothing else.
-- A take whose answer was lost (a timeout, a cut connection) is repeated with its
+- A take whose answer was lost (a timeout, a cut connection) is sent again with its
   token, and answers the message it took, so a live worker never holds a record of
   a message it never received.
 """
@@ -19,6 +19,7 @@ from typing import Iterable
 
 import redis
 
+from routing.names import LANES
 from tasks.broker import envelope, scripts
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
@@ -32,9 +33,12 @@ from tasks.broker.keys import (
     done_key,
     due_clock,
     held_key,
+    lane_of_key,
     lease_key,
 )
 from tasks.broker.moves import lane_clock_of
+from tasks.broker.publish import RELEASED
+from tasks.settings import settings
 
 #: The depth counters every script of the protocol keeps, in the order they take them.
 DEPTHS = (LANE_DEPTHS_KEY, LIST_DEPTHS_KEY)
@@ -42,11 +46,13 @@ DEPTHS = (LANE_DEPTHS_KEY, LIST_DEPTHS_KEY)
 
 @dataclass(frozen=True)
 class Taken:
-    """A message handed over: the take's token (its record's name), its list, the message."""
+    """A message handed over: the take's token (its record's name), its list, the message,
+    and whether the lists it was taken from may hold more."""
 
     token: str
     key: str
     raw: str
+    more: bool = True
 
 
 def push(client: redis.Redis, key: str, raw: str, *, front: bool = False,
@@ -59,13 +65,20 @@ def push(client: redis.Redis, key: str, raw: str, *, front: bool = False,
 
 
 def take(client: redis.Redis, holder: str, keys: Iterable[str], token: str, *,
-         repeat: bool = False, record: bool = True) -> Taken | None:
+         record: bool = True) -> Taken | None:
     """Hand over the next message of the first of ``keys`` that holds one, recorded as
-    ``holder``'s under ``token`` (``record``: False for a consumer that never acks).
-    ``repeat``: this take's answer was lost once; it answers what it took then."""
-    got = scripts.run(client, "hand_over", [held_key(holder), *DEPTHS, *keys],
-                      [token, "1" if repeat else "", "1" if record else "", DUE_PREFIX])
-    return Taken(token, _text(got[0]), _text(got[1])) if got else None
+    ``holder``'s under ``token`` (``record``: False for a consumer that never acks). A
+    take sent again with its token (its answer was lost) answers what it took then."""
+    keys = list(keys)
+    indexed = "".join("1" if due_clock(key, 1.0) and is_lane_list(key) else "0" for key in keys)
+    got = scripts.run(client, "hand_over", [held_key(holder), *DEPTHS, HOLDING_KEY, *keys],
+                      [token, "1" if record else "", DUE_PREFIX, indexed, holder])
+    return Taken(token, _text(got[0]), _text(got[1]), bool(got[2])) if got else None
+
+
+def is_lane_list(key: str) -> bool:
+    """Whether list ``key`` holds a lane's jobs (whose messages beat may move)."""
+    return lane_of_key(key) in LANES
 
 
 def empty(client: redis.Redis, keys: list[str]) -> int:
@@ -89,13 +102,9 @@ def set_aside(client: redis.Redis, holder: str, taken: Taken, problem: str) -> N
         pipe.execute()
 
 
-def register(client: redis.Redis, holder: str) -> None:
-    """Name ``holder`` among those that take with records (beat looks for dead ones there)."""
-    client.sadd(HOLDING_KEY, holder)
-
-
 def holders(client: redis.Redis) -> set[str]:
-    """Every holder that takes with records."""
+    """Every holder that took with records (named in the take's step), until beat gave
+    back all it held."""
     return {_text(who) for who in client.smembers(HOLDING_KEY)}
 
 
@@ -122,25 +131,37 @@ def give_back(client: redis.Redis, holder: str, token: str, *, entered_at: float
     return int(scripts.run(client, "give_back", keys,
                            [token, expected, repr(due_clock(key, entered_at) if key else 0.0),
                             DUE_PREFIX, WAKE_PREFIX, epoch,
-                            holder if unless_running else "", job_id]))
+                            holder if unless_running else "", job_id, RELEASED,
+                            settings.runs_kept_s]))
+
+
+def put_back(client: redis.Redis, holder: str, token: str, record: str | None = None, *,
+             epoch: str = "", unless_running: bool = False) -> int:
+    """:func:`give_back` of what ``holder`` holds under ``token`` (its ``record`` read here
+    if not given), its job id and lane clock read from the message."""
+    if record is None:
+        record = client.hget(held_key(holder), token)
+        if record is None:
+            return 0
+    record = _text(record)
+    try:
+        message = envelope.decode(_record(record)[1])
+        job_id, entered_at = envelope.job_id(message) or "", lane_clock_of(message)
+    except (ValueError, KeyError, TypeError):  # not a job's: back as it is
+        job_id, entered_at = "", 0.0
+    return give_back(client, holder, token, expected=record, epoch=epoch, job_id=job_id,
+                     entered_at=entered_at, unless_running=unless_running)
 
 
 def put_back_all(client: redis.Redis, holder: str, *, epoch: str = "",
                  unless_running: bool = True) -> int:
     """Give back everything ``holder`` holds (beat, for a holder that died or froze);
     a job that finished is only dropped. How many went back."""
-    back = 0
-    for token, (key, raw) in held(client, holder).items():
-        try:
-            message = envelope.decode(raw)
-            job_id, entered_at = envelope.job_id(message) or "", lane_clock_of(message)
-        except (ValueError, KeyError, TypeError):  # not a job's: back as it is
-            job_id, entered_at = "", 0.0
-        back += give_back(client, holder, token, expected=f"{key}\n{raw}", epoch=epoch,
-                          job_id=job_id, entered_at=entered_at,
-                          unless_running=unless_running) == 1
-    if not client.exists(held_key(holder)):
-        client.srem(HOLDING_KEY, holder)
+    records = client.hgetall(held_key(holder))
+    back = sum(put_back(client, holder, _text(token), record, epoch=epoch,
+                        unless_running=unless_running) == 1
+               for token, record in records.items())
+    scripts.run(client, "forget_holder", [held_key(holder), HOLDING_KEY], [holder])
     return back
 
 

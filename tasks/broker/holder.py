@@ -1,82 +1,98 @@
-"""The worker process that consumes here, as the holder of the messages it takes.
+"""The process that holds what it takes: its identity, the take token of each message
+it holds, what it owes Redis, and the messages it settled.
 
-kombu's take records which process holds each message (``tasks.broker.transport``),
-so beat puts a dead worker's messages back at once. This module keeps that identity,
-the tags whose records a run's finish already dropped, and a mark set when a take or
-an ack got no answer: Redis may run it once it answers, leaving a record that names
-this process as holder of a message it does not hold (``gpu_worker.hooks.KeepHeld``
-settles such orphans).
+Every message a consumer takes is recorded under its holder in the same step
+(``tasks.broker.handover``). A worker names itself by its incarnation
+("host/pid/start", ``set_holder``); any other process is named the same way by default.
 """
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import threading
-from contextlib import contextmanager
-from typing import Iterator
+import time
 
-#: The identity ("host/pid/start") of the worker process consuming here, if any.
+import redis
+
+from tasks.broker import handover
+from tasks.broker.outage import OUTAGE
+
+log = logging.getLogger(__name__)
+
+#: This process's default name: the same shape as a worker's incarnation.
+_PROCESS = f"{socket.gethostname()}/{os.getpid()}/{time.time():.3f}"
+#: The identity a worker set for itself, if any.
 _holder: list[str] = []
 
 
-#: Delivery tags whose records a run's finish already dropped (``tasks.broker.runs``):
-#: their ack has nothing left to do in Redis.
-_acked: set[str] = set()
-
-
 def set_holder(identity: str) -> None:
-    """Name the worker process that consumes here: its takes record it as holder
-    ('' : none)."""
+    """Name the worker process that consumes here ('' : the process's default name)."""
     _holder[:] = [identity] if identity else []
 
 
 def holder() -> str:
-    """The worker process that consumes here ('' : none)."""
-    return _holder[0] if _holder else ""
+    """The holder this process's takes are recorded under."""
+    return _holder[0] if _holder else _PROCESS
 
 
-#: Set when a write about this process's takes or acks got no answer (Redis frozen,
-#: cut off): Redis may still run it once it answers, leaving a record that names this
-#: process as holder of a message it does not hold (a take it never delivered, an ack
-#: that did not drop its records). ``gpu_worker.hooks.KeepHeld`` settles such orphans.
-_unanswered = threading.Event()
+class Pending:
+    """What this process owes Redis, settled before its next take: the token of a take
+    whose answer was lost (repeated), acks and give-backs Redis did not answer. A
+    process never keeps a record of a message it does not hold."""
+
+    def __init__(self) -> None:
+        self.unanswered = ""
+        self.acks: set[str] = set()
+        self.returns: set[str] = set()
+
+    def settle(self, client: redis.Redis, holder: str) -> None:
+        if self.acks:  # swapped first: pool threads add to it while this runs
+            acks, self.acks = self.acks, set()
+            try:
+                handover.ack(client, holder, *acks)
+            except OUTAGE:
+                self.acks |= acks
+                raise
+        for token in list(self.returns):
+            handover.put_back(client, holder, token)
+            self.returns.discard(token)
 
 
-def unanswered_since(clear: bool = False) -> bool:
-    """Whether a take or ack of this process went unanswered since the flag was last
-    cleared (``clear``: clear it now, as the caller settles what it left)."""
-    seen = _unanswered.is_set()
-    if clear and seen:
-        _unanswered.clear()
-    return seen
+PENDING = Pending()
+#: Delivery tag -> take token of every message this process holds with a record.
+TOKENS: dict[str, str] = {}
 
 
-def note_unanswered() -> None:
-    """Something this process took may be recorded in Redis though it no longer holds it
-    (a take unanswered, a connection lost with messages in hand): settle its orphans."""
-    _unanswered.set()
+def token_of(delivery_tag: str) -> str:
+    """The take token (its record's name) of a message held here ('' : none)."""
+    return TOKENS.get(delivery_tag, "")
 
 
-@contextmanager
-def noting_unanswered() -> Iterator[None]:
-    """A block whose Redis write, should it raise, may still run later: note it."""
+def acked_with_run(delivery_tag: str) -> None:
+    """A run's finish dropped the message's record in its own step: the ack has nothing
+    left to do in Redis."""
+    TOKENS.pop(delivery_tag, None)
+
+
+def give_back(client: redis.Redis, token: str) -> None:
+    """What this process holds under ``token`` back to the front of its list; if Redis
+    does not answer, before the next take."""
     try:
-        yield
-    except BaseException:
-        note_unanswered()
-        raise
+        handover.put_back(client, holder(), token)
+    except OUTAGE:
+        PENDING.returns.add(token)
+        log.warning("a message could not be given back (Redis did not answer); it is "
+                    "given back before the next take")
 
 
-def acked_by_run(tag: str) -> None:
-    """The message ``tag``'s records went with its run's finish: its ack only does
-    kombu's bookkeeping."""
-    _acked.add(tag)
-
-
-def acked_earlier(tag: str) -> bool:
-    """Whether ``tag``'s records went with its run's finish (forgotten as it is asked)."""
-    if tag in _acked:
-        _acked.discard(tag)
-        return True
-    return False
+def give_back_all_but(client: redis.Redis, running: set[str]) -> int:
+    """Give back every message this process holds but those of ``running`` (delivery
+    tags): a consumer that lost its connection dropped the rest. How many."""
+    gone = [tag for tag in TOKENS if tag not in running]
+    for tag in gone:
+        give_back(client, TOKENS.pop(tag))
+    return len(gone)
 
 
 #: Delivery tags acked or rejected here, with when (monotonic): what a worker's

@@ -43,26 +43,21 @@ FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
 FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
 #: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
 MANIFESTS_KEY = f"{PREFIX}:manifests"
-#: Hash: delivery tag -> "<list key>\n<message>" of every message published and not
-#: yet taken by a worker (``tasks.broker.transport``).
-LEDGER_KEY = f"{PREFIX}:ledger"
 
 
-#: Hash: lane -> messages the ledger holds for it (published, not yet taken: what waits
-#: in its lists, and a take in flight), kept by every script that writes the ledger
-#: (``lua/ledger.lua``) in the same step: a publish's depth check reads one field.
+#: Hash: lane -> messages waiting in its lists, kept by every script that pushes to or
+#: takes from a list (``lua/queue.lua``) in the same step: a publish's depth check reads
+#: one field.
 LANE_DEPTHS_KEY = f"{PREFIX}:depths:lanes"
-#: Hash: list key -> messages the ledger holds for that list (a worker's own queue, a
+#: Hash: list key -> messages waiting in that list (a worker's own queue, a
 #: relaxed level), kept with ``LANE_DEPTHS_KEY``; a list with none has no field.
 LIST_DEPTHS_KEY = f"{PREFIX}:depths:lists"
 #: The due index of a lane (``due_key``) is this prefix plus the lane's name.
 DUE_PREFIX = f"{PREFIX}:due:"
-#: The keys of the ledger's bookkeeping, in the order its scripts take them.
-LEDGER_BOOK = (LEDGER_KEY, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY)
 
 
 def due_key(lane: str) -> str:
-    """Sorted set: delivery tag -> when its job entered ``lane`` (unix s), for every
+    """Sorted set: "<list>\n<message>" -> when its job entered ``lane`` (unix s), for every
     message of the lane that beat may move for its wait: a fast or standard job past its
     lane's budget, a relaxed job above the first level past the aging time."""
     return f"{DUE_PREFIX}{lane}"
@@ -76,23 +71,17 @@ def due_clock(key: str, entered_at: float) -> float:
 
 def lists_key(lane: str) -> str:
     """Set: every Redis list key that jobs of ``lane`` were pushed to (its depth is
-    the sum of their lengths; the ledger compares itself with their contents)."""
+    the sum of their lengths)."""
     return f"{PREFIX}:lists:{lane}"
 
 
 def parse_entry(entry: str | bytes) -> tuple[str, str]:
-    """(list key, message) of a ledger entry."""
+    """(list key, message) of a due index entry or a held record."""
     text = entry.decode() if isinstance(entry, bytes) else entry
     key, _, payload = text.partition("\n")
     return key, payload
 
 
-#: kombu's hash of unacked messages (delivery tag -> message) and its index (tag -> when
-#: taken): kombu's default names, which gpulanes does not change.
-UNACKED_KEY = "unacked"
-UNACKED_INDEX_KEY = "unacked_index"
-#: Hash: delivery tag -> when beat first found that ledgered message in no list.
-LEDGER_SUSPECTS_KEY = f"{PREFIX}:ledger:suspects"
 #: Hash: job id -> JSON of a job that failed for good.
 DEAD_KEY = f"{PREFIX}:dead"
 #: Sorted set: job id -> when its dead letter was written (unix s), so expiry reads the
@@ -110,8 +99,6 @@ def revoked_key(job_id: str) -> str:
     """Present while job ``job_id`` is revoked (``REVOKED_KEY`` lists them all): a run's
     begin reads it with the job's other records, in one read."""
     return f"{PREFIX}:revoked:{job_id}"
-#: Hash: broker delivery tag -> the worker incarnation ("host/pid/start") holding it.
-HOLDERS_KEY = f"{PREFIX}:holders"
 #: Seconds of GPU time per account are counted in buckets this long.
 USAGE_BUCKET_S = 60
 #: Fair shares count each account's GPU seconds over this window.

@@ -19,23 +19,24 @@ registered as ``gpulanes`` and chosen by a broker URL that names it:
 from __future__ import annotations
 
 import logging
-import os
-import queue
 import socket
-import threading
 import time
 import uuid
 from bisect import bisect
 from collections import deque
-from typing import Any, Iterable
+from dataclasses import replace
+from typing import Any, Callable, Iterable
 
 import kombu.transport
 import redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
-from tasks.broker import handover
-from tasks.broker.holder import holder as worker_holder
+from routing.names import LANES, lane_of
+from tasks.broker import envelope, handover
+from tasks.broker.bus import Bus
+from tasks.broker.holder import PENDING, TOKENS, give_back, settled
+from tasks.broker.holder import holder as process_holder
 from tasks.broker.keys import (
     BINDINGS_PREFIX,
     FANOUT_PREFIX,
@@ -45,67 +46,43 @@ from tasks.broker.keys import (
 )
 from tasks.broker.moves import lane_clock_of
 from tasks.broker.outage import OUTAGE
-from tasks.broker.store import connect
+from tasks.broker.publish import ClaimAnswered, current, put, refusal
+from tasks.broker.store import bare, connect
 
 log = logging.getLogger(__name__)
+#: Seconds a channel keeps a lane exchange's bindings before it reads them again.
+TABLE_KEPT_S = 5.0
 #: Priority levels of a queue's lists, unless ``priority_steps`` says otherwise (kombu's).
 PRIORITY_STEPS = (0, 3, 6, 9)
-#: Seconds an idle consumer waits on its wake-ups before it takes once anyway: a
-#: safety net for a wake-up missed while its connection was down, not a poll.
-IDLE_TAKE_S = 30.0
-#: This process, as holder of what it takes, unless a worker names itself
-#: (``tasks.broker.holder``).
-_PROCESS = f"{socket.gethostname()}/{os.getpid()}/{time.time():.3f}"
-
-
-def process_holder() -> str:
-    """The holder this process's takes are recorded under."""
-    return worker_holder() or _PROCESS
-
-
-class Pending:
-    """What this process owes Redis, settled before its next take: the token of a take
-    whose answer was lost (repeated), acks and give-backs Redis did not answer. A
-    process never keeps a record of a message it does not hold."""
-
-    def __init__(self) -> None:
-        self.unanswered = ""
-        self.acks: set[str] = set()
-        self.returns: dict[str, float] = {}  # token -> its job's lane clock
-        self.registered: set[str] = set()
-
-    def settle(self, client: redis.Redis, holder: str, record: bool) -> None:
-        if record and holder not in self.registered:
-            handover.register(client, holder)
-            self.registered.add(holder)
-        if self.acks:  # swapped first: pool threads add to it while this runs
-            acks, self.acks = self.acks, set()
-            try:
-                handover.ack(client, holder, *acks)
-            except OUTAGE:
-                self.acks |= acks
-                raise
-        for token, entered_at in list(self.returns.items()):
-            handover.give_back(client, holder, token, entered_at=entered_at)
-            del self.returns[token]
-
-
-PENDING = Pending()
-
-
+#: Seconds an idle consumer waits on its wake-ups before it takes once anyway: for an
+#: item pushed without a wake-up (a hand-typed LPUSH), and a wake-up missed while its
+#: connection was down; not a poll (one Lua call per idle period).
+IDLE_TAKE_S = 5.0
 class QoS(virtual.QoS):
     """kombu's prefetch accounting; an ack or a reject also settles the message's record."""
 
     def ack(self, delivery_tag: str) -> None:
-        self.channel.settle(delivery_tag)
-        super().ack(delivery_tag)
-        self.channel.connection.room_made()
+        try:
+            self.channel.settle(delivery_tag)
+        finally:
+            super().ack(delivery_tag)
+            settled(delivery_tag, time.monotonic())
+            self.room_made()
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
-        if not requeue:  # with requeue, kombu gives it back (``Channel._restore``)
-            self.channel.settle(delivery_tag)
-        super().reject(delivery_tag, requeue)
-        self.channel.connection.room_made()
+        try:
+            if not requeue:  # with requeue, kombu gives it back (``Channel._restore``)
+                self.channel.settle(delivery_tag)
+        finally:
+            super().reject(delivery_tag, requeue)
+            settled(delivery_tag, time.monotonic())
+            self.room_made()
+
+    def room_made(self) -> None:
+        """Wake the consumer: a place under its prefetch limit is free (none to wake
+        once its channel closed)."""
+        if self.channel.connection is not None:
+            self.channel.connection.room_made()
 
 
 class Channel(virtual.Channel):
@@ -119,19 +96,35 @@ class Channel(virtual.Channel):
         self.client: redis.Redis = connection.commands
         self.consuming: dict[str, tuple[str, bool]] = {}  # consumer tag -> (queue, no_ack)
         self.fanout_of: dict[str, str] = {}  # queue -> the fanout exchange it is bound to
-        self.tokens: dict[str, str] = {}  # delivery tag -> take token (its record)
+        self.tables: dict[str, tuple[float, list]] = {}  # lane exchange -> (read at, table)
         self.inbox: deque[tuple[dict, str]] = deque()  # fanout messages to deliver
         self.ready, self.took_at = True, 0.0
+        #: ``on_unreadable(problem, {"queue", "item"})``: what to do with an item taken
+        #: that is not a message (None: set it aside, ``handover.set_aside``).
+        self.on_unreadable: Callable[[str, dict[str, Any]], None] | None = None
 
     # -- the interface kombu asks of a virtual channel ----------------------------------
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
-        handover.push(self.client, self.list_of(queue, message), dumps(message))
+        """Push ``message``; to a lane, through the conditions of the publish under way
+        (``tasks.broker.publish``), whose refusal is raised once it has left kombu."""
+        key = self.list_of(queue, message)
+        if not is_lane(queue):
+            return handover.push(self.client, key, dumps(message))
+        when, outcome = current()
+        if not when.entered_at:  # a publish that did not say (a retry's, kombu's own)
+            when = replace(when, entered_at=lane_clock_of(message))
+        verdict = put(self.client, lane_of(queue), key, dumps(message),
+                      (message.get("headers") or {}).get("id") or "", when)
+        if isinstance(verdict, ClaimAnswered):  # nothing pushed: the cache answered
+            outcome.refusal = verdict
+        elif verdict < 1:
+            outcome.refusal = refusal(verdict, lane_of(queue), when.limit)
 
     def _get(self, queue: str, timeout: float | None = None) -> dict:
         got = self.take([queue], record=True)
         if got is None:
             raise virtual.Empty()
-        return got[0]
+        return got[0]  # the payload
 
     def _size(self, queue: str) -> int:
         with self.client.pipeline(transaction=False) as pipe:
@@ -157,6 +150,7 @@ class Channel(virtual.Channel):
         self.client.publish(FANOUT_PREFIX + exchange, dumps(message))
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        self.tables.pop(exchange, None)  # this process's own binds are seen at once
         if self.typeof(exchange).type == "fanout":
             self.fanout_of[queue] = exchange
         else:
@@ -164,6 +158,22 @@ class Channel(virtual.Channel):
                              PRIORITY_SEP.join((routing_key or "", pattern or "", queue)))
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
+        """The exchange's bindings. A lane's change only when a worker binds or drops
+        its own queue: kept ``TABLE_KEPT_S``. A lane queue nobody has bound (its worker
+        gone, or not started yet) is served by its shared lane, where any worker takes
+        it: an unrouted job would be dropped, its caller never knowing."""
+        if not is_lane(exchange):
+            return self.read_table(exchange)
+        now, kept = time.monotonic(), self.tables.get(exchange)
+        if kept is not None and now - kept[0] < TABLE_KEPT_S:
+            return kept[1]
+        table = self.read_table(exchange)
+        if table:
+            self.tables[exchange] = (now, table)
+            return table
+        return [(exchange, "", lane_of(exchange))]
+
+    def read_table(self, exchange: str) -> list[tuple[str, str, str]]:
         members = self.client.smembers(BINDINGS_PREFIX + exchange)
         return [tuple(_text(member).split(PRIORITY_SEP, 2)) for member in members]
 
@@ -171,16 +181,9 @@ class Channel(virtual.Channel):
         """A message delivered here and not acked goes back to the front of its list, in
         the step that drops its record (a reject with requeue, a channel closed); if
         Redis does not answer, with the next take."""
-        token = self.tokens.pop(message.delivery_tag, None)
-        if token is None:  # a consumer that never acks: nothing recorded, pushed again
-            return super()._restore(message)
-        entered_at = lane_clock_of(message.serializable())
-        try:
-            handover.give_back(self.client, process_holder(), token, entered_at=entered_at)
-        except OUTAGE:
-            PENDING.returns[token] = entered_at
-            log.warning("a message could not be given back (Redis did not answer); it is "
-                        "given back before the next take")
+        token = TOKENS.pop(message.delivery_tag, None)
+        if token is not None:  # else settled already: given back, or acked with its run
+            give_back(self.client, token)
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)
@@ -218,45 +221,61 @@ class Channel(virtual.Channel):
             return False
         if not self.ready and time.monotonic() - self.took_at < IDLE_TAKE_S:
             return False
-        for no_ack in (False, True):  # a task consumer's queues, else replies' and the like
+        groups = []
+        for no_ack in (False, True):  # a task consumer's queues, then replies' and the like
             queues = [q for q, n in self.consuming.values()
                       if n == no_ack and q not in self.fanout_of]
-            if queues and (got := self.take(queues, record=not no_ack)) is not None:
-                payload, queue = got
+            if queues:
+                groups.append((queues, not no_ack))
+        for queues, record in groups:
+            if (got := self.take(queues, record)) is not None:
+                payload, queue, more = got
+                self.ready = more or len(groups) > 1  # else woken by the next push
                 self.connection.on_message_ready(self, payload, queue)
                 return True
         self.ready, self.took_at = False, time.monotonic()
         return False
 
-    def take(self, queues: list[str], record: bool) -> tuple[dict, str] | None:
+    def take(self, queues: list[str], record: bool) -> tuple[dict, str, bool] | None:
         """Take the next message of ``queues`` (in order, each level by level): its
-        payload and queue; None when they are all empty. An unreadable item is set
-        aside (``handover.set_aside``) and the next one taken."""
+        payload, its queue and whether they may hold more; None when they are all empty.
+        An unreadable item is refused (:meth:`refuse`) and the next one taken."""
         holder = process_holder()
-        PENDING.settle(self.client, holder, record)
+        PENDING.settle(self.client, holder)
         while True:
-            token, repeat = PENDING.unanswered or uuid.uuid4().hex, bool(PENDING.unanswered)
-            PENDING.unanswered = token
-            got = handover.take(self.client, holder, self.lists(queues), token,
-                                repeat=repeat, record=record)
+            token = PENDING.unanswered = PENDING.unanswered or uuid.uuid4().hex
+            got = handover.take(self.client, holder, self.lists(queues), token, record=record)
             PENDING.unanswered = ""
             self.took_at = time.monotonic()
             if got is None:
                 return None
             try:
                 payload = loads(got.raw)
-                tag = payload["properties"]["delivery_tag"]
-            except (ValueError, KeyError, TypeError) as exc:
-                handover.set_aside(self.client, holder, got, f"{type(exc).__name__}: {exc}")
+            except ValueError as exc:
+                payload, problem = None, f"a lane item that is not JSON: {exc}"
+            else:
+                problem = envelope.problem(payload)
+            if problem is not None:
+                self.refuse(got, problem)
                 continue
+            tag = payload["properties"]["delivery_tag"]
             if record:
-                self.tokens[tag] = token
-            return payload, got.key.split(PRIORITY_SEP, 1)[0]
+                TOKENS[tag] = token
+            return payload, got.key.split(PRIORITY_SEP, 1)[0], got.more
+
+    def refuse(self, taken: handover.Taken, problem: str) -> None:
+        """An item that is not a message never reaches kombu (it would stop the consumer):
+        handed to ``on_unreadable`` (a worker dead-letters it), else set aside."""
+        queue = taken.key.split(PRIORITY_SEP, 1)[0]
+        if self.on_unreadable is None:
+            return handover.set_aside(self.client, process_holder(), taken, problem)
+        self.on_unreadable(problem, {"queue": queue, "item": taken.raw})
+        handover.ack(self.client, process_holder(), taken.token)
 
     def settle(self, delivery_tag: str) -> None:
         """Drop the record of a message acked or rejected here; if Redis does not answer,
         with the next take (this process holds nothing it does not run)."""
-        token = self.tokens.pop(delivery_tag, None)
+        token = TOKENS.pop(delivery_tag, None)
         if token is None:
             return
         try:
@@ -267,69 +286,17 @@ class Channel(virtual.Channel):
 
     # -- helpers -------------------------------------------------------------------------
     def lists(self, queues: Iterable[str]) -> list[str]:
-        """The lists of ``queues``, in the order they are served."""
-        return [list_key(queue, step) for queue in queues for step in self.priority_steps]
+        """The lists of ``queues``, in the order they are served: level by level, each
+        level in the order the queues were consumed (as kombu's Redis transport)."""
+        queues = list(queues)
+        return [list_key(queue, step) for step in sorted(self.priority_steps)
+                for queue in queues]
 
     def list_of(self, queue: str, message: dict) -> str:
         """The list ``message`` goes to: its queue's, at its priority level."""
         priority = (message.get("properties") or {}).get("priority") or 0
         steps = sorted(self.priority_steps)
         return list_key(queue, steps[max(0, bisect(steps, priority) - 1)])
-
-
-class Bus:
-    """The pub/sub connection, read by a thread of its own. What it hears, and the
-    room an ack makes for a consumer at its prefetch limit, reach :meth:`wait`."""
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self.heard: queue.SimpleQueue = queue.SimpleQueue()
-        self.reader: threading.Thread | None = None
-        self.closed = False
-
-    def subscribe(self, name: str, on_connect: Any) -> None:
-        self.pubsub.subscribe(name)
-        if self.reader is None:  # the connection exists now
-            self.pubsub.connection.register_connect_callback(on_connect)
-            self.reader = threading.Thread(target=self._read, name="gpulanes-bus", daemon=True)
-            self.reader.start()
-
-    def _read(self) -> None:
-        while not self.closed:
-            try:
-                message = self.pubsub.get_message(timeout=1.0)
-            except Exception as exc:  # noqa: BLE001  the consumer raises it
-                if self.closed:
-                    return
-                self.heard.put(exc)
-                time.sleep(0.5)
-                continue
-            if message is not None:
-                self.heard.put(message)
-
-    def nudge(self) -> None:
-        """Wake :meth:`wait` with nothing heard (room was made)."""
-        self.heard.put(None)
-
-    def wait(self, timeout: float) -> list[dict]:
-        """What was heard within ``timeout`` s (at least one thing, or nothing in time)."""
-        try:
-            got = [self.heard.get(timeout=timeout)]
-        except queue.Empty:
-            return []
-        while True:
-            try:
-                got.append(self.heard.get_nowait())
-            except queue.Empty:
-                break
-        for item in got:
-            if isinstance(item, Exception):
-                raise item
-        return [item for item in got if item is not None]
-
-    def close(self) -> None:
-        self.closed = True
-        self.pubsub.close()
 
 
 class Transport(virtual.Transport):
@@ -348,10 +315,18 @@ class Transport(virtual.Transport):
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
         options = client.transport_options
-        self.commands = connect(broker_url(client), options.get("master_name"),
-                                timeout_s=options.get("socket_timeout") or 5.0)
+        self.commands = connect(
+            broker_url(client), options.get("master_name"),
+            timeout_s=options.get("socket_timeout") or 5.0,
+            socket_connect_timeout=options.get("socket_connect_timeout") or 5.0)
         self.bus: Bus | None = None
         self.listening: dict[str, list[Any]] = {}  # pub/sub channel -> (channel, queue)s
+
+    def establish_connection(self) -> Any:
+        """kombu's, once Redis answers: a consumer that cannot reach it fails here, and
+        Celery tries again with its backoff."""
+        self.commands.ping()
+        return super().establish_connection()
 
     def listen(self, channel: Channel, queue: str) -> None:
         """Wake ``channel`` for what arrives in ``queue`` (its fanout exchange's messages,
@@ -406,11 +381,15 @@ class Transport(virtual.Transport):
         self.commands.close()
 
 
+def is_lane(queue: str) -> bool:
+    """A lane or a worker's own queue of one: the queues jobs wait in."""
+    return lane_of(queue) in LANES
+
+
 def broker_url(client: Any) -> str:
     """The Redis URL behind a ``gpulanes+...`` one (kombu splits ``;``-separated
     Sentinel addresses into alternates: joined again)."""
-    urls = [url.split("+", 1)[1] if url.startswith("gpulanes+") else url
-            for url in (client.alt or [client.hostname])]
+    urls = [bare(url) for url in (client.alt or [client.hostname])]
     return ";".join(urls) if urls[0].startswith("sentinel://") else urls[0]
 
 

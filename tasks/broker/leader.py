@@ -3,7 +3,7 @@
 A beat leads while it holds ``BEAT_LEADER_KEY``, a key that lapses unless renewed
 (``lua/lead.lua``). Each new lead increments ``BEAT_EPOCH_KEY``: the epoch is the
 leader's fencing token. Every write of beat's (the snapshot and worker record, moves,
-ledger put-backs and drops, list pruning, dead-letter expiry) checks in the same
+put-backs, dead-letter expiry) checks in the same
 atomic step that the epoch it was made under is still the current one
 (``lua/fence.lua``), so an old leader that was paused or cut off past its lease, and
 wakes up after a standby took over, changes nothing.

@@ -4,7 +4,7 @@ level, or a worker's own queue handed back to the shared lane.
 A move reads the oldest messages of a list (kombu pops from the right) and moves
 each with one Lua script (``lua/move.lua``) that removes it only if it is still
 there, so a worker taking it at the same moment is never double-served and
-nothing is dropped; the ledger entry and the lane's set of lists follow it, a
+nothing is dropped; its count, due index entry and the lane's set of lists follow it, a
 coalesced run the job leads takes the target lane's rank, and a job leaving the
 fast lane gives back its account's fast place, all in that step. What is due
 to move, and where, is the caller's policy (``beat.movers``, ``beat.shared``).
@@ -24,10 +24,11 @@ from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     DUE_PREFIX,
     FAST_NEWS_PREFIX,
-    LEDGER_BOOK,
-    LEDGER_KEY,
+    LANE_DEPTHS_KEY,
+    LIST_DEPTHS_KEY,
     PREEMPTIBLE_KEY,
     PRIORITY_SEP,
+    WAKE_PREFIX,
     due_clock,
     due_key,
     fast_queued_key,
@@ -40,9 +41,6 @@ from tasks.broker.message import JobMessage
 
 #: Oldest messages looked at per list per round: a round must stay short.
 MOVES_PER_ROUND = 200
-#: Batches of the due index a round reads at most while they hold only entries of
-#: messages already taken.
-PRUNES_PER_ROUND = 50
 #: Returned by a ``due`` function: this message and all younger ones stay.
 STOP: dict = {}
 #: What is wrong with a list item that is not a job message (a worker refuses it).
@@ -132,32 +130,20 @@ def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
     at its back: moved after the messages earlier rounds moved there, a message keeps
     its place in time.
 
-    A worker's take leaves its message's entry in the index (one write less per job);
-    entries the ledger no longer has are dropped here, in batches, and a batch of
-    nothing but those is followed by the next (``PRUNES_PER_ROUND`` at most).
+    An index entry is "<list>\n<message>": a take drops it in its own step.
     """
-    moved = 0
-    for _ in range(PRUNES_PER_ROUND):
-        tags = client.zrangebyscore(due_key(lane), "-inf", cutoff, start=0,
-                                    num=MOVES_PER_ROUND)
-        batch, left = [], []
-        for tag, entry in zip(tags, client.hmget(LEDGER_KEY, tags) if tags else ()):
-            if entry is None:
-                left.append(tag)  # taken
-                continue
-            source, raw = parse_entry(entry)
-            call = _move_call(client, source, target_of(source), raw, due, leaves_fast,
-                              back)
-            if call is None:
-                left.append(tag)
-            elif call is not STOP:
-                batch.append(call)
-        if left:
-            client.zrem(due_key(lane), *left)
-        moved += _run_moves(client, batch, back)
-        if len(tags) < MOVES_PER_ROUND or len(left) < len(tags):
-            return moved
-    return moved
+    entries = client.zrangebyscore(due_key(lane), "-inf", cutoff, start=0, num=MOVES_PER_ROUND)
+    batch, left = [], []
+    for entry in entries:
+        source, raw = parse_entry(entry)
+        call = _move_call(client, source, target_of(source), raw, due, leaves_fast, back)
+        if call is None:
+            left.append(entry)
+        elif call is not STOP:
+            batch.append(call)
+    if left:
+        client.zrem(due_key(lane), *left)
+    return _run_moves(client, batch, back)
 
 
 def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, due: Due,
@@ -168,7 +154,7 @@ def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, 
         queued = Queued(raw, envelope.decode(raw))
         rewritten = due(queued)
         account = queued.message.job.account if leaves_fast else None
-        job_id, tag = envelope.job_id(queued.envelope), envelope.delivery_tag(queued.envelope)
+        job_id = envelope.job_id(queued.envelope)
     except UNREADABLE:
         return None  # not a job message: a worker refuses and dead-letters it
     if rewritten is STOP or rewritten is None:
@@ -176,10 +162,10 @@ def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, 
     lane = lane_of_key(target)
     places = [fast_queued_key(account)] if account else []
     clock = due_clock(target, lane_clock_of(rewritten))
-    return ([source, target, *LEDGER_BOOK, BEAT_EPOCH_KEY, lists_key(lane), run_key(job_id),
-             *places],
-            [raw, envelope.encode(rewritten), job_id, tag, LANES.index(lane), repr(clock),
-             DUE_PREFIX, leader.epoch(), "1" if back else ""])
+    return ([source, target, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, BEAT_EPOCH_KEY, lists_key(lane),
+             run_key(job_id), *places],
+            [raw, envelope.encode(rewritten), job_id, WAKE_PREFIX, LANES.index(lane),
+             repr(clock), DUE_PREFIX, leader.epoch(), "1" if back else ""])
 
 
 def _run_moves(client: redis.Redis, batch: list[tuple[list, list]], back: bool = False) -> int:

@@ -1,11 +1,12 @@
-"""The publish script: one Lua call that pushes a job message and writes its ledger
-entry, and first checks what the publisher asked for (``tasks.broker.transport`` runs it).
+"""The publish script: one Lua call that pushes a job message, counted, indexed and
+announced (``lua/queue.lua``), and first checks what the publisher asked for
+(``tasks.broker.lanes`` runs it).
 
 It checks, before it writes anything, what the publisher asked for in
 :func:`publishing` and refuses the whole publish if one fails:
 
 - a lane's maximum depth for new jobs (``submit()``): it reads the lane's depth
-  counter (every list of the lane, kept with the ledger: ``lua/ledger.lua``) and
+  counter (every list of the lane: ``lua/queue.lua``) and
   pushes only below the limit, else
   :class:`LaneAtLimit`. Any number of submitters together never pass the
   limit. Messages published outside it (retries, restores) are never refused:
@@ -54,9 +55,9 @@ from tasks.broker.keys import (
     DUE_PREFIX,
     FAST_NEWS_PREFIX,
     LANE_DEPTHS_KEY,
-    LEDGER_KEY,
     LIST_DEPTHS_KEY,
     PREEMPTIBLE_KEY,
+    WAKE_PREFIX,
     due_clock,
     lists_key,
     run_key,
@@ -183,7 +184,7 @@ def _led_run(job_id: str, when: Conditions) -> tuple[str, str]:
     return "", run_key(job_id) if when.fence and job_id else ""
 
 
-def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
+def _put_call(key: str, lane: str, payload: str, job_id: str,
               when: Conditions) -> tuple[list[str], list[Any]]:
     """The KEYS and ARGV of the publish script (``lua/put.lua``)."""
     places, allowed, lapse_s = when.fast_places or ("", 0, 0)
@@ -192,9 +193,9 @@ def _put_call(key: str, lane: str, payload: str, tag: str, job_id: str,
     lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
     balances, account, start_s = when.fast_time or ("", "", 0.0)
     claim_keys, claim_args = when.claim or (("", "", ""), ("", "", 0, 0, 0, ""))
-    return ([key, LEDGER_KEY, lists_key(lane), places, pointer, run, lease, counter, balances,
+    return ([key, "", lists_key(lane), places, pointer, run, lease, counter, balances,
              LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY, *claim_keys],
-            [payload, tag, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
+            [payload, WAKE_PREFIX, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
              token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
              "1" if when.front else "0", FAST_NEWS_PREFIX,
              repr(due_clock(key, when.entered_at)), DUE_PREFIX, *claim_args,
@@ -210,10 +211,10 @@ def _admission_args(admission: Admission | None) -> list[str]:
             *(part for lane, job_s in admission.per_job_s for part in (lane, repr(job_s)))]
 
 
-def _put(client: redis.Redis, lane: str, key: str, payload: str, tag: str, job_id: str,
-         when: Conditions) -> int | ClaimAnswered:
+def put(client: redis.Redis, lane: str, key: str, payload: str, job_id: str,
+        when: Conditions) -> int | ClaimAnswered:
     """The publish script's verdict (see :func:`refusal`), or its claim's answer."""
-    keys, args = _put_call(key, lane, payload, tag, job_id, when)
+    keys, args = _put_call(key, lane, payload, job_id, when)
     verdict = scripts.run(client, "put", keys, args)
     if isinstance(verdict, list):
         return ClaimAnswered(*(v.decode() if isinstance(v, bytes) else v for v in verdict))

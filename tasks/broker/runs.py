@@ -19,23 +19,22 @@ import logging
 import time
 from typing import Any, NamedTuple
 
-from tasks.broker import holder as holding
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.backend import Entry
+from tasks.broker.holder import holder as process_holder
 from tasks.broker.keys import (
     DEAD_INDEX_KEY,
     DEAD_KEY,
     DEAD_TTL_S,
     FAST_BALANCE_KEY,
     FAST_EXHAUSTED_KEY,
-    HOLDERS_KEY,
+    HELD_PREFIX,
     METRICS_KEY,
-    UNACKED_INDEX_KEY,
-    UNACKED_KEY,
     attempts_key,
     done_key,
     fast_queued_key,
+    held_key,
     lease_key,
     revoked_key,
 )
@@ -49,12 +48,13 @@ def _run(name: str, keys: list[str], args: list[Any]) -> Any:
     return scripts.run(redis_client(), name, keys, args)
 
 
-def token(holder: str, attempt: int, tag: str) -> str:
-    """The lease value of run ``attempt`` taken by ``holder`` from message ``tag``."""
-    return f"{holder}#{attempt}#{tag}"
+def token(holder: str, attempt: int, taken: str) -> str:
+    """The lease value of run ``attempt`` by ``holder`` of the message it took under take
+    token ``taken``."""
+    return f"{holder}#{attempt}#{taken}"
 
 
-def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
+def begin(job_id: str, holder: str, taken: str, fast_account: str | None,
           deferred: bool = False, started: Entry | None = None) -> tuple[str, str]:
     """(``run``, its number) | (``done``, the result JSON) | (``dead``, the dead letter)
     | (``revoked``|``busy``|``defer``|``superseded``, '').
@@ -63,13 +63,13 @@ def begin(job_id: str, holder: str, tag: str, fast_account: str | None,
     run that begins stores ``started`` (its STARTED entry in the result backend) in the
     same step."""
     key, entry = started or (done_key(job_id), "")  # no entry: a key unused
-    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id), DEAD_KEY,
-            HOLDERS_KEY, key]
+    keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id),
+            DEAD_KEY, key]
     if fast_account is not None:
         keys.append(fast_queued_key(fast_account))
     return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
-                                          job_id, tag, "1" if deferred else "", RELEASED,
-                                          entry, settings.result_ttl_s]))
+                                          job_id, taken, "1" if deferred else "", RELEASED,
+                                          entry, settings.result_ttl_s, HELD_PREFIX]))
 
 
 class Finished(NamedTuple):
@@ -87,23 +87,21 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
            settle: tuple[list[str], list[Any]] | None = None) -> Finished:
     """Store ``result`` as the job's and (``charge_fast``) charge ``account`` its fast
     seconds, if the run still holds the job, and store and announce ``stored`` (its
-    SUCCESS entry in the result backend) in the same step. ``ack``: the delivery tag of
-    the run's message, acked in that step too (if this process still holds it) unless
-    the run is stale; kombu's ack of it then leaves Redis alone. ``settle``: the keys
+    SUCCESS entry in the result backend) in the same step. ``ack``: the take token of
+    the run's message, whose record goes in that step too unless the run is stale (its
+    ack then leaves Redis alone). ``settle``: the keys
     and arguments of closing the coalesced run the job leads (``lua/settle.lua``), done
     in that step too unless the run is stale, before its entry is announced."""
     key, entry = stored or (done_key(job_id), "")
     keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), key, FAST_BALANCE_KEY,
-            FAST_EXHAUSTED_KEY, HOLDERS_KEY, UNACKED_KEY, UNACKED_INDEX_KEY]
+            FAST_EXHAUSTED_KEY, held_key(process_holder())]
     args = [token, attempt, json.dumps(result), settings.result_ttl_s, account,
             repr(result["run_ms"] / 1000),
             repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
-            holding.holder(), settings.lease_ttl_s]
+            settings.lease_ttl_s]
     if settle is not None:
         keys, args = keys + settle[0], args + settle[1]
     verdict, value, *flat = _run("run_finish", keys, args)
-    if ack and verdict != "stale":
-        holding.acked_by_run(ack)
     return Finished(verdict, value, tuple(zip(flat[::2], flat[1::2])))
 
 

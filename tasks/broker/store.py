@@ -55,8 +55,9 @@ def following(connection_class: type | None) -> type | None:
 
 
 def redis_url(broker_url: str) -> str:
-    """Translate kombu's ``redis+socket:///path`` into redis-py's ``unix:///path``."""
-    parts = urlsplit(broker_url)
+    """Translate kombu's ``redis+socket:///path`` into redis-py's ``unix:///path`` (the
+    transport's ``gpulanes+`` left out)."""
+    parts = urlsplit(bare(broker_url))
     if parts.scheme in ("redis+socket", "socket"):
         return f"unix://{parts.path}" + (f"?{parts.query}" if parts.query else "")
     if parts.scheme not in ("redis", "rediss", "unix"):
@@ -64,11 +65,20 @@ def redis_url(broker_url: str) -> str:
     return broker_url
 
 
+def bare(broker_url: str) -> str:
+    """A broker URL without the ``gpulanes+`` that names gpulanes' transport."""
+    return broker_url.removeprefix(TRANSPORT_PREFIX)
+
+
+#: What a broker URL starts with to name gpulanes' transport (``tasks.broker.lanes``).
+TRANSPORT_PREFIX = "gpulanes+"
+
+
 def sentinel_client(broker_url: str, master_name: str, **kwargs) -> redis.Redis:
     """A client of the master that the Sentinels of ``broker_url`` name ``master_name``;
     it follows a failover by asking them again."""
     nodes, password, db = [], None, 0
-    for part in broker_url.split(";"):
+    for part in bare(broker_url).split(";"):
         url = urlsplit(part.strip())
         if url.scheme != "sentinel":
             raise ValueError(f"not a Sentinel URL: {part!r}")
@@ -96,7 +106,7 @@ def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 
     kwargs.setdefault("retry", ONE_RECONNECT)
     kwargs.setdefault("decode_responses", True)
     kwargs.setdefault("parser_class", refusal_parser(kwargs.get("protocol")))  # an outage
-    if broker_url.startswith("sentinel://"):
+    if bare(broker_url).startswith("sentinel://"):
         if not master_name:
             raise ValueError("a sentinel:// URL needs the master's name "
                              "(GPULANES_SENTINEL_MASTER)")

@@ -3,7 +3,7 @@
 An account may have at most ``GPULANES_FAST_JOBS_PER_ACCOUNT`` fast jobs
 waiting to start. Each one is a member of the account's sorted set in Redis
 (``tasks.broker.keys.fast_queued_key``), added by ``submit()`` in the Lua call that
-publishes the job (``tasks.broker.transport``: no round trip of its own, and a publish
+publishes the job (``tasks.broker.publish``: no round trip of its own, and a publish
 refused or lost takes no place) and removed when the job leaves the fast lane's
 queue: by the worker in the
 script that starts it, by beat when it moves it down a lane, or when it

@@ -133,8 +133,8 @@ def job_metrics(counts: dict[str, str]) -> Iterator[Metric]:
         family.add_metric([], float(counts.get(f"cache_{kind}", 0)))
         yield family
     for name, field, doc in (
-            ("gpulanes_recovered", "recovered", "Jobs a worker took from a lane and died "
-             "before recording, put back by beat from the publish ledger"),
+            ("gpulanes_recovered", "recovered", "Jobs a dead or frozen worker held, put "
+             "back in their lanes by beat's health check"),
             ("gpulanes_stale_runs", "stale_runs", "Runs stopped because a newer run had "
              "taken their job over while they were frozen or cut off")):
         family = CounterMetricFamily(name, doc)

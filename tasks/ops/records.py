@@ -1,9 +1,9 @@
 """Where a job stands, from its result and else from what the broker records of accepted
-jobs (``lanes job``, ``lanes cancel``): a lane's list, the ledger, a worker's unacked
-messages, its run's lease and counters, a coalesced run it follows.
+jobs (``lanes job``, ``lanes cancel``): a lane's list, a worker's held records, its
+run's lease and counters, a coalesced run it follows.
 
 An operator's question, not the per-job path: a job with no result and in no list costs
-a read of the ledger, of the unacked messages and of the coalesced runs' keys.
+a read of every holder's records and of the coalesced runs' keys.
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any, Callable
 import redis
 
 from tasks.broker import envelope
+from tasks.broker.handover import holders
 from tasks.broker.keys import (
     DEAD_KEY,
-    LEDGER_KEY,
     RUN_KEY_PREFIX,
-    UNACKED_KEY,
     attempts_key,
     done_key,
+    held_key,
     lease_key,
     parse_entry,
     revoked_key,
@@ -71,7 +71,7 @@ def unlisted(client: redis.Redis, job_id: str) -> dict[str, Any] | None:
         pipe.exists(attempts_key(job_id), done_key(job_id))
         pipe.hexists(DEAD_KEY, job_id)
         revoked, ran, dead = pipe.execute()
-    if holds(client, UNACKED_KEY, job_id, _unacked) or holds(client, LEDGER_KEY, job_id, _ledgered):
+    if any(holds(client, held_key(who), job_id, _held) for who in holders(client)):
         return {"state": "TAKEN"}
     if leader := leader_of(client, job_id):
         return {"state": "FOLLOWING", "leader": leader}
@@ -80,12 +80,8 @@ def unlisted(client: redis.Redis, job_id: str) -> dict[str, Any] | None:
     return {"state": "ACCEPTED"} if ran or dead else None
 
 
-def _unacked(raw: str) -> Any:
-    """The envelope of a kombu unacked entry: ``[envelope, exchange, routing key]``."""
-    return envelope.decode(raw)[0]
-
-
-def _ledgered(raw: str) -> Any:
+def _held(raw: str) -> Any:
+    """The envelope of a held record: ``<list>\n<message>``."""
     return envelope.decode(parse_entry(raw)[1])
 
 

@@ -48,6 +48,7 @@ from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
 from tasks.broker.backend import Entry, run_entries, stored_by_run
+from tasks.broker.holder import acked_with_run, token_of
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
@@ -84,11 +85,11 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
     job_id, route = task.request.id, message.route
     fast = message.job.account if route.requested_tier == FAST else None
-    tag = _delivery_tag(task)
+    taken = _take_token(task)
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
-        return sent_at, runs.begin(job_id, RUNTIME.incarnation, tag, fast,
+        return sent_at, runs.begin(job_id, RUNTIME.incarnation, taken, fast,
                                    deferred=route.deferred, started=started)
 
     started = _entry(task, {"pid": os.getpid(), "hostname": task.request.hostname},
@@ -106,7 +107,8 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
         _defer(task, message)
     if verdict == "revoked":
         _revoked(task, None)
-    lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), tag), sent_at)
+    lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), taken),
+                  sent_at)
     HELD_JOBS.attach(lease)
     return lease
 
@@ -114,6 +116,11 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
 def _delivery_tag(task: Any) -> str:
     """The delivery tag of the message the task runs from ('' : none)."""
     return (task.request.properties or {}).get("delivery_tag") or ""
+
+
+def _take_token(task: Any) -> str:
+    """The take token of the message the task runs from: its record's name ('' : none)."""
+    return token_of(_delivery_tag(task))
 
 
 def _defer(task: Any, message: JobMessage) -> NoReturn:
@@ -288,7 +295,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     job_id = task.request.id
     stored = _entry(task, result, states.SUCCESS) if entry else None
     # its message is acked in the same step where the entry is: nothing to put back after
-    ack = _delivery_tag(task) if stored else ""
+    ack = _take_token(task) if stored else ""
     # a run others joined is closed to joiners in that step too, before it is announced
     settle = settle_call(job_id) if job.leads_run else None
     finished = persist(
@@ -298,6 +305,8 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     verdict, value = finished.verdict, finished.value
     if verdict == "stale":
         _stale(task, lease)
+    if ack:  # its record went with the result
+        acked_with_run(_delivery_tag(task))
     if verdict == "stored":
         COUNTS.add(job_counts(result, job.account))  # pushed with the worker's stats
     if stored is not None:  # stored by this run's script, or by the earlier one's

@@ -30,7 +30,6 @@ from celery import Task, bootsteps
 from celery.worker.consumer import Consumer
 
 from routing.names import JOB_TASK, LANES, TIERS
-from tasks.broker.guard import guard_lane_reads
 from tasks.broker.keys import done_key
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.errors import InvalidJob, JobFailed
@@ -216,13 +215,13 @@ class LanesConsumer(Consumer):
 # --- what is not a kombu message at all ---------------------------------------------
 
 class LaneGuard(bootsteps.StartStopStep):
-    """Guards the Redis channel's lane reads (``tasks.broker.guard``): an item that is
-    not valid JSON or not a kombu envelope is dead-lettered."""
+    """An item taken from a lane that is not valid JSON or not a kombu envelope is
+    dead-lettered (``tasks.broker.lanes.Channel.refuse``)."""
 
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, c: Any) -> None:
-        guard_lane_reads(c.task_consumer.channel, _refuse_item)
+        c.task_consumer.channel.on_unreadable = _refuse_item
 
 
 def _refuse_item(problem: str, details: dict[str, Any]) -> None:

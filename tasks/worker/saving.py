@@ -5,7 +5,7 @@ away because the store is full, read-only or away for a while. The run keeps the
 encoded bytes in memory and tries the write again, the pause doubling from
 ``FIRST_PROBE_S`` up to :data:`RETRY_CAP_S`, for as long as a run may hold its
 job (``run_hung_s`` from its start, less a margin): its caller sees it still
-running, and its lease stays extended meanwhile (``gpu_worker.hooks.KeepHeld``). At
+running, and its lease stays extended meanwhile (``gpu_worker.hooks.KeepLeases``). At
 the first refusal the worker steps aside (``gpu_worker.health``), so it runs no other
 model for an output it could not store; it serves again once its self-check finds
 room for what its runs wrote. Before each try the run checks its lease: a run taken
@@ -67,7 +67,7 @@ def _wait_for_store(job_id: str, lease: Lease, blob: Blob, refused: ArtifactErro
             log.error("job %s: the artifact store refused its output until the end of the "
                       "wait: the job goes back to its lane", job_id)
             raise refused
-        time.sleep(pause_s)  # the lease is extended meanwhile (KeepHeld)
+        time.sleep(pause_s)  # the lease is extended meanwhile (KeepLeases)
         if stopping():  # the worker is told to stop: the job goes back to its lane
             raise WorkerStopping(f"the artifact store refused the output of job {job_id} "
                                  "and this worker is stopping") from refused

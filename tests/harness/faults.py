@@ -217,14 +217,17 @@ def kill_supervisor(cluster: Any) -> None:
 def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
     """Copy the cluster's logs out of ``state`` (removed at exit) and write what Redis
     holds of each lost job (every key naming it, the coalesced run it follows and its
-    leader's keys, and the ledger, unacked and holder records whose message names it)
-    to ``evidence.json``; the folder's path."""
-    from tasks.broker.keys import HOLDERS_KEY, LEDGER_KEY, RUN_KEY_PREFIX, UNACKED_KEY
+    leader's keys, and every holder's record whose message names it) to
+    ``evidence.json``; the folder's path."""
+    from tasks.broker.keys import HELD_PREFIX, HOLDING_KEY, RUN_KEY_PREFIX, parse_entry
 
     kept = Path(f"/tmp/gl-soak-lost-{os.getpid()}-{int(time.time())}")
     kept.mkdir(parents=True, exist_ok=True)
     for log in state.glob("*.log"):
         shutil.copy(log, kept / log.name)
+    # every holder's records, not only the registered holders': one missing from the set
+    # is what beat would never give back
+    held = list(client.scan_iter(match=f"{HELD_PREFIX}*", count=1000))
     evidence: dict[str, Any] = {}
     for job_id in job_ids:
         found: dict[str, Any] = {}
@@ -238,11 +241,13 @@ def keep_evidence(state: Path, client: Any, job_ids: list[str]) -> Path:
                 found[f"follows {run.decode()}"] = {"run": client.hgetall(run), "leader": {
                     key.decode(): client.type(key).decode() for key in client.scan_iter(
                         match=f"*{run.decode()[len(RUN_KEY_PREFIX):]}*", count=1000)}}
-        for name in (LEDGER_KEY, UNACKED_KEY):
-            for tag, raw in client.hscan_iter(name, count=1000):
-                if job_id.encode() in raw:
-                    found[f"{name}[{tag.decode()}]"] = {
-                        "holder": client.hget(HOLDERS_KEY, tag)}
+        for key in held:
+            holder = key.decode()[len(HELD_PREFIX):]
+            for token, record in client.hscan_iter(key, count=1000):
+                if job_id.encode() in record:
+                    found[f"{key.decode()}[{token.decode()}]"] = {
+                        "holder": holder, "list": parse_entry(record)[0],
+                        "registered": bool(client.sismember(HOLDING_KEY, holder))}
         evidence[job_id] = found
     (kept / "evidence.json").write_text(json.dumps(_texts(evidence), indent=2) + "\n")
     return kept

@@ -166,7 +166,7 @@ def worker_kills(args: argparse.Namespace, cluster: Any, app: Any, client: Any) 
     before = _metric(client, "recovered")
     counts = settle(stream, "", client, SETTLE_S)
     counts.scenario = (f"worker SIGKILL x{args.kills} ({_metric(client, 'recovered') - before}"
-                       " popped and lost by a killed worker, put back from the ledger)")
+                       " held by a killed worker, given back by beat)")
     return counts
 
 

@@ -5,7 +5,7 @@
 local book, dropped = {KEYS[1], KEYS[2], ARGV[1], ''}, 0
 for i = 3, #KEYS do
   for _, message in ipairs(redis.call('LRANGE', KEYS[i], 0, -1)) do
-    popped(book, KEYS[i], message)
+    popped(book, KEYS[i], message, true)
     dropped = dropped + 1
   end
   redis.call('DEL', KEYS[i])

@@ -1,9 +1,9 @@
--- KEYS: list, ledger, the lane's lists, then (or '' when unused) the account's fast
+-- KEYS: list, '' (unused), the lane's lists, then (or '' when unused) the account's fast
 -- places, a claimed run's pointer, the run the job leads, the job's lease and run
 -- counter, the fast-time balances hash; then the depths per lane and per list, the
 -- preemptible runs, then (or '' when no claim is made) the result cache's entry, LRU set
 -- and metrics hash.
--- ARGV: message, delivery tag, the lane's maximum depth (0: none), deadline (Redis'
+-- ARGV: message, the wake channels' prefix, the lane's maximum depth (0: none), deadline (Redis'
 -- unix s, 0: none), fast places allowed (0: take none; below 0: take none, and refuse
 -- unless all -allowed are taken: a job routed over its account's fast limit), place
 -- lapse s, job id, run ttl s, fence token ('' : none), the fenced run's number, how
@@ -26,19 +26,18 @@
 -- claim provisional, for the next publish of the job to confirm, or to lapse).
 -- The run the job leads, if it exists, takes the lane's rank unless it is slower
 -- already: callers join only runs waiting in a lane as fast as their own tier.
--- The lane's depth is one counter (lua/ledger.lua), whatever the number of its lists.
--- The same message published again (same delivery tag) before a worker took it finds
--- its own ledger entry and does nothing. (Celery gives every publish a new tag: a
--- retry's publish tried again is stopped by its fence instead, the lease released.)
+-- The lane's depth is one counter (lua/queue.lua), whatever the number of its lists.
+-- The same message published again at once (redis-py sends a command again on a new
+-- connection after a broken one) finds itself where it was pushed and does nothing; a
+-- retry's publish tried again later is stopped by its fence (the lease released).
 -- A fast job pushed is told to one worker (lua/fast_news.lua): the one whose own queue
 -- it is in, else the preemptible run best stopped; it hears within a step
 -- (gpu_worker.preempt).
 -- include: holds
--- include: ledger
+-- include: queue
 -- include: fast_news
 -- include: claim
-local book = {KEYS[2], KEYS[10], KEYS[11], ARGV[19]}
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 1 end
+if redis.call('LINDEX', KEYS[1], ARGV[16] == '1' and -1 or 0) == ARGV[1] then return 1 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if tonumber(ARGV[4]) > 0 and now > tonumber(ARGV[4]) then return -1 end
@@ -92,7 +91,7 @@ if ARGV[9] ~= '' then
   redis.call('SET', KEYS[7], ARGV[12] .. ARGV[10], 'EX', ARGV[11])
 end
 redis.call(ARGV[16] == '1' and 'RPUSH' or 'LPUSH', KEYS[1], ARGV[1])
-ledger_add(book, ARGV[2], KEYS[1], ARGV[1], ARGV[18])
+pushed({KEYS[10], KEYS[11], ARGV[19], ARGV[2]}, KEYS[1], ARGV[1], ARGV[18])
 redis.call('SADD', KEYS[3], KEYS[1])
 if tonumber(ARGV[13]) == 0 then tell_fast(KEYS[12], ARGV[17], KEYS[1]) end
 return 1

@@ -6,9 +6,9 @@
 -- A list's queue is its name up to kombu's priority separator; its lane, up to the
 -- first '.' too. A count that reaches 0 leaves its hash.
 local function queue_of(key) return string.match(key, '^[^\6]+') end
-local function lane_of_list(key) return string.match(key, '^[^%.\6]+') end
+local function lane_of(key) return string.match(key, '^[^%.\6]+') end
 local function count_list(book, key, by)
-  local lane = lane_of_list(key)
+  local lane = lane_of(key)
   if redis.call('HINCRBY', book[1], lane, by) <= 0 then redis.call('HDEL', book[1], lane) end
   if redis.call('HINCRBY', book[2], key, by) <= 0 then redis.call('HDEL', book[2], key) end
 end
@@ -16,12 +16,12 @@ end
 local function pushed(book, key, message, entered)
   count_list(book, key, 1)
   if tonumber(entered) > 0 then
-    redis.call('ZADD', book[3] .. lane_of_list(key), entered, key .. '\n' .. message)
+    redis.call('ZADD', book[3] .. lane_of(key), entered, key .. '\n' .. message)
   end
   redis.call('PUBLISH', book[4] .. queue_of(key), '')
 end
--- ``message`` left list ``key``.
-local function popped(book, key, message)
+-- ``message`` left list ``key`` (``indexed``: the list's messages are in the due index).
+local function popped(book, key, message, indexed)
   count_list(book, key, -1)
-  redis.call('ZREM', book[3] .. lane_of_list(key), key .. '\n' .. message)
+  if indexed then redis.call('ZREM', book[3] .. lane_of(key), key .. '\n' .. message) end
 end

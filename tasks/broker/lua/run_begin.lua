@@ -1,15 +1,16 @@
--- KEYS: done, lease, run counter, the job's revoked mark, dead letters, holders, the job's result
+-- KEYS: done, lease, run counter, the job's revoked mark, dead letters, the job's result
 -- entry (Celery's backend)[, the account's fast places]. ARGV: holder, lease ttl,
--- counter ttl, job id, delivery tag, '1' for a copy deferred earlier (it steps aside
--- from a released lease: another copy exists), the prefix of a released lease, the
--- STARTED entry to store for a run that begins ('': none), how long entries are kept.
--- The lease is "<holder>#<run number>#<delivery tag>"; one marked released is free.
+-- counter ttl, job id, the take token of the run's message, '1' for a copy deferred
+-- earlier (it steps aside from a released lease: another copy exists), the prefix of a
+-- released lease, the STARTED entry to store for a run that begins ('': none), how long
+-- entries are kept, the holders' records' key prefix.
+-- The lease is "<holder>#<run number>#<take token>"; one marked released is free.
 -- A call retried after a lost reply finds its own lease and carries on as that run.
 -- A lease held by another run: 'busy' while that run's own message is recorded as
 -- held (it comes back if that run dies), else 'defer': this copy may be the last one.
 -- A job with no run counter never ran, so has no dead letter of a run (a refused
 -- message's letter has no valid copy): only a later run reads the letters.
-if KEYS[8] then redis.call('ZREM', KEYS[8], ARGV[4]) end
+if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
 local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[3])
 local done, lease, ran = found[1], found[2], found[4]
 if done then return {'done', done} end
@@ -26,8 +27,8 @@ if lease and not released then
       and string.sub(lease, -#tail) == tail then
     return {'run', string.sub(lease, #head + 1, -#tail - 1)}
   end
-  local twin = string.match(lease, '#([^#]*)$')
-  if twin and twin ~= '' and redis.call('HEXISTS', KEYS[6], twin) == 1 then
+  local who, twin = string.match(lease, '^(.*)#[^#]*#([^#]*)$')
+  if twin and twin ~= '' and redis.call('HEXISTS', ARGV[10] .. who, twin) == 1 then
     return {'busy', ''}
   end
   return {'defer', ''}
@@ -41,5 +42,5 @@ else
   redis.call('SET', KEYS[3], 1, 'EX', ARGV[3])
 end
 redis.call('SET', KEYS[2], ARGV[1] .. '#' .. n .. '#' .. ARGV[5], 'EX', ARGV[2])
-if ARGV[8] ~= '' then redis.call('SET', KEYS[7], ARGV[8], 'EX', ARGV[9]) end
+if ARGV[8] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[9]) end
 return {'run', tostring(n)}

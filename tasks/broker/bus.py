@@ -1,0 +1,66 @@
+"""The pub/sub connection a transport waits on, read by a thread of its own: wake-ups
+for the queues it consumes and the messages of the fanout exchanges they are bound to
+(``tasks.broker.lanes``)."""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import redis
+
+
+class Bus:
+    """The pub/sub connection, read by a thread of its own. What it hears, and the
+    room an ack makes for a consumer at its prefetch limit, reach :meth:`wait`."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.heard: queue.SimpleQueue = queue.SimpleQueue()
+        self.reader: threading.Thread | None = None
+        self.closed = False
+
+    def subscribe(self, name: str, on_connect: Any) -> None:
+        self.pubsub.subscribe(name)
+        if self.reader is None:  # the connection exists now
+            self.pubsub.connection.register_connect_callback(on_connect)
+            self.reader = threading.Thread(target=self._read, name="gpulanes-bus", daemon=True)
+            self.reader.start()
+
+    def _read(self) -> None:
+        while not self.closed:
+            try:
+                message = self.pubsub.get_message(timeout=1.0)
+            except Exception as exc:  # noqa: BLE001  the consumer raises it
+                if self.closed:
+                    return
+                self.heard.put(exc)
+                time.sleep(0.5)
+                continue
+            if message is not None:
+                self.heard.put(message)
+
+    def nudge(self) -> None:
+        """Wake :meth:`wait` with nothing heard (room was made)."""
+        self.heard.put(None)
+
+    def wait(self, timeout: float) -> list[dict]:
+        """What was heard within ``timeout`` s (at least one thing, or nothing in time)."""
+        try:
+            got = [self.heard.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                got.append(self.heard.get_nowait())
+            except queue.Empty:
+                break
+        for item in got:
+            if isinstance(item, Exception):
+                raise item
+        return [item for item in got if item is not None]
+
+    def close(self) -> None:
+        self.closed = True
+        self.pubsub.close()

@@ -1,0 +1,77 @@
+"""The queue protocol under gpulanes' own jobs: a message is always in a list or in its
+holder's records, counted and indexed in the step that moves it."""
+from __future__ import annotations
+
+import time
+
+from conftest import SMALL
+
+from tasks import submit
+from tasks.broker import handover
+from tasks.broker.keys import HELD_PREFIX, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys
+
+
+def _depths(client) -> tuple[dict, dict]:
+    return ({k.decode(): int(v) for k, v in client.hgetall(LANE_DEPTHS_KEY).items()},
+            {k.decode(): int(v) for k, v in client.hgetall(LIST_DEPTHS_KEY).items()})
+
+
+def _held(client) -> dict[str, tuple[str, str]]:
+    return {token: record for key in client.keys(HELD_PREFIX + "*")
+            for token, record in handover.held(client, key.decode()[len(HELD_PREFIX):]).items()}
+
+
+def test_a_publish_is_counted_and_indexed_with_its_message(clean_redis):
+    fast = submit("one", tier="fast", **SMALL)
+    (raw,) = clean_redis.lrange("fast", 0, -1)
+    assert fast.id.encode() in raw
+    assert _depths(clean_redis) == ({"fast": 1}, {"fast": 1})
+    (entry,) = clean_redis.zrange(due_key("fast"), 0, -1)
+    assert entry == b"fast\n" + raw  # what beat's movers read: the list and the message
+
+
+def test_purge_and_delete_empty_the_lists_and_their_counts(app, clean_redis):
+    submit("purged", tier="relaxed", **SMALL)
+    submit("deleted", tier="standard", **SMALL)
+    with app.connection_for_write() as conn:
+        assert conn.default_channel.queue_purge("relaxed") == 1
+        conn.default_channel._delete("standard", "standard", "standard", "")  # a queue delete
+    assert not any(clean_redis.llen(key) for lane in ("relaxed", "standard")
+                   for key in lane_keys(lane))
+    assert _depths(clean_redis) == ({}, {})
+    assert not clean_redis.zcard(due_key("standard"))
+
+
+def test_a_take_records_its_holder_and_a_requeue_gives_it_back_in_one_step(app, clean_redis):
+    from kombu import Consumer, Queue
+
+    job = submit("taken through kombu", tier="standard", **SMALL)
+    (raw,) = clean_redis.lrange("standard", 0, -1)
+    seen = []
+
+    def take(body, message):
+        seen.append((clean_redis.llen("standard"), _depths(clean_redis)[0],
+                     list(_held(clean_redis).values())))
+        (message.ack if len(seen) > 1 else lambda: message.reject(requeue=True))()
+
+    with app.connection_for_read() as conn:
+        with Consumer(conn, [Queue("standard", no_declare=True)], callbacks=[take],
+                      accept=["json"]):
+            conn.drain_events(timeout=5)  # taken: out of its list, into its holder's records
+            assert clean_redis.lrange("standard", 0, -1) == [raw]  # given back, as it was
+            assert _depths(clean_redis)[0] == {"standard": 1} and not _held(clean_redis)
+            conn.drain_events(timeout=5)
+    record = ("standard", raw.decode())
+    assert seen == [(0, {}, [record]), (0, {}, [record])]
+    assert not _held(clean_redis) and clean_redis.llen("standard") == 0 and job.id
+
+
+def test_a_move_down_takes_its_count_and_index_entry_along(clean_redis):
+    from beat.movers import enforce_deadlines
+
+    submit("late", tier="fast", downgradable=True, **SMALL)
+    enforce_deadlines(clean_redis, {"fast": 1.0}, now=time.time() + 60)
+    (raw,) = clean_redis.lrange("standard", 0, -1)
+    assert _depths(clean_redis) == ({"standard": 1}, {"standard": 1})
+    assert not clean_redis.zcard(due_key("fast"))
+    assert clean_redis.zrange(due_key("standard"), 0, -1) == [b"standard\n" + raw]
