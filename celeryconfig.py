@@ -18,7 +18,9 @@ result_accept_content = ["json"]
 event_serializer = "json"
 result_extended = True
 #: gpulanes' transport (``tasks.broker.lanes``), named by the URL, on the broker's Redis.
-broker_url = f"gpulanes+{_settings.broker_url}"
+#: A Sentinel URL's nodes travel whole in the transport's ``url`` option: kombu would split
+#: them into alternates of its own, and name an unknown transport when it switched.
+broker_url = f"gpulanes+{_settings.broker_url.split(';')[0]}"
 result_backend = _settings.result_backend
 #: How long Redis keeps a finished job's result (Celery's and gpulanes' copy).
 result_expires = _settings.result_ttl_s
@@ -43,9 +45,9 @@ task_create_missing_queues = False
 task_default_queue = "standard"
 task_routes = ("routing.router.route_task",)
 
-# One job in hand per worker thread, acked only when done. (With the threads
-# pool a dead worker's jobs come back through beat's health check, or at worst
-# the visibility timeout; reject_on_worker_lost covers prefork deployments.)
+# One job in hand per worker thread, acked only when done. (A dead worker's jobs come
+# back through beat's health check, from its records; reject_on_worker_lost covers
+# prefork deployments.)
 worker_prefetch_multiplier = 1
 task_acks_late = True
 task_reject_on_worker_lost = True
@@ -66,6 +68,7 @@ broker_transport_options = {
     # Lanes do priority; message priority only orders accounts inside relaxed
     # (fast and standard always use step 0, so lane order holds).
     "priority_steps": list(RELAX_PRIORITIES),
+    "url": _settings.broker_url,
     "socket_timeout": _settings.redis_timeout_s,
     "socket_connect_timeout": _settings.redis_connect_timeout_s,
     **({"master_name": _settings.sentinel_master} if _settings.sentinel_master else {}),

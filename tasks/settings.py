@@ -177,10 +177,6 @@ class Settings(BaseSettings):
     """How long Redis keeps a finished job's result (about 2 kB a job); revokes are
     remembered as long, and artifacts swept after it (plus CACHE_TTL_S with the cache
     on: a cache hit's result names them)."""
-    visibility_timeout_s: PositiveInt | None = None
-    """The span in which a job's copies may come back (a run, its retries' backoff): run
-    records are kept past it, and a running job's lease never outlasts it. Unset:
-    2 x MAX_JOB_S + 30 s (the longest retry backoff)."""
 
     @field_validator("models", mode="before")
     @classmethod
@@ -258,7 +254,6 @@ class Settings(BaseSettings):
         self.model_dir = self.model_dir or self.state_dir / "models"
         self.broker_url = self.broker_url or f"redis+socket://{self.embedded_socket}"
         self.result_backend = self.result_backend or self.broker_url
-        self.visibility_timeout_s = _visibility_s(self)
         _check_across(self)
         return self
 
@@ -343,28 +338,29 @@ class Settings(BaseSettings):
     @property
     def keepalive_s(self) -> float:
         """How often a worker marks the jobs it holds as still held."""
-        return min(self.heartbeat_s, _visibility_s(self) / 4)
+        return min(self.heartbeat_s, _copies_s(self) / 4)
 
     @property
     def lease_ttl_s(self) -> int:
         """A running job's lease lapses this long after its worker last extended it."""
-        return max(1, min(math.ceil(3 * self.keepalive_s), _visibility_s(self) - 1))
+        return max(1, min(math.ceil(3 * self.keepalive_s), _copies_s(self) - 1))
 
     @property
     def runs_kept_s(self) -> int:
         """How long a job's run records are kept: past every copy of it, its
         redeliveries, each retry's run and backoff, and sick workers' runs."""
         attempts = 2 * self.max_retries + SICK_AFTER + 1
-        return math.ceil(2 * _visibility_s(self) + attempts * (self.max_job_s + RETRY_CAP_S))
+        return math.ceil(2 * _copies_s(self) + attempts * (self.max_job_s + RETRY_CAP_S))
 
     def for_model(self, table: dict[str, Any], model: str) -> Any:
         """``model``'s entry of a per-model table (``max_batch``...), else its ``*``."""
         return table.get(model, table["*"])
 
 
-def _visibility_s(s: Settings) -> int:
-    """VISIBILITY_TIMEOUT_S as given, else derived."""
-    return s.visibility_timeout_s or int(2 * s.max_job_s + RETRY_CAP_S)
+def _copies_s(s: Settings) -> int:
+    """How long after a job's run began another copy of it may still come: a run of
+    MAX_JOB_S and the longest retry backoff, twice over."""
+    return int(2 * s.max_job_s + RETRY_CAP_S)
 
 
 def _check_across(s: Settings) -> None:

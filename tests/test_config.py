@@ -12,8 +12,8 @@ import pytest
 import celeryconfig
 from tasks.errors import ConfigError
 from routing.names import RELAX_PRIORITIES
-from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, RETRY_CAP_S, Settings,
-                            load, override, settings)
+from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, Settings, load, override,
+                            settings)
 
 #: The most settings a user may set: everything else is a named constant or derived.
 MOST_SETTINGS = 35
@@ -80,14 +80,14 @@ def test_rules_across_settings_name_a_variable(values, variable):
 
 
 def test_a_setting_varies_in_process_and_what_follows_from_it_too():
-    before = settings.visibility_timeout_s
+    before = settings.runs_kept_s
     with override(max_job_s=5):
-        assert settings.max_job_s == 5
-        assert settings.visibility_timeout_s == int(2 * 5 + RETRY_CAP_S)
-        assert settings.run_hung_s == 10 and settings.lease_ttl_s < settings.visibility_timeout_s
-        with override(visibility_timeout_s=11):  # nested: both changes hold
-            assert settings.visibility_timeout_s == 11 and settings.run_hung_s == 10
-    assert settings.max_job_s == 300 and settings.visibility_timeout_s == before
+        assert settings.max_job_s == 5 and settings.run_hung_s == 10
+        assert settings.runs_kept_s < before
+        with override(heartbeat_s=0.5):  # nested: both changes hold
+            assert settings.keepalive_s == 0.5 and settings.lease_ttl_s == 2
+            assert settings.run_hung_s == 10
+    assert settings.max_job_s == 300 and settings.runs_kept_s == before
 
 
 def test_an_override_is_validated_like_the_environment():

@@ -41,8 +41,8 @@ def test_killed_workers_jobs_complete_elsewhere_within_seconds(cluster, app, cle
     recovered_s = time.monotonic() - killed_at
     results = [r.get(timeout=60) for r in stream]
     assert out["attempts"] == 2
-    # beat put it back (a heartbeat a second here), not Redis' visibility timeout
-    assert recovered_s < 20 < settings.visibility_timeout_s
+    # beat gave it back from the dead worker's record (a heartbeat a second here)
+    assert recovered_s < 20
     assert len({r["job_id"] for r in results}) == len(stream)  # none lost
     # none doubled: each job's run counter (kept in Redis by every copy) says one run
     runs = [int(clean_redis.get(attempts_key(r["job_id"]))) for r in results]

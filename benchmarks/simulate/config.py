@@ -10,7 +10,7 @@ from beat.heartbeat import DEFAULT_SERVICE_S, PUSH_GRACE_S
 from routing.policy import FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES
 from tasks.broker.enqueue import HASH_EPSILON, ROUTE_HASHING
 from tasks.broker.keys import FAIR_WINDOW_S
-from tasks.settings import settings
+from tasks.settings import RETRY_CAP_S, settings
 
 #: Start of the virtual clock: a unix time, as the real code's clocks are (a due index
 #: treats 0 as "not indexed").
@@ -52,7 +52,9 @@ class SimConfig:
     #: A dead runner's lease lapses after this (``Settings.lease_ttl_s``): only then
     #: does the health check put its job back.
     lease_s: float = float(settings.lease_ttl_s)
-    visibility_s: float = float(settings.visibility_timeout_s)
+    #: Plain lanes' redelivery of a dead worker's job (kombu's visibility timeout, set
+    #: past the longest job and its backoff).
+    visibility_s: float = float(2 * settings.max_job_s + RETRY_CAP_S)
     #: The relaxed tier has no lane budget; "within budget" is counted against this.
     relaxed_budget_s: float = 600.0
     #: Seconds a worker spends per job beyond its run (ack, result write, next fetch);

@@ -21,7 +21,7 @@ from redis.sentinel import SentinelManagedConnection
 
 from tasks.broker import failover
 from tasks.broker.outage import refusal_parser, stopping
-from tasks.broker.store import bare, following
+from tasks.broker.store import app_redis_url, following
 
 _skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
 
@@ -88,7 +88,7 @@ def run_entries(app: Any) -> bool:
     """Whether a run's scripts store its STARTED and SUCCESS entries themselves: the
     result backend is gpulanes' own on the broker's Redis (one server, one step)."""
     return (isinstance(app.backend, ResultBackend)
-            and app.conf.result_backend == bare(app.conf.broker_url))
+            and app.conf.result_backend == app_redis_url(app.conf))
 
 
 def stored_by_run(task_id: str) -> None:

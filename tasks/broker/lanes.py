@@ -4,7 +4,8 @@ A kombu virtual transport (``kombu.transport.virtual``), built on the methods ko
 asks of one and nothing private of kombu's Redis transport or of Celery. It is
 registered as ``gpulanes`` and chosen by a broker URL that names it:
 ``gpulanes+redis://host:6379/0``, ``gpulanes+redis+socket:///path``,
-``gpulanes+sentinel://host:26379`` (with the ``master_name`` transport option).
+``gpulanes+sentinel://host:26379`` (with the ``master_name`` transport option; several
+Sentinels go whole in the ``url`` option, which kombu does not split into alternates).
 
 - Queues are Redis lists, one per priority level (``keys.list_key``); a consumer takes
   with ``tasks.broker.handover.take``: the next message of the first list, in the order
@@ -316,7 +317,7 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         options = client.transport_options
         self.commands = connect(
-            broker_url(client), options.get("master_name"),
+            options.get("url") or broker_url(client), options.get("master_name"),
             timeout_s=options.get("socket_timeout") or 5.0,
             socket_connect_timeout=options.get("socket_connect_timeout") or 5.0)
         self.bus: Bus | None = None

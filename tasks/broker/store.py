@@ -6,6 +6,7 @@ with the master's name, for a Redis that Sentinel fails over.
 """
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit
 
 import redis
@@ -72,6 +73,12 @@ def bare(broker_url: str) -> str:
 
 #: What a broker URL starts with to name gpulanes' transport (``tasks.broker.lanes``).
 TRANSPORT_PREFIX = "gpulanes+"
+
+
+def app_redis_url(conf: Any) -> str:
+    """The broker's Redis URL of a Celery app's settings: the transport's ``url`` option
+    (a Sentinel URL whole), else the broker URL without its ``gpulanes+``."""
+    return conf.broker_transport_options.get("url") or bare(conf.broker_url)
 
 
 def sentinel_client(broker_url: str, master_name: str, **kwargs) -> redis.Redis:

@@ -13,7 +13,7 @@ import click
 import redis
 
 from tasks.broker.outage import OUTAGE
-from tasks.broker.store import connect
+from tasks.broker.store import app_redis_url, connect
 from tasks.errors import GpulanesError
 
 
@@ -35,7 +35,7 @@ class LanesGroup(click.Group):
 def _client(ctx: click.Context) -> redis.Redis:
     """A Redis client for the broker of the app Celery loaded (``-A``)."""
     conf = ctx.obj.app.conf
-    return connect(conf.broker_url, conf.broker_transport_options.get("master_name"),
+    return connect(app_redis_url(conf), conf.broker_transport_options.get("master_name"),
                    timeout_s=conf.redis_socket_timeout)
 
 

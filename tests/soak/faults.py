@@ -1,8 +1,7 @@
 """Fault soak: a stream of jobs through a real cluster while it is broken on purpose.
 
 ``python tests/soak/faults.py`` starts a private cluster (an embedded Redis
-with AOF on, ``--workers`` CPU workers, beat) with the default visibility
-timeout, and runs, one after another, each while jobs stream in at ``--rate``
+with AOF on, ``--workers`` CPU workers, beat) with the default timeouts, and runs, one after another, each while jobs stream in at ``--rate``
 per second:
 
 1. **worker SIGKILL**: ``--kills`` times, ``--kill-every-s`` after the last
@@ -16,7 +15,7 @@ per second:
    ``--redis-down-s``, and is restarted from its AOF; workers and this
    (submitting) process reconnect by themselves; submits while it is down are
    refused, not accepted; the jobs that were running must finish within
-   seconds of the restart, not after the visibility timeout;
+   seconds of the restart (their workers take the lapsed lease again);
 4. **Redis SIGSTOP**: Redis stops answering for ``--redis-freeze-s`` without
    closing a connection; submits meanwhile must raise ``BrokerUnavailable``
    within about ``GPULANES_REDIS_TIMEOUT_S``, jobs finishing meanwhile must
@@ -30,9 +29,9 @@ per second:
    full for ``--full-disk-s`` under ``--full-disk-jobs`` jobs of 100 kB artifacts
    (``tests/soak/full_disk.py``): no worker comes back while it is full, and no
    model runs twice to its end;
-8. **long jobs** (only with ``--visibility-s``, shorter than the jobs):
-   ``--long-jobs`` jobs that run longer than the visibility timeout, among the
-   stream; each must be delivered and run once.
+8. **long jobs**: ``--long-jobs`` jobs that run several times their lease's life,
+   among the stream; each must be delivered and run once (nothing hands a job out
+   again on a timer).
 
 Then it prints one markdown table: per scenario the jobs submitted, accepted
 (``submit()`` returned), refused (it raised), completed, failed, falsely
@@ -76,8 +75,8 @@ from tests.soak.full_disk import full_disk  # noqa: E402
 
 SCENARIOS = ("kill", "freeze", "redis", "redis-freeze", "freeze-crash", "supervisor",
              "full-disk", "long")
-#: Run unless ``--only`` says otherwise (``long`` needs a short ``--visibility-s``).
-DEFAULT_SCENARIOS = SCENARIOS[:-1]
+#: Run unless ``--only`` says otherwise.
+DEFAULT_SCENARIOS = SCENARIOS
 #: A long job: about ten seconds of the demo model on one CPU thread here.
 LONG_JOB = dict(steps=150, width=1024, height=1024)
 #: A job of a second or two here: long enough to be frozen or cut off in the middle of.
@@ -97,8 +96,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="stream length of the other scenarios (split around the fault)")
     parser.add_argument("--redis-down-s", type=float, default=5.0)
     parser.add_argument("--redis-freeze-s", type=float, default=8.0)
-    parser.add_argument("--visibility-s", type=int, default=None,
-                        help="visibility timeout (default: gpulanes' own, 630 s)")
     parser.add_argument("--long-jobs", type=int, default=4)
     parser.add_argument("--full-disk-jobs", type=int, default=100)
     parser.add_argument("--full-disk-s", type=float, default=90.0,
@@ -111,8 +108,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.kills, args.kill_every_s, args.stream_s, args.redis_down_s = 2, 3.0, 5.0, 2.0
         args.freezes, args.long_jobs = 1, 1
         args.full_disk_jobs, args.full_disk_s = 30, 20.0
-    if "long" in (args.only or ()) and args.visibility_s is None:
-        parser.error("--only long needs --visibility-s shorter than a long job (say 3)")
     return args
 
 
@@ -303,6 +298,8 @@ def freeze_then_crash(args: argparse.Namespace, cluster: Any, app: Any, client: 
 
 
 def long_jobs(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> Counts:
+    from tasks.settings import current
+
     long_every = max(2, int(args.rate * args.stream_s / max(1, args.long_jobs)))
 
     def job(index: int) -> dict[str, Any]:
@@ -322,8 +319,8 @@ def long_jobs(args: argparse.Namespace, cluster: Any, app: Any, client: Any) -> 
     again = sum(log.count(f"{JOB_TASK}[{i}] received") - resumed[i] > 1
                 for i in long_ids)
     longest_s = max((stream.accepted[i].result["run_ms"] for i in long_ids), default=0) / 1000
-    counts.scenario = (f"{len(long_ids)} jobs of up to {longest_s:.0f}s > visibility "
-                       f"{args.visibility_s}s (delivered twice: {again}; stepped aside for "
+    counts.scenario = (f"{len(long_ids)} jobs of up to {longest_s:.0f}s, their lease "
+                       f"{current().lease_ttl_s}s (delivered twice: {again}; stepped aside for "
                        f"fast jobs and resumed: {sum(bool(n) for n in resumed.values())})")
     return counts
 
@@ -365,8 +362,6 @@ def soak(args: argparse.Namespace, state: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings = {"HEARTBEAT_S": 1, "CACHE": "on"}
-    if args.visibility_s is not None:
-        settings["VISIBILITY_TIMEOUT_S"] = args.visibility_s
     report = run_private("gl-soak-", lambda state: soak(args, state), "cluster stopped",
                          **settings)
     if report is None:
@@ -374,8 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = report["rows"]
     from tasks.settings import current
 
-    print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, visibility timeout "
-          f"{current().visibility_timeout_s}s, {report['wall_s']:.0f}s in all\n")
+    print(f"\n{args.workers} CPU workers, {args.rate:g} jobs/s offered, leases "
+          f"{current().lease_ttl_s}s, {report['wall_s']:.0f}s in all\n")
     print(markdown_table(HEADERS, [c.row() for c in rows]))
     for counts in rows:
         if counts.lost_ids:
