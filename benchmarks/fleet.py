@@ -112,18 +112,18 @@ def _publishes_us(client: Any, lane: str) -> float:
     import json
     import uuid
 
+    from routing.policy import publish_limits
     from tasks.broker.keys import lane_keys
-    from tasks.broker.publish import Conditions, _put
+    from tasks.broker.publish import Conditions, Message, publish
     from tasks.settings import settings
 
     message = json.loads(client.lrange("standard", 0, 0)[0])
     key = lane_keys(lane)[-1 if lane == "relaxed" else 0]
+    when = Conditions(limits=publish_limits(lane, settings.max_depth[lane] + 10**6, None))
     client.config_resetstat()
     for _ in range(PUBLISHES):
-        tag = str(uuid.uuid4())
-        message["properties"]["delivery_tag"] = tag
-        _put(client, lane, key, json.dumps(message), tag, "",
-             Conditions(limit=settings.max_depth[lane] + 10**6, entered_at=time.time()))
+        message["properties"]["delivery_tag"] = str(uuid.uuid4())
+        publish(client, Message(lane, key, message, time.time()), when)
     usec = client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"]
     client.ltrim(key, PUBLISHES, -1)
     return usec

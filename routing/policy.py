@@ -115,6 +115,21 @@ def expected_waits(depths: Mapping[str, int], service_s: Mapping[str, float],
     return waits
 
 
+class DepthLimit(NamedTuple):
+    """A limit a publish must pass on the live lane depths, checked in the step that
+    pushes (``tasks.broker.publish``): refused, as ``why``, when the depths weighed by
+    ``weights`` sum to ``bound`` or more. The policy states the numbers; the publish
+    script only evaluates this one rule, and the simulator the same (``reached``)."""
+
+    why: str
+    bound: float
+    #: (lane, weight per queued job) of each lane counted.
+    weights: tuple[tuple[str, float], ...]
+
+    def reached(self, depths: Mapping[str, int]) -> bool:
+        return sum(depths.get(lane, 0) * weight for lane, weight in self.weights) >= self.bound
+
+
 class Admission(NamedTuple):
     """A budgeted lane's admission, checked by the publish on the live depths
     (``over_budget``)."""
@@ -125,6 +140,20 @@ class Admission(NamedTuple):
     per_job_s: tuple[tuple[str, float], ...]
     #: The wait that bound stands for (``admission_waits``).
     wait_s: float
+
+    @property
+    def limit(self) -> DepthLimit:
+        """The work queued ahead, each lane's jobs priced, under the bound."""
+        return DepthLimit("over_budget", self.bound_s, self.per_job_s)
+
+
+def publish_limits(lane: str, max_depth: int, admission: Admission | None) -> tuple[DepthLimit, ...]:
+    """What a new job's publish to ``lane`` must pass: the lane's maximum depth (0: none;
+    refused as ``full``), then, for a job that may move down, the lane's admission. A job
+    accepted before (a retry, a coalesced run's heir) passes none: it is never dropped
+    for want of room."""
+    limits = (DepthLimit("full", max_depth, ((lane, 1.0),)),) if max_depth > 0 else ()
+    return limits + ((admission.limit,) if admission is not None else ())
 
 
 #: A lane that refused a job for its admission is shut to the submitting process's
@@ -182,10 +211,9 @@ def admissions(lanes: Mapping[str, Mapping[str, Any]]) -> dict[str, Admission]:
 
 def over_budget(depths: Mapping[str, int], admission: Admission) -> bool:
     """Whether a job entering the lane now would start later than its admission allows:
-    the work queued ahead of it (``depths``, live) at or past the bound. The publish
-    script checks the same (``tasks/broker/lua/put.lua``)."""
-    return sum(depths.get(lane, 0) * job_s
-               for lane, job_s in admission.per_job_s) >= admission.bound_s
+    the work queued ahead of it (``depths``, live) at or past the bound: the limit the
+    publish enforces (``Admission.limit``)."""
+    return admission.limit.reached(depths)
 
 
 def relax_levels(usage_s: Mapping[str, float], unit_s: float) -> dict[str, int]:

@@ -11,9 +11,8 @@ from typing import Any
 
 from celery.result import AsyncResult
 
-from tasks.broker.enqueue import enqueue
+from tasks.broker.enqueue import ClaimAnswered, enqueue
 from tasks.broker.outage import OUTAGE, refused
-from tasks.broker.publish import ClaimAnswered
 from tasks.broker.scripts import NotReplicated
 from tasks.errors import BrokerRefused, BrokerUnavailable
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release

@@ -28,7 +28,8 @@ from routing.snapshot import SnapshotCache, base_view
 from gpu_worker.runtime import BETWEEN_MAX_MS, Runtime
 from tasks.broker.keys import LANE_DEPTHS_KEY
 from tasks.broker.message import JobMessage
-from tasks.broker.publish import PublishRefused, publishing
+from tasks.broker.publish import Conditions, publish
+from tests.harness.publishing import job_message
 
 SERVICE = {"fast": 1.0, "standard": 1.0, "relaxed": 1.0}
 
@@ -155,20 +156,14 @@ def test_the_snapshot_states_each_budgeted_lanes_admission():
 
 
 def test_the_publish_checks_the_admission_on_the_live_depths(clean_redis, app):
-    from tasks.broker.app import app as gpulanes
-
     admission = Admission(2.0, (("fast", 0.5), ("standard", 0.25)), 1.0)
 
-    def publish(i: int) -> str:
-        try:
-            with publishing(admit=admission):
-                gpulanes.send_task("noop", task_id=f"t{i}", queue="standard", retry=False)
-        except PublishRefused as refused:
-            return refused.why
-        return "pushed"
+    def outcome(i: int) -> str:
+        verdict = publish(clean_redis, job_message(f"t{i}"), Conditions(limits=(admission.limit,)))
+        return getattr(verdict, "why", "pushed")
 
     clean_redis.hset(LANE_DEPTHS_KEY, "fast", 2)  # 1 s of fast work queued ahead
-    outcomes = [publish(i) for i in range(6)]
+    outcomes = [outcome(i) for i in range(6)]
     assert outcomes == ["pushed"] * 4 + ["over_budget"] * 2  # 1 + 4 x 0.25 reaches 2
     assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 4
     assert over_budget({"fast": 2, "standard": 4}, admission)

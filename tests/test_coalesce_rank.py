@@ -24,7 +24,8 @@ from tasks.broker.app import app
 from tasks.broker.enqueue import enqueue
 from tasks.broker.keys import attempts_key, lane_keys, lease_key, run_key
 from tasks.broker.message import Job
-from tasks.broker.publish import publishing
+from tasks.broker.publish import Fence, Pushed, publish_copy
+from tests.harness.publishing import job_message
 from tasks.errors import JobFailed
 from tasks.jobs.cache import RunClaim, claim
 from tasks.worker.generate import generate
@@ -82,10 +83,11 @@ def _retry(client, job_id: str, job: dict, lane: str) -> None:
     """Publish a job's next copy to ``lane``, fenced, as a worker's retry does."""
     token = f"worker#1#tag-{job_id}"
     client.set(lease_key(job_id), token)  # the run holds its lease while it retries
-    with publishing(fence=(lease_key(job_id), attempts_key(job_id), token, 1, 60)):
-        app.send_task(JOB_TASK, task_id=job_id, queue=lane, retry=False, kwargs={
-            "job": job, "route": {"lane": lane, "requested_tier": job["tier"]},
-            "submitted_at": time.time()})
+    copy = job_message(job_id, lane, {"job": job, "route": {"lane": lane,
+                                                           "requested_tier": job["tier"]},
+                                      "submitted_at": time.time()})
+    fence = Fence(lease_key(job_id), attempts_key(job_id), token, 1, 60)
+    assert publish_copy(client, copy, fence) == Pushed()
 
 
 def test_a_retry_down_a_lane_takes_its_run_down(clean_redis):
@@ -148,11 +150,11 @@ def test_a_seeded_submit_claims_in_its_own_publish(clean_redis, monkeypatch):
     vary(monkeypatch, cache=True, max_depth={"standard": 1})  # no worker here: lanes hold
     called = scripts_called(monkeypatch)
     leader = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
-    assert called == ["put"]
+    assert called == ["publish"]
     run = clean_redis.hgetall(run_key(leader.id))
     assert run[b"confirmed"] == b"1" and run[b"rank"] == b"1"
     follower = submit("claimed in the publish", tier="standard", seed=61, **SMALL)
-    assert called == ["put", "put"]  # answered in the publish: follow, nothing pushed
+    assert called == ["publish", "publish"]  # answered in the publish: follow, nothing pushed
     assert follower.id != leader.id and clean_redis.hexists(run_key(leader.id),
                                                             f"f:{follower.id}")
     # standard holds its one job now: the next leader's claim is made, its push refused,

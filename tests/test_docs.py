@@ -27,7 +27,7 @@ CITED = re.compile(r"tests/(test_\w+\.py)(?:::(test_\w+))?")
 SETTING = re.compile(r"GPULANES_[A-Z0-9_]*[A-Z0-9]")
 #: Variables the test suite reads that are no settings.
 NOT_SETTINGS = {"GPULANES_TEST_KEEP", "GPULANES_TEST_ARTIFACTS", "GPULANES_REQUIRE_BROWSER"}
-#: A project file (``beat/lease.py``, ``lua/put.lua``) or module (``routing.policy``).
+#: A project file (``beat/lease.py``, ``lua/publish.lua``) or module (``routing.policy``).
 FILE = re.compile(r"\b(?:(?:tasks|beat|gpu_worker|routing|benchmarks|docker|tests)/|lua/)"
                   r"[\w/.-]+\.(?:py|lua|ya?ml|json|md)\b")
 MODULE = re.compile(r"`((?:tasks|beat|gpu_worker|routing)(?:\.\w+)+)")

@@ -74,21 +74,21 @@ def test_a_flooding_accounts_next_fast_job_goes_over_its_limit_in_one_publish(
         submit(f"flood {i}", tier="fast", account="hinted", **SMALL)
     called = scripts_called(monkeypatch)
     over = [submit(f"over {i}", tier="fast", account="hinted", **SMALL) for i in range(3)]
-    assert called == ["put"] * 3 and _lanes(clean_redis) == [2, 4, 0]
+    assert called == ["publish"] * 3 and _lanes(clean_redis) == [2, 4, 0]
     assert {_route_queued_of(clean_redis, r.id)["downgrade_reason"] for r in over} == \
         {FAST_ACCOUNT_LIMIT}
     held = clean_redis.zrange(fast_queued_key("hinted"), 0, 0)
     clean_redis.zrem(fast_queued_key("hinted"), *held)  # a fast job started: a place back
     called.clear()
     back = submit("a place came back", tier="fast", account="hinted", **SMALL)
-    assert called == ["put", "put"] and _lanes(clean_redis) == [3, 4, 0]
+    assert called == ["publish", "publish"] and _lanes(clean_redis) == [3, 4, 0]
     assert "downgrade_reason" not in _route_queued_of(clean_redis, back.id)
     called.clear()  # full again: the next one goes over in one publish once more
     submit("full again", tier="fast", account="hinted", **SMALL)
-    assert called == ["put", "put"] and _lanes(clean_redis) == [3, 5, 0]
+    assert called == ["publish", "publish"] and _lanes(clean_redis) == [3, 5, 0]
     called.clear()
     submit("and again", tier="fast", account="hinted", **SMALL)
-    assert called == ["put"] and _lanes(clean_redis) == [3, 6, 0]
+    assert called == ["publish"] and _lanes(clean_redis) == [3, 6, 0]
     submit("others", tier="fast", account="other", **SMALL)  # another account: fast
     assert _lanes(clean_redis) == [4, 6, 0]
 
@@ -101,12 +101,12 @@ def test_zero_means_no_limit(monkeypatch, clean_redis):
 
 
 def test_a_failed_publish_gives_its_place_back(limit, monkeypatch, clean_redis):
-    from tasks.broker.app import app
+    import tasks.broker.enqueue as enqueue
 
     def broken(*args, **kwargs):
         raise ConnectionError("broker went away")
 
-    monkeypatch.setattr(app, "send_task", broken)
+    monkeypatch.setattr(enqueue, "publish", broken)
     with pytest.raises(ConnectionError):
         submit("lost", tier="fast", account="unlucky", **SMALL)
     assert fast_waiting("unlucky") == 0

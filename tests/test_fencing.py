@@ -18,9 +18,10 @@ from tasks.broker.holder import set_holder
 from tasks.broker.keys import (DEAD_KEY, DEAD_TTL_S, attempts_key, done_key, held_key,
                                lane_keys, lease_key)
 from tasks.broker.holder import token_of
-from tasks.broker.publish import PublishRefused, publishing
+from tasks.broker.publish import Fence, Pushed, Refusal, Refused, publish_copy
 from tasks.settings import settings
 from tasks.worker.generate import generate
+from tests.harness.publishing import job_message
 
 A, B = "gpu0@h/10/1.0", "gpu1@h/20/2.0"
 
@@ -111,18 +112,14 @@ def test_a_handed_over_lease_cannot_be_taken_back(clean_redis):
     """The retry's publish marks the lease released: the old run's keep-alive cannot
     take it again (its retry copy would find it busy and be dropped), the copy can."""
     lease = _lease("j7", A, "t1")
-    fence = (lease_key("j7"), attempts_key("j7"), lease.token, lease.attempt, 60)
-    with publishing(fence=fence):
-        generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                             task_id="j7", queue="standard")
+    fence = Fence(lease_key("j7"), attempts_key("j7"), lease.token, lease.attempt, 60)
+    copy = job_message("j7")
+    assert publish_copy(clean_redis, copy, fence) == Pushed()
     assert renew([lease]) == [0]
-    try:  # the same publish tried again after a lost reply: refused, nothing pushed
-        with publishing(fence=fence):
-            generate.apply_async(kwargs={"job": {}, "route": {}, "submitted_at": 0.0},
-                                 task_id="j7", queue="standard")
-        raise AssertionError("a second copy was published")
-    except PublishRefused as refused:
-        assert refused.why == "fence"
+    # the same call sent again after a lost reply finds its copy where it went
+    assert publish_copy(clean_redis, copy, fence) == Pushed()
+    # the run publishing again (a copy of its own): refused, nothing pushed
+    assert publish_copy(clean_redis, job_message("j7"), fence) == Refused(Refusal.FENCE)
     assert clean_redis.llen("standard") == 1
     assert _begin("j7", B, "t2") == ("run", "2")
 

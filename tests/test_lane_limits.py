@@ -157,11 +157,11 @@ def test_a_publish_retried_after_a_lost_reply_pushes_once(app, clean_redis):
     """redis-py sends a command again on a new connection when the old one broke before
     its reply: the same publish, run twice, queues its job once."""
     from tasks.broker.keys import LANE_DEPTHS_KEY
-    from tasks.broker.publish import Conditions, put
+    from tasks.broker.publish import Pushed, publish
+    from tests.harness.publishing import job_message
 
-    message = json.dumps({"body": "", "headers": {"id": "job-1"},
-                          "properties": {"delivery_tag": "tag-1"}})
+    message = job_message("job-1")
     for _ in range(2):  # the second call is a retry of the first: the same message
-        assert put(clean_redis, "standard", "standard", message, "job-1", Conditions()) == 1
+        assert publish(clean_redis, message) == Pushed()
     assert clean_redis.llen("standard") == 1
     assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 1

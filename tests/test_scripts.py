@@ -49,4 +49,4 @@ def test_includes_are_expanded_and_no_setting_is_frozen_in():
 
 
 def test_one_script_object_per_name():
-    assert scripts.script("put") is scripts.script("put")
+    assert scripts.script("publish") is scripts.script("publish")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from routing.lanes import Route
 from routing.names import FAST, STANDARD
-from routing.policy import Admission, PolicyView, decide, over_budget
+from routing.policy import Admission, PolicyView, decide, publish_limits
 from routing.snapshot import SnapshotCache
 
 from benchmarks.simulate.cluster import Cluster
@@ -89,10 +89,9 @@ class Router:
     def _refusal(self, lane: str, account: str, over_fast_limit: bool,
                  admit: Admission | None = None) -> str | None:
         """Why the publish script refuses a job in ``lane`` (``tasks.broker.publish``)."""
-        if self.lists.lane_depth[lane] >= self.config.max_depth[lane]:
-            return "full"
-        if admit is not None and over_budget(self.lists.lane_depth, admit):
-            return "over_budget"
+        for limit in publish_limits(lane, self.config.max_depth[lane], admit):
+            if limit.reached(self.lists.lane_depth):
+                return limit.why  # "full", "over_budget"
         if lane != FAST:
             return None
         if account in self.accounts.exhausted:

@@ -1,19 +1,14 @@
-"""Celery's Redis result backend, without the result subscription ``submit()`` does
-not need.
+"""Celery's Redis result backend, with a run's entries written by its own scripts and
+writes that end with a stopping worker.
 
-Celery subscribes to a task's result (Redis pub/sub) just before it publishes the
-task. Over a pub/sub connection that Redis dropped (a restart), that subscription
-reconnects with Celery's backend retry policy, about twenty seconds, and then
-raises ``RuntimeError``: a submit would hang and fail untyped while the publish
-itself would have answered at once. ``AsyncResult.get()`` subscribes by itself
-and reads the stored result first, so inside :func:`no_subscription` the backend
-leaves it to ``get()``: the publish is the only round trip of an unseeded submit.
+``submit()`` publishes through the broker's publish (``tasks.broker.publish``), not
+Celery's ``send_task``, so nothing subscribes to a job's result before it is published:
+``AsyncResult.get()`` subscribes by itself and reads the stored result first, and the
+publish is the only round trip of an unseeded submit.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import Any, Iterator, NamedTuple
+from typing import Any, NamedTuple
 
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
@@ -22,19 +17,6 @@ from redis.sentinel import SentinelManagedConnection
 from tasks.broker import failover
 from tasks.broker.outage import refusal_parser, stopping
 from tasks.broker.store import app_redis_url, following
-
-_skip: ContextVar[bool] = ContextVar("gpulanes_no_subscription", default=False)
-
-
-@contextmanager
-def no_subscription() -> Iterator[None]:
-    """Tasks sent in this block are not subscribed to until someone waits on them."""
-    token = _skip.set(True)
-    try:
-        yield
-    finally:
-        _skip.reset(token)
-
 
 class Entry(NamedTuple):
     """A job's entry in the result backend (its key, and the value as the backend
@@ -64,10 +46,6 @@ class ResultBackend(RedisBackend):
         if stopping():
             return fn(*args)
         return super().ensure(fn, args, **policy)
-
-    def on_task_call(self, producer: Any, task_id: str) -> None:
-        if not _skip.get():
-            super().on_task_call(producer, task_id)
 
     def mark_as_done(self, task_id: str, result: Any, request: Any = None,
                      store_result: bool = True, state: str = states.SUCCESS) -> None:

@@ -1,9 +1,9 @@
 """The one publish path of a job: route it with this process's copy of the lane
-snapshot (no round trip), then publish it through the lane's conditions (limit,
-deadline, fast place, fast time, claimed run: ``tasks.broker.publish``), down the lanes
-until one takes it. ``submit()``, a coalesced run's heir and ``lanes dead requeue`` all
-publish here; a job is sent by its task's name (the submitting process never
-imports the worker)."""
+snapshot (no round trip), then publish it with the lane's conditions (limits, deadline,
+fast place, fast time, claimed run) as arguments of the broker's publish
+(``tasks.broker.publish``), down the lanes until one takes it. ``submit()``, a coalesced
+run's heir and ``lanes dead requeue`` all publish here; a job is sent by its task's
+name (the submitting process never imports the worker)."""
 from __future__ import annotations
 
 import time
@@ -16,14 +16,25 @@ from celery.result import AsyncResult
 
 from routing.lanes import Route
 from routing.names import FAST, JOB_TASK, RELAXED
-from routing.policy import Admission, PolicyView, decide
+from routing.policy import Admission, PolicyView, decide, publish_limits
 from routing.snapshot import SnapshotCache
-from tasks.broker.app import app
-from tasks.broker.backend import no_subscription
+from tasks.broker.app import app, redis_client
+from tasks.broker.bindings import PRIORITY_STEPS, Bindings, list_of
+from tasks.broker.envelope import Envelope
 from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, members_key
 from tasks.broker.memory import MEMORY_LIMIT
 from tasks.broker.message import Job, JobMessage, JobRoute
-from tasks.broker.publish import ClaimArgs, LaneAtLimit, PublishRefused, publishing
+from tasks.broker.publish import (
+    Answered,
+    ClaimArgs,
+    Conditions,
+    Message,
+    Pushed,
+    Refusal,
+    Refused,
+    envelope_of,
+    publish,
+)
 from tasks.broker.store import broker_client
 from tasks.errors import BrokerRefused, BrokerUnavailable, LaneFull
 from tasks.settings import settings
@@ -121,26 +132,37 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     over_fast_limit = hinted = _hinted_over_fast_limit(job, view)
     where = _route(job, view, over_fast_limit)
     while where is not None:
-        try:
-            result = _publish(job, job_id, where, run, over_fast_limit, submitted_at,
-                              accepted, claim, places_taken=hinted,
-                              admit=view.admit.get(where.lane))
-        except LaneAtLimit:
-            cache.note_full(where.lane)
-            view, claim = replace(view, full=view.full | {where.lane}), None  # it led
-        except PublishRefused as refused:
-            if refused.why == "over_budget":  # as the snapshot says once beat sees it
+        admit = None if accepted or not job.downgradable else view.admit.get(where.lane)
+        verdict = _publish(job, job_id, where, run, over_fast_limit, submitted_at, accepted,
+                           claim, places_taken=hinted, admit=admit)
+        match verdict:
+            case Pushed():
+                cache.note_sent(where.lane, where.node, job.model)
+                return AsyncResult(job_id, app=app)
+            case Answered(answer, value):  # nothing pushed: the result cache answered
+                raise ClaimAnswered(answer, value)
+            case Refused(Refusal.FULL):
+                cache.note_full(where.lane)
+                view = replace(view, full=view.full | {where.lane})
+            case Refused(Refusal.OVER_BUDGET):  # as the snapshot says once beat sees it
                 cache.note_over_budget(where.lane, view.admit[where.lane])
                 view = view.shut({where.lane})
-            else:
-                view, over_fast_limit = _after_refusal(refused, job, view, over_fast_limit)
+            case Refused(why):
+                view, over_fast_limit = _after_refusal(why, job, view, over_fast_limit)
                 hinted = False
-            claim = None  # the claim led (a refusal comes after it)
-        else:
-            cache.note_sent(where.lane, where.node, job.model)
-            return result
+        claim = None  # the claim led (a refusal comes after it)
         where = _route(job, view, over_fast_limit)
     raise LaneFull(RELAXED, view.retry_after_s)
+
+
+class ClaimAnswered(Exception):
+    """The publish's claim found the job's digest taken (``tasks.broker.publish.Answered``):
+    ``verdict`` ``hit`` (``value``: the stored result), ``follow`` (``value``: the
+    leader's id) or ``solo``; nothing was pushed."""
+
+    def __init__(self, verdict: str, value: str) -> None:
+        super().__init__(f"claim answered: {verdict}")
+        self.verdict, self.value = verdict, value
 
 
 def _refuse_near_maxmemory(view: PolicyView) -> None:
@@ -152,15 +174,15 @@ def _refuse_near_maxmemory(view: PolicyView) -> None:
                             "(or raise Redis' maxmemory)", "OOM")
 
 
-def _after_refusal(refused: PublishRefused, job: Job, view: PolicyView,
+def _after_refusal(why: Refusal, job: Job, view: PolicyView,
                    over_fast_limit: bool) -> tuple[PolicyView, bool]:
     """The view and fast-limit flag to route a job again with after a refused publish."""
-    if refused.why == "late":
+    if why == Refusal.LATE:
         raise BrokerUnavailable("Redis ran the publish only after it was given up "
-                                "on (too late): nothing was enqueued") from refused
-    if refused.why == "fast_time":  # spent, and beat's snapshot does not say so yet
+                                "on (too late): nothing was enqueued")
+    if why == Refusal.FAST_TIME:  # spent, and beat's snapshot does not say so yet
         return replace(view, exhausted=view.exhausted | {job.account}), over_fast_limit
-    if refused.why == "place_free":  # a place came back since the hint: take it
+    if why == Refusal.PLACE_FREE:  # a place came back since the hint: take it
         _places_taken.discard(job.account)
         return view, False
     if len(_places_taken) >= PLACES_TAKEN_KEPT:
@@ -212,28 +234,34 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
              claim: ClaimArgs | None = None, places_taken: bool = False,
-             admit: Admission | None = None) -> AsyncResult:
-    options = {"priority": where.priority} if where.priority else {}
-    if where.node:  # a worker's own queue: addressed by its exchange, bound by that worker
-        options.update(exchange=where.queue, routing_key=where.queue)
-    else:
-        options["queue"] = where.lane
-    # retry=False: a broken connection is retried once by the client itself; a
-    # Redis that does not answer must not hold the caller for several timeouts.
-    # no_subscription: ``.get()`` subscribes to the result itself; a publish refused
-    # or failed leaves no subscription behind, and no outage of it holds the caller.
+             admit: Admission | None = None) -> Any:
+    """The broker's verdict on ``job`` published to ``where`` with its conditions."""
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
-    with publishing(limit=0 if accepted else settings.max_depth[where.lane],
-                    admit=None if accepted or not job.downgradable else admit,
-                    **_fast_conditions(job, where, over_fast_limit, places_taken),
-                    deadline=publish_deadline(),
-                    run=(*run, settings.result_ttl_s) if run else None,
-                    entered_at=message.lane_clock, claim=claim), \
-            no_subscription():
-        # argsrepr/kwargsrepr (what Flower and the events show of the call): a short
-        # line, not Celery's saferepr of the whole job (a third of a publish's CPU)
-        return app.send_task(JOB_TASK, task_id=job_id, retry=False, **options,
-                             kwargs=message.kwargs(), argsrepr="()",
-                             kwargsrepr=repr({"model": job.model, "tier": job.tier,
-                                              "lane": where.lane, "account": job.account}))
+    # argsrepr/kwargsrepr (what Flower and the events show of the call): a short line,
+    # not Celery's saferepr of the whole job (a third of a publish's CPU)
+    sent = envelope_of(app, job_id, JOB_TASK, message.kwargs(), where.queue, where.priority or 0,
+                       argsrepr="()", kwargsrepr=repr({"model": job.model, "tier": job.tier,
+                                                       "lane": where.lane,
+                                                       "account": job.account}))
+    when = Conditions(
+        limits=publish_limits(where.lane, 0 if accepted else settings.max_depth[where.lane],
+                              admit),
+        deadline=publish_deadline(), run=(*run, settings.result_ttl_s) if run else None,
+        claim=claim, **_fast_conditions(job, where, over_fast_limit, places_taken))
+    return publish(redis_client(), addressed(where.queue, sent, message.lane_clock), when)
+
+
+@lru_cache(maxsize=1)
+def bindings() -> Bindings:
+    """The bindings this process's publishes are addressed by."""
+    return Bindings(redis_client())
+
+
+def addressed(exchange: str, sent: Envelope, entered_at: float) -> Message:
+    """``sent``, published to lane exchange ``exchange`` (a lane, or a worker's own queue
+    of one): to the queue its bindings name, in the list of its priority."""
+    queue = bindings().queue_of(exchange)
+    steps = app.conf.broker_transport_options.get("priority_steps", PRIORITY_STEPS)
+    return Message(queue, list_of(queue, sent["properties"]["priority"], steps), sent,
+                   entered_at)

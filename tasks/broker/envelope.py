@@ -31,10 +31,6 @@ def job_id(envelope: Any) -> str:
     return found if isinstance(found, str) else ""
 
 
-
-
-
-
 def call(envelope: Envelope) -> tuple[list, dict, dict]:
     """The Celery call an envelope carries: (args, kwargs, embed)."""
     args, kwargs, embed = json.loads(base64.b64decode(envelope["body"]))
@@ -48,8 +44,6 @@ def with_call(envelope: Envelope, args: list, kwargs: dict, embed: dict) -> Enve
 
 def with_properties(envelope: Envelope, **changes: Any) -> Envelope:
     return {**envelope, "properties": {**envelope["properties"], **changes}}
-
-
 
 
 def addressed_to(envelope: Envelope, queue: str) -> Envelope:

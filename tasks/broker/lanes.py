@@ -7,7 +7,7 @@ registered as ``gpulanes`` and chosen by a broker URL that names it:
 ``gpulanes+sentinel://host:26379`` (with the ``master_name`` transport option; several
 Sentinels go whole in the ``url`` option, which kombu does not split into alternates).
 
-- Queues are Redis lists, one per priority level (``keys.list_key``); a consumer takes
+- Queues are Redis lists, one per priority level (``tasks.broker.bindings``); a consumer takes
   with ``tasks.broker.handover.take``: the next message of the first list, in the order
   the queues were consumed, recorded as this process's in the same step.
 - An ack drops the record; a reject with requeue, or a channel closed with messages
@@ -15,7 +15,11 @@ Sentinels go whole in the ``url`` option, which kombu does not split into altern
 - Nothing polls: a push publishes a wake-up on its queue's channel, and the
   transport waits on one pub/sub connection, subscribed to the queues it consumes and
   to the fanout exchanges they are bound to (Celery's remote control and events).
-- Bindings of direct and topic exchanges are kept in Redis, for every process.
+- Bindings of direct and topic exchanges are kept in Redis, for every process
+  (``tasks.broker.bindings``).
+- A message kombu publishes to a lane goes through the broker's publish
+  (``tasks.broker.publish``) with no conditions; gpulanes' own publishers call that
+  publish directly, with theirs.
 """
 from __future__ import annotations
 
@@ -23,9 +27,7 @@ import logging
 import socket
 import time
 import uuid
-from bisect import bisect
 from collections import deque
-from dataclasses import replace
 from typing import Any, Callable, Iterable
 
 import kombu.transport
@@ -33,32 +35,25 @@ import redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
-from routing.names import LANES, lane_of
+from routing.names import lane_of
 from tasks.broker import envelope, handover
+from tasks.broker.bindings import PRIORITY_STEPS, Bindings, is_lane, list_of, lists
 from tasks.broker.bus import Bus
 from tasks.broker.holder import PENDING, TOKENS, give_back, settled
 from tasks.broker.holder import holder as process_holder
-from tasks.broker.keys import (
-    BINDINGS_PREFIX,
-    FANOUT_PREFIX,
-    PRIORITY_SEP,
-    WAKE_PREFIX,
-    list_key,
-)
+from tasks.broker.keys import FANOUT_PREFIX, PRIORITY_SEP, WAKE_PREFIX
 from tasks.broker.moves import lane_clock_of
 from tasks.broker.outage import OUTAGE
-from tasks.broker.publish import ClaimAnswered, current, put, refusal
+from tasks.broker.publish import Message, publish
 from tasks.broker.store import bare, connect
 
 log = logging.getLogger(__name__)
-#: Seconds a channel keeps a lane exchange's bindings before it reads them again.
-TABLE_KEPT_S = 5.0
-#: Priority levels of a queue's lists, unless ``priority_steps`` says otherwise (kombu's).
-PRIORITY_STEPS = (0, 3, 6, 9)
 #: Seconds an idle consumer waits on its wake-ups before it takes once anyway: for an
 #: item pushed without a wake-up (a hand-typed LPUSH), and a wake-up missed while its
 #: connection was down; not a poll (one Lua call per idle period).
 IDLE_TAKE_S = 5.0
+
+
 class QoS(virtual.QoS):
     """kombu's prefetch accounting; an ack or a reject also settles the message's record."""
 
@@ -97,7 +92,7 @@ class Channel(virtual.Channel):
         self.client: redis.Redis = connection.commands
         self.consuming: dict[str, tuple[str, bool]] = {}  # consumer tag -> (queue, no_ack)
         self.fanout_of: dict[str, str] = {}  # queue -> the fanout exchange it is bound to
-        self.tables: dict[str, tuple[float, list]] = {}  # lane exchange -> (read at, table)
+        self.bindings = Bindings(self.client)
         self.inbox: deque[tuple[dict, str]] = deque()  # fanout messages to deliver
         self.ready, self.took_at = True, 0.0
         #: ``on_unreadable(problem, {"queue", "item"})``: what to do with an item taken
@@ -106,20 +101,13 @@ class Channel(virtual.Channel):
 
     # -- the interface kombu asks of a virtual channel ----------------------------------
     def _put(self, queue: str, message: dict, **kwargs: Any) -> None:
-        """Push ``message``; to a lane, through the conditions of the publish under way
-        (``tasks.broker.publish``), whose refusal is raised once it has left kombu."""
-        key = self.list_of(queue, message)
+        """Push ``message``; to a lane, through the broker's publish, with no conditions
+        (it never refuses)."""
+        key = list_of(queue, (message.get("properties") or {}).get("priority"),
+                      self.priority_steps)
         if not is_lane(queue):
             return handover.push(self.client, key, dumps(message))
-        when, outcome = current()
-        if not when.entered_at:  # a publish that did not say (a retry's, kombu's own)
-            when = replace(when, entered_at=lane_clock_of(message))
-        verdict = put(self.client, lane_of(queue), key, dumps(message),
-                      (message.get("headers") or {}).get("id") or "", when)
-        if isinstance(verdict, ClaimAnswered):  # nothing pushed: the cache answered
-            outcome.refusal = verdict
-        elif verdict < 1:
-            outcome.refusal = refusal(verdict, lane_of(queue), when.limit)
+        publish(self.client, Message(queue, key, message, lane_clock_of(message)))
 
     def _get(self, queue: str, timeout: float | None = None) -> dict:
         got = self.take([queue], record=True)
@@ -139,8 +127,7 @@ class Channel(virtual.Channel):
     def _delete(self, queue: str, exchange: str | None = None, routing_key: str = "",
                 pattern: str = "", *args: Any, **kwargs: Any) -> None:
         if exchange:
-            self.client.srem(BINDINGS_PREFIX + exchange,
-                             PRIORITY_SEP.join((routing_key or "", pattern or "", queue)))
+            self.bindings.unbind(exchange, routing_key, pattern, queue)
         self._purge(queue)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
@@ -151,32 +138,13 @@ class Channel(virtual.Channel):
         self.client.publish(FANOUT_PREFIX + exchange, dumps(message))
 
     def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
-        self.tables.pop(exchange, None)  # this process's own binds are seen at once
         if self.typeof(exchange).type == "fanout":
             self.fanout_of[queue] = exchange
         else:
-            self.client.sadd(BINDINGS_PREFIX + exchange,
-                             PRIORITY_SEP.join((routing_key or "", pattern or "", queue)))
+            self.bindings.bind(exchange, routing_key, pattern, queue)
 
     def get_table(self, exchange: str) -> list[tuple[str, str, str]]:
-        """The exchange's bindings. A lane's change only when a worker binds or drops
-        its own queue: kept ``TABLE_KEPT_S``. A lane queue nobody has bound (its worker
-        gone, or not started yet) is served by its shared lane, where any worker takes
-        it: an unrouted job would be dropped, its caller never knowing."""
-        if not is_lane(exchange):
-            return self.read_table(exchange)
-        now, kept = time.monotonic(), self.tables.get(exchange)
-        if kept is not None and now - kept[0] < TABLE_KEPT_S:
-            return kept[1]
-        table = self.read_table(exchange)
-        if table:
-            self.tables[exchange] = (now, table)
-            return table
-        return [(exchange, "", lane_of(exchange))]
-
-    def read_table(self, exchange: str) -> list[tuple[str, str, str]]:
-        members = self.client.smembers(BINDINGS_PREFIX + exchange)
-        return [tuple(_text(member).split(PRIORITY_SEP, 2)) for member in members]
+        return self.bindings.table(exchange)
 
     def _restore(self, message: Any) -> None:
         """A message delivered here and not acked goes back to the front of its list, in
@@ -285,19 +253,9 @@ class Channel(virtual.Channel):
             PENDING.acks.add(token)
             log.warning("an ack got no answer from Redis; it is sent again with the next take")
 
-    # -- helpers -------------------------------------------------------------------------
     def lists(self, queues: Iterable[str]) -> list[str]:
-        """The lists of ``queues``, in the order they are served: level by level, each
-        level in the order the queues were consumed (as kombu's Redis transport)."""
-        queues = list(queues)
-        return [list_key(queue, step) for step in sorted(self.priority_steps)
-                for queue in queues]
-
-    def list_of(self, queue: str, message: dict) -> str:
-        """The list ``message`` goes to: its queue's, at its priority level."""
-        priority = (message.get("properties") or {}).get("priority") or 0
-        steps = sorted(self.priority_steps)
-        return list_key(queue, steps[max(0, bisect(steps, priority) - 1)])
+        """The lists of ``queues``, in the order they are served (``bindings.lists``)."""
+        return lists(queues, self.priority_steps)
 
 
 class Transport(virtual.Transport):
@@ -380,11 +338,6 @@ class Transport(virtual.Transport):
         if self.bus is not None:
             self.bus.close()
         self.commands.close()
-
-
-def is_lane(queue: str) -> bool:
-    """A lane or a worker's own queue of one: the queues jobs wait in."""
-    return lane_of(queue) in LANES
 
 
 def broker_url(client: Any) -> str:

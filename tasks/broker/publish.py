@@ -1,56 +1,55 @@
-"""The publish script: one Lua call that pushes a job message, counted, indexed and
-announced (``lua/queue.lua``), and first checks what the publisher asked for
-(``tasks.broker.lanes`` runs it).
+"""The broker's publish: a job's message pushed to its list in one Lua step, with the
+conditions its publisher states checked in that step, answered with a typed verdict.
 
-It checks, before it writes anything, what the publisher asked for in
-:func:`publishing` and refuses the whole publish if one fails:
+Two publishes, one per kind of publisher, each a script a reader can hold in mind:
 
-- a lane's maximum depth for new jobs (``submit()``): it reads the lane's depth
-  counter (every list of the lane: ``lua/queue.lua``) and
-  pushes only below the limit, else
-  :class:`LaneAtLimit`. Any number of submitters together never pass the
-  limit. Messages published outside it (retries, restores) are never refused:
-  a job once accepted is not dropped for want of room;
-- a lane's admission (``submit()``, a job that may move down): the work queued
-  ahead of it, each lane's depth counter priced per job, under the bound beat stated
-  (``routing.policy.over_budget``), else :class:`PublishRefused` (``over_budget``);
-- a deadline (``submit()``): a publish that reaches Redis after its caller gave
-  up (a Redis frozen for a while executes what was sent meanwhile) writes
-  nothing (:class:`PublishRefused`, ``late``);
-- the account's fast place (a fast job, ``tasks.jobs.fastlimit``): taken in the
-  same step, so a refused or failed publish leaves no place behind; a fast job this
-  process routes over its account's limit on the word of an earlier refusal goes there
-  only while every place is still taken (``place_free`` otherwise), so that word costs
-  a flooding account no second publish and nobody a fast place;
-- the account's fast time (a fast job, ``tasks.jobs.accounts``): a balance at zero or
-  below refuses the publish (:class:`PublishRefused`, ``fast_time``), exactly when it is
-  spent, where the routers' copy of the exhausted accounts lags a beat behind;
-- the run of a result-cache claim is confirmed (``tasks.jobs.cache``): a claim whose
-  job was never published lapses by itself and no caller waits on it;
-- a coalesced run led by the job takes the rank of the lane its leader is published to
-  (never faster than it was), so no caller joins a run waiting in a lane slower than
-  its own. A worker's retry (a fenced publish, maybe down a lane) names the run of its
-  job too: it exists only if that job leads one;
-- a fence (a worker's retry of its job, ``tasks.worker.generate``): only the run that
-  still holds the job may publish its next copy, and the same step marks the
-  run's lease released.
+- :func:`publish` (``lua/publish.lua``), a new job (``tasks.broker.enqueue``), checked
+  for what :class:`Conditions` names, in this order:
 
-A refusal is raised as the :func:`publishing` block ends, not from inside the
-publish: kombu replaces a pooled connection whenever an error crosses its
-producer, and a refusal is routine (a full lane, a flooding account).
+  - a deadline: a publish that reaches Redis after its caller gave up (a Redis frozen
+    for a while runs what was sent meanwhile) is ``late``;
+  - a claim of the result cache (a seeded job, ``tasks.jobs.cache``): a digest already
+    taken is :class:`Answered`, with nothing pushed; a claim the job leads is confirmed
+    by the push, and one whose job was never published lapses by itself;
+  - the account's fast time (a fast job, ``tasks.jobs.accounts``): a balance at zero or
+    below is ``fast_time``, exactly when it is spent, where the routers' copy of the
+    exhausted accounts lags a beat behind;
+  - depth limits (``routing.policy.DepthLimit``): the lane's maximum depth (``full``)
+    and its admission (``over_budget``). The policy computes the numbers; the script
+    adds up the live depths and compares. Any number of submitters together never pass
+    a limit;
+  - the account's fast places (a fast job, ``tasks.jobs.fastlimit``): taken in the same
+    step, so a refused or failed publish leaves no place behind (``fast_places`` when
+    all are taken); a job routed over its account's limit on the word of an earlier
+    refusal goes there only while every place is still taken (``place_free``).
+
+  The run the job leads takes the rank of its lane (never faster than it was), so no
+  caller joins a run waiting in a lane slower than its own.
+- :func:`publish_copy` (``lua/copy.lua``), a run's next copy of its job (a worker's
+  retry, a job stepping aside for a fast one): pushed only while that run still holds
+  the job (:class:`Fence`), its lease released in the same step; else ``fence``.
+
+Both push through ``lua/enter.lua``: counted, indexed, announced, and not pushed twice
+when redis-py sends the same call again after a broken connection. A message published
+outside them (kombu's own, ``tasks.broker.lanes``) goes through :func:`publish` with no
+conditions, which never refuses: a job once accepted is not dropped for want of room.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-from contextvars import ContextVar
+import base64
+import enum
+import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Union
 
 import redis
+from kombu import serialization
+from kombu.utils.json import dumps
 
-from routing.names import LANES
-from routing.policy import Admission
+from routing.names import LANES, lane_of
+from routing.policy import DepthLimit
 from tasks.broker import scripts
+from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
     DUE_PREFIX,
     FAST_NEWS_PREFIX,
@@ -68,7 +67,6 @@ from tasks.broker.keys import (
 #: run begins as if it were free. Kept as long as a job's run counter.
 RELEASED = "released#"
 
-
 #: A result-cache claim the publish makes first (``Conditions.claim``): the cache's
 #: (entry, LRU, metrics) keys and (admit flag, follower JSON, now, tier rank, claim
 #: lifetime s, run keys' prefix).
@@ -76,146 +74,163 @@ ClaimArgs = tuple[tuple[str, str, str], tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
-class Conditions:
-    """What a publish must satisfy, checked in the same step as the push."""
+class Message:
+    """A job's message on its way into a list."""
 
-    limit: int = 0                    #: the lane's maximum depth (0: none)
-    deadline: float = 0.0             #: unix s after which the publish is refused (0: none)
+    queue: str          #: the lane, or a worker's own queue of one
+    key: str            #: the list (the queue's, at the message's priority level)
+    envelope: Envelope  #: kombu's envelope (``tasks.broker.envelope``)
+    #: when the job's wait in its lane began (unix s): its place in the lane's due index
+    entered_at: float
+
+    @property
+    def job_id(self) -> str:
+        return (self.envelope.get("headers") or {}).get("id") or ""
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """What a new job's publish must satisfy, checked in the step that pushes it."""
+
+    #: the depth limits of its lane (``routing.policy.publish_limits``)
+    limits: tuple[DepthLimit, ...] = ()
+    deadline: float = 0.0  #: Redis' unix s after which the publish is refused (0: none)
     #: (key, allowed, lapse s): take one of the account's fast places; with allowed
     #: below 0, take none and refuse (``place_free``) unless all -allowed are taken
     fast_places: tuple[str, int, float] | None = None
-    run: tuple[str, str, int] | None = None  #: a claimed run: (pointer, hash, ttl s)
     #: a fast job's fast time: (balances hash, account, an uncharged account's balance)
     fast_time: tuple[str, str, float] | None = None
-    #: (lease, counter, token, run number, seconds a released lease is kept)
-    fence: tuple[str, str, str, int, int] | None = None
-    #: at the front of its list, taken next (a preempted job's copy)
-    front: bool = False
-    #: when the job's wait in its lane began (its due index's clock; 0: read from the
-    #: message, ``tasks.broker.moves.lane_clock_of``)
-    entered_at: float = 0.0
+    #: the result-cache run the job leads: (pointer, hash, seconds a confirmed one lives)
+    run: tuple[str, str, int] | None = None
     #: a claim of the result cache made in the same step (``run`` names its pointer and
-    #: run); answered by :class:`ClaimAnswered`
+    #: hash): answered (:class:`Answered`) when the digest is taken
     claim: ClaimArgs | None = None
-    #: the lane's admission (``routing.policy.Admission``): refused (``over_budget``)
-    #: when the work queued ahead, by the live depths, is at or past its bound
-    admit: Admission | None = None
 
 
-@dataclass
-class _Outcome:
-    """A refusal the publish script returned, raised once the publish has left kombu."""
+@dataclass(frozen=True)
+class Fence:
+    """The run a copy of its job is published by: (lease key, run counter key, the run's
+    lease token, its number, seconds a released lease is kept)."""
 
-    refusal: Exception | None = None
-
-
-_conditions: ContextVar[tuple[Conditions, _Outcome]] = ContextVar(
-    "gpulanes_publish", default=(Conditions(), _Outcome()))
-
-
-class LaneAtLimit(Exception):
-    """A publish inside :func:`publishing` found its lane at its maximum depth."""
-
-    def __init__(self, lane: str, limit: int) -> None:
-        super().__init__(f"lane {lane!r} holds {limit} queued jobs, its maximum")
-        self.lane, self.limit = lane, limit
+    lease: str
+    counter: str
+    token: str
+    run: int
+    kept_s: int
 
 
-class PublishRefused(Exception):
-    """A publish inside :func:`publishing` failed a condition; nothing was written.
-    ``why``: ``late``, ``fast_places``, ``fence``, ``fast_time``, ``place_free`` or
-    ``over_budget``."""
+class Refusal(str, enum.Enum):
+    """Why a publish wrote nothing."""
 
-    def __init__(self, why: str) -> None:
-        super().__init__(f"publish refused: {why}")
-        self.why = why
-
-
-class ClaimAnswered(Exception):
-    """A publish inside :func:`publishing` with a claim found the job's digest taken:
-    ``verdict`` ``hit`` (``value``: the stored result), ``follow`` (``value``: the
-    leader's id) or ``solo``; nothing was pushed."""
-
-    def __init__(self, verdict: str, value: str) -> None:
-        super().__init__(f"claim answered: {verdict}")
-        self.verdict, self.value = verdict, value
+    FULL = "full"                #: the lane holds its maximum depth
+    OVER_BUDGET = "over_budget"  #: the work queued ahead is at or past the admission
+    LATE = "late"                #: Redis ran it after its caller gave up
+    FAST_TIME = "fast_time"      #: the account's fast time is spent
+    FAST_PLACES = "fast_places"  #: every fast place of the account is taken
+    PLACE_FREE = "place_free"    #: routed over the fast limit, but a place is free
+    FENCE = "fence"              #: a newer run holds the job
 
 
-_REFUSALS = {-1: "late", -2: "fast_places", -3: "fence", -4: "fast_time", -5: "place_free",
-             -6: "over_budget"}
+@dataclass(frozen=True)
+class Pushed:
+    """The message is in its list."""
 
 
-@contextmanager
-def publishing(**conditions: Any) -> Iterator[None]:
-    """Publishes to a lane made in this block meet :class:`Conditions` or write nothing:
-    :class:`LaneAtLimit` or :class:`PublishRefused` is raised as the block ends (see
-    the module's docstring: not from inside kombu's publish)."""
-    outcome = _Outcome()
-    token = _conditions.set((Conditions(**conditions), outcome))
-    try:
-        yield
-    finally:
-        _conditions.reset(token)
-    if outcome.refusal is not None:
-        raise outcome.refusal
+@dataclass(frozen=True)
+class Refused:
+    why: Refusal
 
 
-def lane_limit(depth: int) -> Any:
-    """Publishes to a lane made in this block raise :class:`LaneAtLimit` instead of
-    passing ``depth`` jobs queued in that lane (every list of it, every worker's)."""
-    return publishing(limit=depth)
+@dataclass(frozen=True)
+class Answered:
+    """The publish's claim found the job's digest taken: ``verdict`` ``hit`` (``value``:
+    the stored result), ``follow`` (``value``: the leader's id) or ``solo``."""
+
+    verdict: str
+    value: str
 
 
-def current() -> tuple[Conditions, _Outcome]:
-    """The conditions of the publish under way, and where to leave its refusal."""
-    return _conditions.get()
+Verdict = Union[Pushed, Refused, Answered]
 
 
-def refusal(verdict: int, lane: str, limit: int) -> Exception:
-    """What a refusing verdict of the script means."""
-    return LaneAtLimit(lane, limit) if verdict == 0 else PublishRefused(_REFUSALS[verdict])
+def publish(client: redis.Redis, message: Message, when: Conditions = Conditions()) -> Verdict:
+    """Push a new job's ``message`` if it meets ``when`` (``lua/publish.lua``)."""
+    places, allowed, lapse_s = when.fast_places or ("", 0, 0.0)
+    pointer, run, ttl_s = when.run or ("", "", 0)
+    balances, account, balance = when.fast_time or ("", "", 0.0)
+    (entry, lru, metrics), claim = when.claim or (("", "", ""), ())
+    keys, args = _entering(message)
+    keys += [places, pointer, run, balances, entry, lru, metrics]
+    args += named(deadline=when.deadline or None, account=account or None,
+                  balance=repr(balance) if balances else None,
+                  limits=";".join(map(_limit, when.limits)) or None,
+                  places=allowed or None, lapse=lapse_s if allowed else None,
+                  ttl=ttl_s if pointer else None,
+                  **dict(zip(_CLAIM_ARGS, claim)))
+    return _verdict(scripts.run(client, "publish", keys, args))
 
 
-def _led_run(job_id: str, when: Conditions) -> tuple[str, str]:
-    """(pointer to confirm, run hash to rank) of a publish: a claim's; a worker's retry
-    names its job's run, which exists only if the job leads one; else none."""
-    if when.run:
-        return when.run[0], when.run[1]
-    return "", run_key(job_id) if when.fence and job_id else ""
+def publish_copy(client: redis.Redis, message: Message, fence: Fence,
+                 front: bool = False) -> Verdict:
+    """Push a run's next copy of its job while the run still holds it (``lua/copy.lua``);
+    ``front``: where it is taken next (a job that stepped aside)."""
+    keys, args = _entering(message)
+    keys += [fence.lease, fence.counter, run_key(message.job_id)]
+    args += named(token=fence.token, run=fence.run, released=RELEASED, kept_s=fence.kept_s,
+                  front="1" if front else None)
+    return _verdict(scripts.run(client, "copy", keys, args))
 
 
-def _put_call(key: str, lane: str, payload: str, job_id: str,
-              when: Conditions) -> tuple[list[str], list[Any]]:
-    """The KEYS and ARGV of the publish script (``lua/put.lua``)."""
-    places, allowed, lapse_s = when.fast_places or ("", 0, 0)
-    pointer, run = _led_run(job_id, when)
-    run_ttl_s = when.run[2] if when.run else 0
-    lease, counter, token, attempt, kept_s = when.fence or ("", "", "", 0, 0)
-    balances, account, start_s = when.fast_time or ("", "", 0.0)
-    claim_keys, claim_args = when.claim or (("", "", ""), ("", "", 0, 0, 0, ""))
-    return ([key, "", lists_key(lane), places, pointer, run, lease, counter, balances,
-             LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY, *claim_keys],
-            [payload, WAKE_PREFIX, when.limit, when.deadline, allowed, lapse_s, job_id, run_ttl_s,
-             token, attempt, kept_s, RELEASED, LANES.index(lane), account, repr(start_s),
-             "1" if when.front else "0", FAST_NEWS_PREFIX,
-             repr(due_clock(key, when.entered_at)), DUE_PREFIX, *claim_args,
-             *_admission_args(when.admit)])
+def named(**values: Any) -> list[Any]:
+    """Name/value pairs for a script's ARGV (``lua/named.lua``); None is left out."""
+    return [part for name, value in values.items() if value is not None
+            for part in (name, value)]
 
 
-def _admission_args(admission: Admission | None) -> list[str]:
-    """The publish script's last arguments: the admission bound ('' : none), then each
-    lane's name and seconds per queued job."""
-    if admission is None:
-        return [""]
-    return [repr(admission.bound_s),
-            *(part for lane, job_s in admission.per_job_s for part in (lane, repr(job_s)))]
+def envelope_of(app: Any, job_id: str, name: str, kwargs: dict[str, Any], exchange: str,
+                priority: int = 0, **options: Any) -> Envelope:
+    """kombu's envelope of a call of task ``name``, as a producer's publish to
+    ``exchange`` writes it: Celery's task message (``app.amqp.as_task_v2``, protocol 2,
+    with ``options``: countdown, retries, argsrepr...) serialized as JSON."""
+    headers, properties, body, _ = app.amqp.as_task_v2(job_id, name, (), kwargs,
+                                                       reply_to=app.thread_oid, **options)
+    content_type, content_encoding, data = serialization.dumps(body, serializer="json")
+    return {"body": base64.b64encode(data.encode()).decode(),
+            "content-encoding": content_encoding, "content-type": content_type,
+            "headers": headers,
+            "properties": {**properties, "delivery_mode": 2, "priority": priority,
+                           "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+                           "delivery_info": {"exchange": exchange, "routing_key": exchange}}}
 
 
-def put(client: redis.Redis, lane: str, key: str, payload: str, job_id: str,
-        when: Conditions) -> int | ClaimAnswered:
-    """The publish script's verdict (see :func:`refusal`), or its claim's answer."""
-    keys, args = _put_call(key, lane, payload, job_id, when)
-    verdict = scripts.run(client, "put", keys, args)
-    if isinstance(verdict, list):
-        return ClaimAnswered(*(v.decode() if isinstance(v, bytes) else v for v in verdict))
-    return int(verdict)
+_CLAIM_ARGS = ("claim_admit", "claim_follower", "claim_now", "claim_rank", "claim_s",
+               "claim_runs")
+
+
+def _entering(message: Message) -> tuple[list[str], list[Any]]:
+    """The KEYS and ARGV both publishes share (``lua/enter.lua``)."""
+    lane = lane_of(message.queue)
+    return ([message.key, lists_key(lane), LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY],
+            [dumps(message.envelope),
+             *named(job=message.job_id, entered=repr(due_clock(message.key, message.entered_at)),
+                    rank=LANES.index(lane), due=DUE_PREFIX, wake=WAKE_PREFIX,
+                    news=FAST_NEWS_PREFIX)])
+
+
+def _limit(limit: DepthLimit) -> str:
+    """A depth limit as ``lua/limits.lua`` reads it."""
+    return " ".join([limit.why, repr(limit.bound),
+                     *(part for lane, weight in limit.weights for part in (lane, repr(weight)))])
+
+
+def _verdict(answer: Any) -> Verdict:
+    if isinstance(answer, list):
+        return Answered(*(_text(part) for part in answer))
+    answer = _text(answer)
+    return Pushed() if answer == "pushed" else Refused(Refusal(answer))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+

@@ -57,7 +57,7 @@ def script(name: str) -> Script:
 
 
 #: The scripts a replica must confirm when ``GPULANES_REDIS_REPLICAS`` asks for it.
-REPLICATED = frozenset({"put", "run_begin", "run_finish", "run_give_up", "lead"})
+REPLICATED = frozenset({"publish", "copy", "run_begin", "run_finish", "run_give_up", "lead"})
 
 
 class NotReplicated(RedisRefused):

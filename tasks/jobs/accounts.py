@@ -10,7 +10,7 @@ charges never lose an update.
 
 The snapshot lags a beat behind a charge, so the balance itself is read where a
 fast job is admitted: the publish that takes its fast place
-(``tasks.broker.enqueue``, ``put.lua``) refuses it while the balance is at or
+(``tasks.broker.enqueue``, ``publish.lua``) refuses it while the balance is at or
 below zero, and the job is routed again as exhausted. What still runs past zero
 is only what was admitted before: the account's fast jobs queued or running at
 the moment its balance ran out (at most ``GPULANES_FAST_JOBS_PER_ACCOUNT``

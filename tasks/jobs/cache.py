@@ -2,7 +2,7 @@
 
 A seeded job is a pure function of (model, prompt, seed, steps, width,
 height): the same six give the same PNG bit for bit. ``submit()`` hashes them
-(:func:`digest`) and the job's publish script (``lua/put.lua``, its claim first:
+(:func:`digest`) and the job's publish script (``lua/publish.lua``, its claim first:
 ``lua/claim.lua``), in the one round trip of the publish, either
 
 - finds a finished result under that digest (a *hit*): the caller gets a copy

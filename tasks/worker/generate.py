@@ -52,7 +52,8 @@ from tasks.broker.holder import acked_with_run, token_of
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
 from tasks.broker.outage import persist
-from tasks.broker.publish import PublishRefused, publishing
+from tasks.broker.enqueue import addressed
+from tasks.broker.publish import Fence, Message, Pushed, envelope_of, publish, publish_copy
 from tasks.errors import JobFailed, JobRevoked, LeaseLost, WorkerStopping
 from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
@@ -129,26 +130,32 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
     copy = _next_copy(task, message.with_route(message.route.deferred_copy()),
                       2 * settings.lease_ttl_s, task.request.retries)
-    persist(lambda: copy.apply_async(retry=False), f"a later copy of job {task.request.id}")
+    persist(lambda: publish(redis_client(), copy), f"a later copy of job {task.request.id}")
     log.info("job %s runs elsewhere with no record of its message: this copy comes back "
              "in %ss", task.request.id, 2 * settings.lease_ttl_s)
     raise Ignore()
 
 
 def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
-               queue: str | None = None, **options: Any) -> Any:
-    """The signature of the job's next copy (``message``): in ``queue`` (default: its
-    route's shared lane), after ``countdown``."""
-    queue = queue or lane_of(message.route.lane)
-    return generate.signature_from_request(  # under the task's name, whichever it ran by
-        task.request, None, message.kwargs(), countdown=countdown,
-        retries=retries, queue=queue, exchange=queue, routing_key=queue, **options)
+               queue: str | None = None, priority: int | None = None) -> Message:
+    """The job's next copy (``message``), under the task's name, whichever it ran by: in
+    ``queue`` (default: its route's shared lane) at ``priority`` (default: this
+    copy's), after ``countdown``."""
+    request, queue = task.request, queue or lane_of(message.route.lane)
+    if priority is None:
+        priority = (request.delivery_info or {}).get("priority") or 0
+    sent = envelope_of(app, request.id, request.task, message.kwargs(), queue, priority,
+                       countdown=countdown, retries=retries, root_id=request.root_id,
+                       parent_id=request.parent_id,
+                       argsrepr=getattr(request, "argsrepr", None),
+                       kwargsrepr=getattr(request, "kwargsrepr", None))
+    return addressed(queue, sent, message.lane_clock)
 
 
-def _fence(task: Any, lease: Lease) -> tuple[str, str, str, int, int]:
+def _fence(task: Any, lease: Lease) -> Fence:
     """The condition of a publish only the run still holding the job may make."""
-    return (lease_key(task.request.id), attempts_key(task.request.id), lease.token,
-            lease.attempt, settings.runs_kept_s)
+    return Fence(lease_key(task.request.id), attempts_key(task.request.id), lease.token,
+                 lease.attempt, settings.runs_kept_s)
 
 
 def _lane(task: Any, route: JobRoute) -> str:
@@ -200,20 +207,14 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
     still holds the job may, and the same step marks its lease released (this run can
     never take it again; the next copy begins as if it were free)."""
-    signature = _next_copy(task, message.with_route(route), countdown,
-                           task.request.retries + 1)
-
-    def publish() -> None:
-        with publishing(fence=_fence(task, lease)):
-            signature.apply_async(retry=False)
-
-    try:
-        persist(publish, f"the retry of job {task.request.id}")
-    except PublishRefused:  # the fence: a newer run holds the job (or an earlier try of
+    copy = _next_copy(task, message.with_route(route), countdown, task.request.retries + 1)
+    verdict = persist(lambda: publish_copy(redis_client(), copy, _fence(task, lease)),
+                      f"the retry of job {task.request.id}")
+    if verdict != Pushed():  # the fence: a newer run holds the job (or an earlier try of
         _stale(task, lease)  # this very publish went through, its reply lost)
     retries = metric_field("retries", _lane(task, message.route))
     persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
-    raise Retry(exc=exc, when=countdown, sig=signature)
+    raise Retry(exc=exc, when=countdown)
 
 
 def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
@@ -271,15 +272,10 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
         SUSPENDED.keep(job_id, *stop.state)
     progress.paused(stop.step, stop.steps)  # before the copy exists: never after its end
     copy = _next_copy(task, message.with_route(message.route.preempted_copy()), 0,
-                      task.request.retries, queue=queue, **({"priority": 0} if resumes else {}))
-
-    def publish() -> None:
-        with publishing(fence=_fence(task, lease), front=True):
-            copy.apply_async(retry=False)
-
-    try:
-        persist(publish, f"the preempted copy of job {job_id}")
-    except PublishRefused:
+                      task.request.retries, queue=queue, priority=0 if resumes else None)
+    verdict = persist(lambda: publish_copy(redis_client(), copy, _fence(task, lease), front=True),
+                      f"the preempted copy of job {job_id}")
+    if verdict != Pushed():
         SUSPENDED.take(job_id)
         _stale(task, lease)
     field = metric_field("preemptions", lane)

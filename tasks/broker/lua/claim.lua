@@ -1,17 +1,17 @@
 -- The result cache's claim of a job's digest (``tasks.jobs.cache``), shared by
--- ``cache_claim.lua`` and the publish (``put.lua``), which claims and publishes in
+-- ``cache_claim.lua`` and the publish (``publish.lua``), which claims and publishes in
 -- one step.
 -- KEYS: cache entry, LRU set, in-flight pointer, the caller's run, the metrics hash
 -- (cache_hits / cache_joins / cache_misses counted there). ARGV: caller id,
 -- 'a' (admit) and/or 'd' (drop the entry: its PNG is gone or changed), follower JSON,
 -- now, tier rank, seconds an unpublished claim lives, the run keys' prefix.
 -- A caller joins a run only if the run's rank, the lane its leader's message is in (set
--- by the publish and raised by every move down a lane: ``put.lua``, ``move.lua``), is as
+-- by the publish and raised by every move down a lane: ``publish.lua``, ``move.lua``), is as
 -- fast as the caller's tier: a fast job never waits in a relaxed run, whatever sent that
 -- run's leader there (its tier, its account's spent fast time, a deadline, a retry); it
 -- leads its own, and later callers join the faster one. Until its publish, a claim's
 -- rank is its leader's tier.
--- A claim is provisional until the publish of its job confirms it (``tasks.broker.transport``):
+-- A claim is provisional until the publish of its job confirms it (``tasks.broker.publish``):
 -- nobody joins it before, and one whose job was never published lapses by itself.
 -- A caller finding such a claim runs alone ('solo').
 -- ``k``: the KEYS above, ``a``: the ARGV above (in that order). Returns

@@ -2,7 +2,7 @@
 -- heir's unpublished claim lives.
 -- The heir is the follower of the fastest tier (a tie: any); the run takes its tier's
 -- rank until the heir's publish gives it its lane's. The run is provisional again, as
--- a fresh claim is: nobody joins it before that publish confirms it (``put.lua``), so
+-- a fresh claim is: nobody joins it before that publish confirms it (``publish.lua``), so
 -- no caller joins a run its heir then sends to a slower lane.
 -- Returns {heir id, heir JSON, the run's pointer}, or nil when no follower is left.
 local run = redis.call('HGETALL', KEYS[1])

@@ -1,0 +1,52 @@
+-- A new job's publish (tasks.broker.publish.publish): every condition its publisher
+-- set is checked, then its message is pushed, in one step. A refusal writes nothing
+-- and is returned by name; else 'pushed'.
+-- KEYS: the list, the lane's lists, depths per lane, depths per list, preemptible runs;
+-- then, '' where unused: the account's fast places, the result-cache run the job leads
+-- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics.
+-- ARGV: the message, then name/value pairs: job, entered, rank, due, wake, news
+-- (lua/enter.lua); and those of the conditions set:
+--   deadline   Redis' unix s past which the publish comes too late ('late')
+--   claim_*    claim the job's digest first (lua/claim.lua): a stored result, a run to
+--              follow or one being claimed is answered ({verdict, value}), nothing pushed
+--   account, balance   the account's fast time, refused at or below 0 ('fast_time');
+--              balance: an uncharged account's
+--   limits     depth limits (lua/limits.lua), refused by their names ('full',
+--              'over_budget')
+--   places, lapse      the account's fast places (lua/places.lua)
+--   ttl        the seconds a confirmed run lives: the publish confirms the run it leads
+-- include: named
+-- include: enter
+-- include: claim
+-- include: limits
+-- include: places
+local k, a = KEYS, named(ARGV, 2)
+local places, pointer, run, balances = k[6], k[7], k[8], k[9]
+a.message = ARGV[1]
+if already(k, a, false) then return 'pushed' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+if a.deadline and now > tonumber(a.deadline) then return 'late' end
+if k[10] ~= '' then
+  local answer = claim_run({k[10], k[11], pointer, run, k[12]},
+                           {a.job, a.claim_admit, a.claim_follower, a.claim_now, a.claim_rank,
+                            a.claim_s, a.claim_runs})
+  if answer[1] ~= 'lead' then return answer end
+end
+if balances ~= '' and tonumber(redis.call('HGET', balances, a.account) or a.balance) <= 0 then
+  return 'fast_time'
+end
+local over = limit_reached(k[3], a.limits)
+if over then return over end
+if places ~= '' then
+  local refused = take_place(places, tonumber(a.places), tonumber(a.lapse), a.job, now)
+  if refused then return refused end
+end
+if pointer ~= '' and redis.call('GET', pointer) == a.job then
+  redis.call('EXPIRE', pointer, a.ttl)
+  redis.call('HSET', run, 'confirmed', '1')
+  redis.call('EXPIRE', run, a.ttl)
+end
+if run ~= '' then rank_run(run, a.rank) end
+enter(k, a, false)
+return 'pushed'
