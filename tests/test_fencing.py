@@ -76,6 +76,15 @@ def test_a_deferred_copy_steps_aside_from_a_released_lease(clean_redis):
     assert _begin("j8", B, "t2") == ("run", "2")  # the retry's copy runs
 
 
+def test_a_deferred_copy_put_back_runs(clean_redis):
+    """The deferred copy may itself be what was put back (its holder died while it waited
+    for its time): the lease released by that put-back does not make it step aside,
+    or the job's last copy would be dropped."""
+    _lease("j10", A, "t1")
+    clean_redis.set(lease_key("j10"), "released#put-back")  # lapsed, then a copy given back
+    assert runs.begin("j10", B, "t9", None, deferred=True) == ("run", "2")
+
+
 def test_a_give_up_retried_after_a_lost_reply_finds_its_letter(clean_redis):
     lease = _lease("j9", A, "t1")
     assert runs.give_up("j9", lease.token, lease.attempt, "{}", "failures|standard")

@@ -1,7 +1,9 @@
 -- KEYS: done, lease, run counter, the job's revoked mark, dead letters, the job's result
 -- entry (Celery's backend)[, the account's fast places]. ARGV: holder, lease ttl,
 -- counter ttl, job id, the take token of the run's message, '1' for a copy deferred
--- earlier (it steps aside from a released lease: another copy exists), the prefix of a
+-- earlier (it steps aside from a lease its run released by publishing the job's next
+-- copy: that copy exists; not from one released as a held copy was put back, which may
+-- have been this very copy), the prefix of a
 -- released lease, the STARTED entry to store for a run that begins ('': none), how long
 -- entries are kept, the holders' records' key prefix.
 -- The lease is "<holder>#<run number>#<take token>"; one marked released is free.
@@ -20,7 +22,9 @@ if ran then
 end
 if found[3] then return {'revoked', ''} end
 local released = lease and string.sub(lease, 1, #ARGV[7]) == ARGV[7]
-if released and ARGV[6] == '1' then return {'superseded', ''} end
+if released and ARGV[6] == '1' and lease ~= ARGV[7] .. 'put-back' then
+  return {'superseded', ''}
+end
 if lease and not released then
   local head, tail = ARGV[1] .. '#', '#' .. ARGV[5]
   if ARGV[5] ~= '' and string.sub(lease, 1, #head) == head
