@@ -139,7 +139,10 @@ def test_a_fast_job_preempts_a_relaxed_one_which_resumes_bit_for_bit(cluster, cl
 def test_a_job_is_preempted_at_most_the_set_times(cluster):
     """GPULANES_MAX_PREEMPTIONS=1: once both relaxed jobs stepped aside, a third fast job
     waits for one to end."""
-    victims = [submit(f"capped {i}", tier="relaxed", seed=30 + i, **LONG) for i in range(2)]
+    # long enough that the second victim still has more than a tenth of the fast budget
+    # to run when the second fast job comes (a run about to end finishes first)
+    victims = [submit(f"capped {i}", tier="relaxed", seed=30 + i, **HUGE)
+               for i in range(2)]
     for victim in victims:
         at_step(victim, 5)
     fasts = [submit("first fast", tier="fast", seed=33, **QUICK).get(timeout=60)]
