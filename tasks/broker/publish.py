@@ -217,10 +217,16 @@ def _entering(message: Message) -> tuple[list[str], list[Any]]:
                     news=FAST_NEWS_PREFIX)])
 
 
+#: The position in the publish's KEYS of the hash a depth limit counts (depths per lane).
+_DEPTHS_AT = 3
+
+
 def _limit(limit: DepthLimit) -> str:
-    """A depth limit as ``lua/limits.lua`` reads it."""
+    """A depth limit as ``lua/limits.lua`` reads it: its terms count the lanes' fields
+    of the depths per lane."""
     return " ".join([limit.why, repr(limit.bound),
-                     *(part for lane, weight in limit.weights for part in (lane, repr(weight)))])
+                     *(part for lane, weight in limit.weights
+                       for part in (str(_DEPTHS_AT), lane, repr(weight)))])
 
 
 def _verdict(answer: Any) -> Verdict:

@@ -36,7 +36,7 @@ end
 if balances ~= '' and tonumber(redis.call('HGET', balances, a.account) or a.balance) <= 0 then
   return 'fast_time'
 end
-local over = limit_reached(k[3], a.limits)
+local over = limit_reached(k, a.limits)
 if over then return over end
 if places ~= '' then
   local refused = take_place(places, tonumber(a.places), tonumber(a.lapse), a.job, now)
