@@ -7,6 +7,7 @@ a bad value raises ``tasks.errors.ConfigError`` naming the variable.
 from __future__ import annotations
 
 from routing.names import LANES, RELAX_PRIORITIES
+from tasks.broker.store import result_url
 from tasks.settings import current
 
 _settings = current()
@@ -21,7 +22,8 @@ result_extended = True
 #: A Sentinel URL's nodes travel whole in the transport's ``url`` option: kombu would split
 #: them into alternates of its own, and name an unknown transport when it switched.
 broker_url = f"gpulanes+{_settings.broker_url.split(';')[0]}"
-result_backend = _settings.result_backend
+#: gpulanes' result backend on a Redis URL (``tasks.broker.backend``).
+result_backend = result_url(_settings.result_backend)
 #: How long Redis keeps a finished job's result (Celery's and gpulanes' copy).
 result_expires = _settings.result_ttl_s
 #: A worker's result writes wait out an outage (gpu_worker.hooks.WorkerSetup turns the

@@ -131,3 +131,19 @@ def test_a_lane_exchanges_bindings_are_read_once_and_a_bind_is_seen_at_once(app,
         for _ in range(2):  # not a lane: read every time
             channel.get_table("reply.celery.pidbox")
         assert _smembers(clean_redis) - before == 2
+
+
+def test_the_result_backend_is_named_by_its_url():
+    """gpulanes' result backends are Celery ``celery.result_backends`` entry points, named
+    by the result backend URL: no override of how Celery picks a backend."""
+    from celery.app.backends import by_url
+
+    from tasks.broker.backend import ResultBackend, SentinelResultBackend
+    from tasks.broker.store import result_url
+
+    sentinels = "sentinel://h:26379;sentinel://g:26379/0"
+    for url, cls, rest in (("redis://h:6379/0", ResultBackend, "redis://h:6379/0"),
+                           ("redis+socket:///tmp/r.sock", ResultBackend, "socket:///tmp/r.sock"),
+                           (sentinels, SentinelResultBackend, sentinels)):
+        assert by_url(result_url(url), app_module.app.loader) == (cls, rest)
+    assert result_url("db+sqlite:///results.db") == "db+sqlite:///results.db"  # not ours

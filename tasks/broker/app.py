@@ -1,5 +1,6 @@
 """The Celery app, configured from ``celeryconfig`` on gpulanes' transport
-(``tasks.broker.lanes``, named by the broker URL).
+(``tasks.broker.lanes``, named by the broker URL) and result backend
+(``tasks.broker.backend``, named by the result backend URL).
 
 The worker's task is named in ``include``: a worker imports it when it starts
 (``tasks.worker.generate`` wires the worker's hooks); a process that only submits never
@@ -8,32 +9,25 @@ a GPU worker refuses a control task sent to it (dead-lettered) instead of runnin
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 import redis
 from celery import Celery
-from celery.app import backends
-from celery.backends.redis import SentinelBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 
-from tasks.broker import backend, lanes  # noqa: F401  lanes: registers the transport
+from tasks.broker import backend, lanes  # noqa: F401  registers the transport
 from tasks.broker.store import broker_client
 
-#: Celery members the app below overrides (pinned like kombu's: tests/test_kombu_hooks.py).
-CELERY_HOOKS = {Celery: ("_get_backend", "backend_cls", "loader"),
-                SentinelBackend: ("_get_pool", "connparams")}
+#: Members of Celery's Redis result backends that gpulanes' overrides or reads, pinned
+#: like kombu's (tests/test_kombu_hooks.py): public ones it overrides, and the one private
+#: method it calls (never overrides): the entry Celery's own store writes, which a run's
+#: script writes in its step. The backend is chosen by its URL
+#: (``celeryconfig.result_backend``, a ``celery.result_backends`` entry point).
+CELERY_HOOKS = {RedisBackend: ("client", "connparams", "exception_safe_to_retry", "ensure",
+                               "mark_as_done", "get_key_for_task", "_get_result_meta"),
+                SentinelBackend: ("client",)}
 
-
-class LanesCelery(Celery):
-    """Celery, on gpulanes' result backend for Redis URLs: this app only, never another
-    app of the process (Celery's names are left alone)."""
-
-    def _get_backend(self) -> Any:
-        cls, url = backends.by_url(self.backend_cls or self.conf.result_backend, self.loader)
-        return backend.ours(cls)(app=self, url=url)
-
-
-app = LanesCelery("gpulanes", include=["tasks.worker.generate"],
-                  control="tasks.broker.control:LanesControl")  # revokes in Redis
+app = Celery("gpulanes", include=["tasks.worker.generate"],
+             control="tasks.broker.control:LanesControl")  # revokes in Redis
 app.config_from_object("celeryconfig")
 
 

@@ -12,11 +12,12 @@ from typing import Any, NamedTuple
 
 from celery import states
 from celery.backends.redis import RedisBackend, SentinelBackend
+from kombu.utils.objects import cached_property
 from redis.sentinel import SentinelManagedConnection
 
 from tasks.broker import failover
 from tasks.broker.outage import refusal_parser, stopping
-from tasks.broker.store import app_redis_url, following
+from tasks.broker.store import app_redis_url, following, result_url
 
 class Entry(NamedTuple):
     """A job's entry in the result backend (its key, and the value as the backend
@@ -66,7 +67,7 @@ def run_entries(app: Any) -> bool:
     """Whether a run's scripts store its STARTED and SUCCESS entries themselves: the
     result backend is gpulanes' own on the broker's Redis (one server, one step)."""
     return (isinstance(app.backend, ResultBackend)
-            and app.conf.result_backend == app_redis_url(app.conf))
+            and app.conf.result_backend == result_url(app_redis_url(app.conf)))
 
 
 def stored_by_run(task_id: str) -> None:
@@ -81,18 +82,13 @@ class SentinelResultBackend(ResultBackend, SentinelBackend):
         self.connparams["connection_class"] = following(
             self.connparams.get("connection_class", SentinelManagedConnection))
 
-    def _get_pool(self, **params: Any) -> Any:
-        return failover.follow(super()._get_pool(**params))
-
-
-#: What gpulanes' app builds in place of each of Celery's Redis result backends
-#: (``tasks.broker.app``); Celery's names for its backends are left as they are.
-BACKENDS: dict[type, type] = {RedisBackend: ResultBackend, SentinelBackend: SentinelResultBackend}
-
-
-def ours(backend: type) -> type:
-    """gpulanes' class in place of Celery's ``backend`` (the same, if not a Redis one)."""
-    return BACKENDS.get(backend, backend)
+    @cached_property
+    def client(self) -> Any:
+        """Celery's client, its pool asking the Sentinels for the primary as soon as they
+        switch it (``tasks.broker.failover``)."""
+        client = SentinelBackend.client.func(self)
+        failover.follow(client.connection_pool)
+        return client
 
 
 def store_success(app: Any, job_id: str, result: dict[str, Any]) -> None:

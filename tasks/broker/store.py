@@ -75,6 +75,20 @@ def bare(broker_url: str) -> str:
 TRANSPORT_PREFIX = "gpulanes+"
 
 
+def result_url(url: str) -> str:
+    """The result backend URL that names gpulanes' result backend for a Redis ``url``
+    (Celery finds it by its ``celery.result_backends`` entry point); any other backend's
+    URL as it is."""
+    scheme = urlsplit(url).scheme
+    if scheme in ("redis", "rediss"):
+        return f"gpulanes+{url}"
+    if scheme == "redis+socket":  # Celery's Redis backend reads a socket as socket://
+        return f"gpulanes+{url.removeprefix('redis+')}"
+    if scheme == "sentinel":
+        return f"gpulanes-sentinel+{url}"
+    return url
+
+
 def app_redis_url(conf: Any) -> str:
     """The broker's Redis URL of a Celery app's settings: the transport's ``url`` option
     (a Sentinel URL whole), else the broker URL without its ``gpulanes+``."""
