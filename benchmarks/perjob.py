@@ -1,73 +1,119 @@
-"""What a worker spends in Redis per job: gpulanes' worker against a plain Celery worker.
+"""Redis commands and CPU per job, end to end: gpulanes against a plain Celery app.
 
-``python benchmarks/perjob.py`` starts an embedded Redis and, in turn, two workers on
-it, each serving a job that does nothing, so that what is left is the per-job path:
+``python benchmarks/perjob.py`` starts an embedded Redis and both sides on it at once,
+each serving a job that does nothing, so that what is left is the per-job path.
+*gpulanes*: one worker (``LocalCluster``, no beat) serving the ``echo`` model (no
+weights, warm); its caller, this process, sends ``submit(model="echo",
+tier="standard")`` and reads each result with ``.get()``. *plain*: a default Celery
+app (``benchmarks/perjob_plain.py``, never importing gpulanes, its own Redis database):
+its worker ``--pool threads -c 1 -E``, late acks, prefetch 1; its caller, a process of
+its own, sends ``apply_async`` and reads each result with ``.get()``. Both store
+STARTED and SUCCESS, send task events, and report no progress (echo's one step is
+its last, which gpulanes never reports).
 
-*gpulanes*: one gpulanes worker (``LocalCluster``, no beat) serving the ``echo``
-model (no weights, warm), its jobs sent by ``submit(model="echo", tier="standard")``.
-*plain*: a default Celery app in its own process (``benchmarks/perjob_plain.py``,
-never importing gpulanes: kombu's stock transport, Celery's stock result backend),
-``--pool threads -c 1 -E`` (events on, as for Flower), late acks, prefetch 1, a task
-returning what echo returns, sent by ``apply_async``.
+1. End to end, in rounds alternating the sides: ``CONFIG RESETSTAT``, a round of jobs
+   sent and each ``.get()``, a short settle; ``INFO commandstats`` and ``INFO cpu``
+   (Redis' user + sys time) over it. Each round is followed by as long a wait with no
+   jobs, the idle background (both sides' workers and callers, this process's reads),
+   subtracted. A round under ``MONITOR`` counts the commands run inside Lua scripts:
+   those sent are the rest (a script counts once).
+2. The worker alone: jobs queued while the worker is paused (SIGSTOP), counted from
+   its resume until every result is stored (this process's ``EXISTS`` polls subtracted).
+3. Idle pickup: one job sent to an idle worker, from just before the send to the
+   job's start as the worker stamps it (``time.time()``, one clock); the sides
+   interleaved, a random pause of 0.2-1 s before each.
+4. Idle CPU: both workers idle for ``--idle-s``, each one's processes' CPU time
+   (threads and child processes, in 10 ms clock ticks) as a share of one core.
 
-For each side: the worker answers, is paused (SIGSTOP), ``--jobs`` jobs are queued,
-Redis' statistics are reset (``CONFIG RESETSTAT``) and the worker resumed; once every
-job's result is stored, ``INFO commandstats`` gives the commands Redis ran. The same
-wait with no jobs, as long again, gives the idle background (heartbeats, stats pushes,
-this process's own snapshot reads), subtracted; so are this process's own polls for
-the results (one ``EXISTS`` of every result key each 50 ms, counted). What remains,
-per job, is the worker's per-job path. The drain time gives jobs/s end to end.
-
-Goals (issue: a lean per-job path): gpulanes' commands per job <= 1.5x plain's, and
-its jobs/s >= 0.7x plain's. ``--json`` writes the figures.
+The goals are the ``GOAL_*`` constants; ``--json`` writes the figures.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections import Counter
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import finish, json_option, markdown_table, run_private  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    finish, json_option, markdown_table, percentile, run_private)
 
 ROOT = Path(__file__).resolve().parent.parent
-GOAL_COMMANDS = 1.5
-GOAL_RATE = 0.7
-POLL_S = 0.05
+GOAL_COMMANDS = 1.5  #: end-to-end Redis commands per job, at most this times plain's
+GOAL_REDIS_CPU = 1.2  #: Redis CPU per job, at most this times plain's
+GOAL_RATE = 0.7  #: end-to-end jobs/s, at least this times plain's
+GOAL_PICKUP = 1.0  #: idle pickup p50 and p99, at most this times plain's
+GOAL_IDLE_CPU_PCT = 1.0  #: an idle worker's CPU, at most this % of one core
+SETTLE_S = 0.3  #: a round's wait after its last result: late acks and events land in it
+SIDES = ("gpulanes", "plain")
 
 
-def commandstats(client: Any) -> dict[str, int]:
-    """Calls per command since the last reset (``INFO commandstats``)."""
-    return {name.removeprefix("cmdstat_"): stats["calls"]
-            for name, stats in client.info("commandstats").items()}
+# --- what Redis did --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Window:
+    """What Redis did over one stretch: its length, calls per command, CPU seconds."""
+
+    seconds: float
+    calls: Counter
+    cpu_s: float
 
 
-def _wait_done(client: Any, keys: list[str], timeout_s: float) -> int:
-    """Poll until every result key exists; how many ``EXISTS`` this cost."""
-    polls, deadline = 0, time.monotonic() + timeout_s
-    while True:
-        polls += 1
-        if client.exists(*keys) == len(keys):
-            return polls
-        if time.monotonic() > deadline:
-            raise SystemExit(f"benchmarks/perjob.py: {len(keys)} jobs not done in {timeout_s}s")
-        time.sleep(POLL_S)
+def redis_cpu_s(client: Any) -> float:
+    """Redis' CPU time so far (user + sys, all its threads)."""
+    cpu = client.info("cpu")
+    return cpu["used_cpu_user"] + cpu["used_cpu_sys"]
+
+
+def window(client: Any, action: Callable[[], Any]) -> Window:
+    """``action()`` between ``CONFIG RESETSTAT`` and ``INFO commandstats``."""
+    client.config_resetstat()
+    cpu_s, began = redis_cpu_s(client), time.perf_counter()
+    action()
+    seconds, cpu_s = time.perf_counter() - began, redis_cpu_s(client) - cpu_s
+    calls = Counter({name.removeprefix("cmdstat_"): stats["calls"]
+                     for name, stats in client.info("commandstats").items()})
+    return Window(seconds, calls, cpu_s)
+
+
+def idle_like(client: Any, busy: Window) -> Window:
+    """A window as long as ``busy`` with no jobs: the background, the same own reads."""
+    return window(client, lambda: time.sleep(busy.seconds))
+
+
+def net_per_job(busy: list[Window], idle: list[Window], jobs: int,
+                own: Counter | None = None) -> dict[str, Any]:
+    """Per job: the commands and Redis CPU of ``busy`` less those of ``idle`` (as long)
+    and ``own`` (this process's calls not in ``idle``). The total keeps every command's
+    net count, noise below zero included; the commands listed are those above zero."""
+    calls = sum((w.calls for w in busy), Counter())
+    calls.subtract(sum((w.calls for w in idle), Counter()))
+    calls.subtract(own or Counter())
+    return {"jobs": jobs, "seconds": sum(w.seconds for w in busy),
+            "commands_per_job": sum(calls.values()) / jobs,
+            "per_job": {name: n / jobs for name, n in sorted(calls.items()) if n > 0},
+            "redis_cpu_us_per_job": 1e6 * (sum(w.cpu_s for w in busy)
+                                           - sum(w.cpu_s for w in idle)) / jobs}
 
 
 class ScriptCommands:
     """Counts the commands Redis runs inside Lua scripts while it lasts (``MONITOR``
-    marks them ``lua``): what a side's scripts do for it, apart from what its
-    processes send. A separate pass: ``MONITOR`` slows Redis down."""
+    marks them ``lua``). A pass of its own: ``MONITOR`` slows Redis down."""
 
     def __init__(self, client: Any) -> None:
-        self.count, self._monitor = 0, client.monitor()
+        self.client, self.count, self.mark = client, 0, f"perjob-{uuid.uuid4()}"
+        self._monitor, self._seen = client.monitor(), threading.Event()
         self._thread = threading.Thread(target=self._listen, daemon=True)
 
     def __enter__(self) -> "ScriptCommands":
@@ -79,147 +125,339 @@ class ScriptCommands:
         try:
             for command in self._monitor.listen():
                 self.count += command.get("client_type") == "lua"
+                if self.mark in command.get("command", ""):
+                    self._seen.set()
         except Exception:  # noqa: BLE001  the connection closed: the pass is over
             return
 
     def __exit__(self, *exc: Any) -> None:
+        self.client.echo(self.mark)  # read up to here before closing
+        self._seen.wait(30)
         self._monitor.connection.disconnect()
         self._thread.join(5)
 
 
-def in_scripts(client: Any, pid: int, send: Callable[[int], str], jobs: int) -> float:
-    """Commands per job Redis runs inside Lua scripts for the worker ``pid`` (the idle
-    background over as long a wait subtracted)."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        keys = [f"celery-task-meta-{send(i)}" for i in range(jobs)]
-    finally:
-        with ScriptCommands(client) as busy:
-            os.kill(pid, signal.SIGCONT)
-            began = time.perf_counter()
-            _wait_done(client, keys, 600)
-            took_s = time.perf_counter() - began
-    with ScriptCommands(client) as idle:
-        time.sleep(took_s)
-    return max(0, busy.count - idle.count) / jobs
+# --- the sides ---------------------------------------------------------------------------
+@dataclass
+class Side:
+    """A worker (``worker_pid``; ``root_pid``: the root of its processes) and its caller."""
+
+    name: str
+    worker_pid: int
+    root_pid: int
+    caller: Any  # send(jobs) -> ids, fetch(), pickup() -> seconds
+    db: int = 0  #: the Redis database of its results
+
+    def run(self, jobs: int) -> None:
+        """``jobs`` jobs end to end: sent, then each ``.get()``, then a settle."""
+        self.caller.send(jobs)
+        self.caller.fetch()
+        time.sleep(SETTLE_S)
 
 
-def measure(client: Any, pid: int, send: Callable[[int], str], jobs: int) -> dict[str, Any]:
-    """Commands per job and jobs/s of the worker ``pid``, ``send(i)`` queuing job ``i``
-    (its id); the idle background over as long a wait subtracted."""
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        keys = [f"celery-task-meta-{send(i)}" for i in range(jobs)]
-        client.config_resetstat()
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    began = time.perf_counter()
-    polls = _wait_done(client, keys, 600)
-    took_s = time.perf_counter() - began
-    busy = commandstats(client)
-    client.config_resetstat()
-    time.sleep(took_s)
-    idle = commandstats(client)
-    own = {"exists": polls, "config|resetstat": 1, "info": 1}
-    per_job = {}
-    for name in set(busy) | set(idle):
-        calls = busy.get(name, 0) - idle.get(name, 0) - own.get(name, 0)
-        if calls > 0:
-            per_job[name] = calls / jobs
-    scripted = in_scripts(client, pid, send, jobs)
-    total = sum(per_job.values())
-    return {"jobs": jobs, "seconds": took_s, "jobs_s": jobs / took_s,
-            "commands_per_job": total, "per_job": per_job, "in_scripts_per_job": scripted,
-            "sent_per_job": total - scripted}
+class GpulanesCaller:
+    """A gpulanes caller: ``submit(model="echo")`` and ``.get()``, in this process."""
+
+    def __init__(self) -> None:
+        from tasks import submit
+
+        self.submit, self.sent = submit, []
+
+    def send(self, jobs: int) -> list[str]:
+        self.sent = [self.submit(model="echo", text=f"job {i}", tier="standard")
+                     for i in range(jobs)]
+        return [result.id for result in self.sent]
+
+    def fetch(self) -> None:
+        for result in self.sent:
+            result.get(timeout=60)
+
+    def pickup(self) -> float:
+        began = time.time()
+        return self.submit(model="echo", text="pickup", tier="standard").get(
+            timeout=60)["started_at"] - began
 
 
-def gpulanes_side(client: Any, state: Path, jobs: int) -> dict[str, Any]:
-    from tests.harness.faults import worker_pids
-    from tasks import app, submit
+class PlainCaller:
+    """The plain caller's process (``python -m benchmarks.perjob_plain``), command by
+    command: the same methods as :class:`GpulanesCaller`."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.perjob_plain"], env=env, cwd=ROOT,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def __call__(self, *command: Any) -> Any:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit(f"benchmarks/perjob.py: the plain caller exited; see {self.log}")
+        return json.loads(line)
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        """``send``, ``fetch``, ``pickup``: those of :class:`GpulanesCaller`."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args: self(name, *args)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+@contextmanager
+def gpulanes_side(state: Path) -> Iterator[Side]:
+    """A gpulanes worker on the Redis serving ``state`` (its supervisor the root), and
+    this process as its caller."""
+    from tasks import app
     from tasks.dev.cluster import LocalCluster
+    from tests.harness.faults import worker_pids
 
     cluster = LocalCluster(state, workers=1, device="cpu", beat=False,
                            log_dir=state / "logs").start(app, timeout_s=300)
     try:
         (pid,) = worker_pids(app, 1).values()
-        submit(model="echo", text="warm-up", tier="standard").get(timeout=60)
-        return measure(client, pid, lambda i: submit(model="echo", text=f"job {i}",
-                                                     tier="standard").id, jobs)
+        yield Side("gpulanes", pid, cluster.supervisor.pid, GpulanesCaller())
     finally:
         cluster.stop()
 
 
-def plain_side(client: Any, url: str, state: Path, jobs: int) -> dict[str, Any]:
-    from celery import Celery
+@contextmanager
+def plain_side(state: Path) -> Iterator[Side]:
+    """The plain worker and its caller, each a process, on a database of their own."""
+    from benchmarks.plain_run import PLAIN_DB, plain_url
+    from tasks.settings import settings
 
-    env = {**os.environ, "PERJOB_BROKER_URL": url, "PYTHONPATH": str(ROOT)}
-    log = open(state / "plain-worker.log", "ab")
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "benchmarks.perjob_plain", "worker",
-         "--pool", "threads", "-c", "1", "-E", "-Q", "standard", "-n", "plain@%h",
-         "--loglevel", "WARNING"], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    plain = Celery("plain", broker=url, backend=url, set_as_current=False)
+    env = {**os.environ, "PERJOB_BROKER_URL": plain_url(settings.broker_url),
+           "PYTHONPATH": str(ROOT)}
+    with open(state / "plain-worker.log", "ab") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "benchmarks.perjob_plain", "worker",
+             "--pool", "threads", "-c", "1", "-E", "-Q", "standard", "-n", "plain@%h",
+             "--loglevel", "WARNING"], env=env, cwd=ROOT, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    caller = None
     try:
-        deadline = time.monotonic() + 120
-        while not plain.control.ping(timeout=1):
-            if time.monotonic() > deadline or worker.poll() is not None:
-                raise SystemExit("benchmarks/perjob.py: the plain worker did not answer; "
-                                 f"see {state / 'plain-worker.log'}")
-        plain.send_task("perjob.echo", args=["warm-up"], queue="standard").get(timeout=60)
-        return measure(client, worker.pid, lambda i: plain.send_task(
-            "perjob.echo", args=[f"job {i}"], queue="standard").id, jobs)
+        caller = PlainCaller(env, state / "plain-caller.log")
+        if not caller("ready", 120):
+            raise SystemExit("benchmarks/perjob.py: the plain worker did not answer; "
+                             f"see {state / 'plain-worker.log'}")
+        yield Side("plain", worker.pid, worker.pid, caller, db=PLAIN_DB)
     finally:
+        if caller is not None:
+            caller.close()
         worker.terminate()
         worker.wait(30)
 
 
+# --- the measurements ----------------------------------------------------------------
+def end_to_end(client: Any, sides: list[Side], jobs: int, rounds: int,
+               pass_jobs: int) -> dict[str, Any]:
+    """Each side's jobs end to end, in ``rounds`` rounds alternating which goes first,
+    each followed by its idle background; then ``pass_jobs`` under ``MONITOR``."""
+    busy: dict[str, list[Window]] = {side.name: [] for side in sides}
+    idle: dict[str, list[Window]] = {side.name: [] for side in sides}
+    per_round = jobs // rounds
+    for index in range(rounds):
+        for side in sides if index % 2 == 0 else sides[::-1]:
+            busy[side.name].append(window(client, lambda: side.run(per_round)))
+            idle[side.name].append(idle_like(client, busy[side.name][-1]))
+    figures = {}
+    for side in sides:
+        net = net_per_job(busy[side.name], idle[side.name], per_round * rounds)
+        net["jobs_s"] = per_round * rounds / (net["seconds"] - rounds * SETTLE_S)
+        net["in_scripts_per_job"] = in_scripts(client, side, pass_jobs)
+        net["sent_per_job"] = net["commands_per_job"] - net["in_scripts_per_job"]
+        figures[side.name] = net
+    return figures
+
+
+def in_scripts(client: Any, side: Side, jobs: int) -> float:
+    """Commands per job Redis runs inside Lua scripts for ``side``, end to end."""
+    with ScriptCommands(client) as busy:
+        began = time.perf_counter()
+        side.run(jobs)
+        took_s = time.perf_counter() - began
+    with ScriptCommands(client) as idle:
+        time.sleep(took_s)
+    return max(0.0, (busy.count - idle.count) / jobs)
+
+
+def worker_only(client: Any, side: Side, jobs: int) -> dict[str, Any]:
+    """Commands per job of ``side``'s worker alone: its jobs queued while it is paused,
+    counted from its resume until every result is stored."""
+    import redis
+
+    results = redis.Redis(unix_socket_path=client.connection_pool.connection_kwargs["path"],
+                          db=side.db)
+    results.ping()  # connected before the count
+    os.kill(side.worker_pid, signal.SIGSTOP)
+    try:
+        keys = [f"celery-task-meta-{job_id}" for job_id in side.caller.send(jobs)]
+    except BaseException:
+        os.kill(side.worker_pid, signal.SIGCONT)
+        raise
+    polls: list[int] = []
+    busy = window(client, lambda: (os.kill(side.worker_pid, signal.SIGCONT),
+                                   polls.append(_wait_stored(results, keys))))
+    idle = idle_like(client, busy)
+    side.caller.fetch()
+    figures = net_per_job([busy], [idle], jobs, Counter(exists=polls[0]))
+    return {key: figures[key] for key in ("jobs", "commands_per_job", "per_job")}
+
+
+def _wait_stored(client: Any, keys: list[str]) -> int:
+    """Poll until every result key exists; how many ``EXISTS`` this cost (then a settle)."""
+    polls, deadline = 0, time.monotonic() + 600
+    while True:
+        polls += 1
+        if client.exists(*keys) == len(keys):
+            time.sleep(SETTLE_S)
+            return polls
+        if time.monotonic() > deadline:
+            raise SystemExit(f"benchmarks/perjob.py: {len(keys)} jobs not done in 600 s")
+        time.sleep(0.05)
+
+
+def pickups(sides: list[Side], count: int, rng: random.Random) -> dict[str, dict[str, Any]]:
+    """Idle pickup of each side, ``count`` times, the sides in a random order each time
+    (after a couple of seconds' rest)."""
+    waits: dict[str, list[float]] = {side.name: [] for side in sides}
+    time.sleep(2)
+    for _ in range(count):
+        for side in rng.sample(sides, len(sides)):
+            time.sleep(rng.uniform(0.2, 1.0))
+            waits[side.name].append(1000 * side.caller.pickup())
+    return {name: {"p50": percentile(ms, 0.5), "p99": percentile(ms, 0.99),
+                   "max": max(ms), "samples": len(ms)} for name, ms in waits.items()}
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of process ``pid`` and its live children, all their threads."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+
+def idle_cpu(client: Any, sides: list[Side], seconds: float) -> dict[str, float]:
+    """Each side's worker processes' CPU, and Redis', as % of one core over ``seconds``
+    with no jobs (after a couple of seconds' rest)."""
+    time.sleep(2)
+    before = {side.name: process_cpu_s(side.root_pid) for side in sides}
+    redis_before, began = redis_cpu_s(client), time.perf_counter()
+    time.sleep(seconds)
+    took_s = time.perf_counter() - began
+    pct = {side.name: 100 * (process_cpu_s(side.root_pid) - before[side.name]) / took_s
+           for side in sides}
+    return {**pct, "redis": 100 * (redis_cpu_s(client) - redis_before) / took_s}
+
+
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     from gpu_worker.redis_server import EmbeddedRedis
-    from tasks.settings import settings
 
     server = EmbeddedRedis(state).start()
     try:
-        client = server.client()
-        sides = {"plain": plain_side(client, settings.broker_url, state, args.jobs),
-                 "gpulanes": gpulanes_side(client, state, args.jobs)}
+        with ExitStack() as stack:
+            sides = [stack.enter_context(gpulanes_side(state)),
+                     stack.enter_context(plain_side(state))]
+            for side in sides:
+                side.run(1)  # warm: connections made, code paths taken
+            return measure(server.client(), sides, args)
     finally:
         server.stop()
-    ours, plain = sides["gpulanes"], sides["plain"]
-    return {"sides": sides,
-            "commands_ratio": ours["commands_per_job"] / plain["commands_per_job"],
-            "sent_ratio": ours["sent_per_job"] / plain["sent_per_job"],
-            "rate_ratio": ours["jobs_s"] / plain["jobs_s"]}
+
+
+def measure(client: Any, sides: list[Side], args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of both sides, their ratios and the goals met."""
+    total = end_to_end(client, sides, args.jobs, args.rounds, args.pass_jobs)
+    alone = {side.name: worker_only(client, side, args.pass_jobs) for side in sides}
+    waits = pickups(sides, args.pickups, random.Random(args.seed))
+    idle = idle_cpu(client, sides, args.idle_s)
+    figures = {
+        "config": {"jobs": args.jobs // args.rounds * args.rounds, "rounds": args.rounds,
+                   "pass_jobs": args.pass_jobs, "pickups": args.pickups,
+                   "idle_s": args.idle_s, "settle_s": SETTLE_S},
+        "goals": {"commands": GOAL_COMMANDS, "redis_cpu": GOAL_REDIS_CPU, "jobs_s": GOAL_RATE,
+                  "pickup": GOAL_PICKUP, "idle_cpu_pct": GOAL_IDLE_CPU_PCT},
+        "sides": {name: {"end_to_end": total[name], "worker_only": alone[name],
+                         "pickup_ms": waits[name], "idle_cpu_pct": idle[name]}
+                  for name in SIDES},
+        "idle_redis_cpu_pct": idle["redis"]}
+    return {**figures, **verdicts(figures["sides"])}
+
+
+def figure(side: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """The figure at ``path`` of a side's figures."""
+    for key in path:
+        side = side[key]
+    return side
+
+
+#: gpulanes over plain: (name, the figure's path)
+RATIOS = (("commands", ("end_to_end", "commands_per_job")),
+          ("sent", ("end_to_end", "sent_per_job")),
+          ("redis_cpu", ("end_to_end", "redis_cpu_us_per_job")),
+          ("jobs_s", ("end_to_end", "jobs_s")),
+          ("worker_commands", ("worker_only", "commands_per_job")),
+          ("pickup_p50", ("pickup_ms", "p50")), ("pickup_p99", ("pickup_ms", "p99")))
+
+
+def verdicts(sides: dict[str, Any]) -> dict[str, Any]:
+    """gpulanes over plain for each figure, and whether each goal is met."""
+    ratios = {name: figure(sides["gpulanes"], path) / figure(sides["plain"], path)
+              for name, path in RATIOS}
+    met = {"commands": ratios["commands"] <= GOAL_COMMANDS,
+           "redis_cpu": ratios["redis_cpu"] <= GOAL_REDIS_CPU,
+           "jobs_s": ratios["jobs_s"] >= GOAL_RATE,
+           "pickup": max(ratios["pickup_p50"], ratios["pickup_p99"]) <= GOAL_PICKUP,
+           "idle_cpu_pct": all(sides[name]["idle_cpu_pct"] <= GOAL_IDLE_CPU_PCT
+                               for name in SIDES)}
+    return {"ratios": ratios, "met": met}
+
+
+#: the report's rows: (label, the figure's path, digits)
+ROWS = (("Redis commands per job, end to end", ("end_to_end", "commands_per_job"), 1),
+        ("of them inside Lua scripts", ("end_to_end", "in_scripts_per_job"), 1),
+        ("commands sent per job (a script counts once)", ("end_to_end", "sent_per_job"), 1),
+        ("Redis CPU per job (µs)", ("end_to_end", "redis_cpu_us_per_job"), 0),
+        ("jobs/s, end to end", ("end_to_end", "jobs_s"), 0),
+        ("Redis commands per job, worker alone", ("worker_only", "commands_per_job"), 1),
+        ("idle pickup p50 (ms)", ("pickup_ms", "p50"), 1),
+        ("idle pickup p99 (ms)", ("pickup_ms", "p99"), 1),
+        ("idle worker CPU (% of a core)", ("idle_cpu_pct",), 2))
 
 
 def report(figures: dict[str, Any]) -> None:
     sides = figures["sides"]
-    names = sorted(set(sides["gpulanes"]["per_job"]) | set(sides["plain"]["per_job"]),
-                   key=lambda n: -sides["gpulanes"]["per_job"].get(n, 0))
-    rows = [[f"`{name.upper()}`", f"{sides['gpulanes']['per_job'].get(name, 0):.2f}",
-             f"{sides['plain']['per_job'].get(name, 0):.2f}"] for name in names]
-    for label, key, digits in (("**all commands Redis ran**", "commands_per_job", 1),
-                               ("of them inside Lua scripts", "in_scripts_per_job", 1),
-                               ("commands sent (a script counts once)", "sent_per_job", 1),
-                               ("jobs/s", "jobs_s", 0)):
-        rows.append([label, *(f"{sides[side][key]:.{digits}f}" for side in ("gpulanes", "plain"))])
-    print(markdown_table(["Redis command per job", "gpulanes", "plain Celery"], rows))
-    for what, ratio, goal, met in (
-            ("commands Redis ran per job", figures["commands_ratio"], GOAL_COMMANDS,
-             figures["commands_ratio"] <= GOAL_COMMANDS),
-            ("commands sent per job", figures["sent_ratio"], GOAL_COMMANDS,
-             figures["sent_ratio"] <= GOAL_COMMANDS),
-            ("jobs/s", figures["rate_ratio"], GOAL_RATE, figures["rate_ratio"] >= GOAL_RATE)):
-        bound = "<=" if what != "jobs/s" else ">="
-        print(f"{what}: {ratio:.2f}x plain (goal {bound} {goal:g}x: "
-              f"{'met' if met else 'NOT met'})")
+    print(markdown_table(["per job", "gpulanes", "plain Celery"], [
+        [label, *(f"{figure(sides[name], path):.{digits}f}" for name in SIDES)]
+        for label, path, digits in ROWS]))
+    print("gpulanes / plain: " + ", ".join(f"{name} {value:.2f}x"
+                                           for name, value in figures["ratios"].items()))
+    print("goals (" + ", ".join(f"{name} {bound:g}" for name, bound in
+                                figures["goals"].items()) + "): " + ", ".join(
+        f"{name} {'met' if met else 'NOT met'}" for name, met in figures["met"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/perjob.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--jobs", type=int, default=100, help="jobs per side (default: 100)")
+    for flag, kind, default, what in (
+            ("--jobs", int, 400, "jobs per side end to end"),
+            ("--rounds", int, 8, "rounds they are split in, alternating the sides"),
+            ("--pass-jobs", int, 100, "jobs per side under MONITOR, and for the worker alone"),
+            ("--pickups", int, 100, "idle pickups per side"),
+            ("--idle-s", float, 10.0, "seconds of idle CPU"),
+            ("--seed", int, 0, "of the random pauses")):
+        parser.add_argument(flag, type=kind, default=default, help=f"{what} (default: {default})")
     json_option(parser, "perjob")
     args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= args.jobs:
+        parser.error("--rounds must be at least 1 and at most --jobs")
     figures = run_private("gl-perjob-", lambda state: benchmark(args, state),
                           "Redis is stopped", HEARTBEAT_S=1,
                           MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",
