@@ -69,13 +69,22 @@ PUSH_GRACE_S = 0.5
 MEMBERS_TTL_S = 600
 
 
+#: Rounds further apart than this many heartbeats (this beat did not lead, or Redis
+#: refused writes) count no miss: a worker silent meanwhile had no round to answer
+#: (its stats pushes refused too), and gets a full window once rounds resume.
+ROUND_GAP_HEARTBEATS = 2.5
+#: When this process's last round was written (None: it has not led a round yet).
+_last_round_at: list[float | None] = [None]
+
+
 def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
-          misses_allowed: int) -> dict[str, dict]:
-    """Fold this round's replies into the record: pure, so tests drive it directly."""
+          misses_allowed: int, count_misses: bool = True) -> dict[str, dict]:
+    """Fold this round's replies into the record: pure, so tests drive it directly.
+    ``count_misses`` False: the first round after a gap, where silence is no miss."""
     record: dict[str, dict] = {}
     for host, old in previous.items():
         if host not in replies and now - old["last_seen"] < FORGET_AFTER_S:
-            missed = old.get("missed", 0) + 1
+            missed = old.get("missed", 0) + (1 if count_misses else 0)
             alive = missed < misses_allowed and not old.get("unheard")
             record[host] = {**old, "missed": missed, "alive": alive}
     for host, stats in replies.items():
@@ -271,12 +280,15 @@ def heartbeat() -> str:
     replies = ask_workers(client)
     now = time.time()
     holding = holders(client)
-    workers = merge(previous, replies, now, MISSES_ALLOWED)
+    last = _last_round_at[0]
+    steady = last is not None and now - last <= ROUND_GAP_HEARTBEATS * settings.heartbeat_s
+    workers = merge(previous, replies, now, MISSES_ALLOWED, count_misses=steady)
     workers.update(unheard_holders(holding, workers, now))
     lengths = list_lengths(client)
     snapshot = build_snapshot(client, workers, now, lengths)
     if not write_round(client, snapshot, workers):
         return "another beat leads: nothing written"
+    _last_round_at[0] = now
     requeue_dead(client, workers, holding, MISSES_ALLOWED)
     for host, worker in workers.items():
         if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming

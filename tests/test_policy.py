@@ -258,3 +258,15 @@ def test_a_holder_never_heard_from_is_judged_like_any_silent_worker():
     assert dead_incarnations(holders, workers, 2) == {"gpu2@h/50/70.0"}
     answered = merge(workers, {"gpu2@h": {"incarnation": "gpu2@h/50/70.0"}}, 4.0, 2)
     assert answered["gpu2@h"]["alive"] and not dead_incarnations(holders, answered, 2)
+
+
+def test_silence_across_a_gap_in_rounds_is_no_miss():
+    """Rounds that stopped (Redis refused writes, or this beat did not lead) resume with
+    a round that counts no miss: the workers' pushes were refused meanwhile too. Two
+    outages in a row never add up to a worker's death."""
+    record = merge({}, {"w": {"pid": 1}}, now=0.0, misses_allowed=2)
+    record = merge(record, {}, now=1.0, misses_allowed=2)  # silent once, then an outage
+    record = merge(record, {}, now=30.0, misses_allowed=2, count_misses=False)
+    assert record["w"]["alive"] and record["w"]["missed"] == 1
+    record = merge(record, {}, now=31.0, misses_allowed=2)  # still silent in a steady round
+    assert not record["w"]["alive"]

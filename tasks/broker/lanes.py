@@ -35,7 +35,6 @@ import redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
-from routing.names import lane_of
 from tasks.broker import envelope, handover
 from tasks.broker.bindings import PRIORITY_STEPS, Bindings, is_lane, list_of, lists
 from tasks.broker.bus import Bus
