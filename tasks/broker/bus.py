@@ -20,6 +20,10 @@ class Bus:
         self.heard: queue.SimpleQueue = queue.SimpleQueue()
         self.reader: threading.Thread | None = None
         self.closed = False
+        #: Why the connection is down now (None: it reads): raised by :meth:`wait` while
+        #: it lasts, never after the reader is back (a connection waited on only now and
+        #: then, a producer's, would otherwise meet an outage long over).
+        self.failing: Exception | None = None
 
     def subscribe(self, name: str, on_connect: Any) -> None:
         self.pubsub.subscribe(name)
@@ -35,9 +39,11 @@ class Bus:
             except Exception as exc:  # noqa: BLE001  the consumer raises it
                 if self.closed:
                     return
-                self.heard.put(exc)
+                self.failing = exc
+                self.heard.put(None)  # wake the waiter: it raises while this lasts
                 time.sleep(0.5)
                 continue
+            self.failing = None
             if message is not None:
                 self.heard.put(message)
 
@@ -46,7 +52,10 @@ class Bus:
         self.heard.put(None)
 
     def wait(self, timeout: float) -> list[dict]:
-        """What was heard within ``timeout`` s (at least one thing, or nothing in time)."""
+        """What was heard within ``timeout`` s (at least one thing, or nothing in time);
+        raises why the connection is down, while it is."""
+        if (failing := self.failing) is not None:
+            raise failing
         try:
             got = [self.heard.get(timeout=timeout)]
         except queue.Empty:
@@ -56,9 +65,8 @@ class Bus:
                 got.append(self.heard.get_nowait())
             except queue.Empty:
                 break
-        for item in got:
-            if isinstance(item, Exception):
-                raise item
+        if (failing := self.failing) is not None:
+            raise failing
         return [item for item in got if item is not None]
 
     def close(self) -> None:
