@@ -41,6 +41,10 @@ FAST_BALANCE_KEY = f"{PREFIX}:fast:balance"
 FAST_EXHAUSTED_KEY = f"{PREFIX}:fast:exhausted"
 #: Sorted sets per account (see ``fast_queued_key``) start with this.
 FAST_QUEUED_PREFIX = f"{PREFIX}:fast:queued:"
+#: Hash: SHA-256 of an API key -> its record (account, plan: ``tasks.jobs.apikeys``).
+API_KEYS_KEY = f"{PREFIX}:apikeys"
+#: Channel: the hash of each key revoked, for processes that keep keys they have seen.
+API_KEYS_REVOKED_CHANNEL = f"{PREFIX}:apikeys:revoked"
 #: Hash: "<store url>/<model>" -> the manifest the cluster pinned for that model.
 MANIFESTS_KEY = f"{PREFIX}:manifests"
 
