@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from test_cli import failed, ok
@@ -65,3 +66,29 @@ def test_the_keys_commands(clean_redis):
     assert "revoked key" in ok("keys", "revoke", made["id"])
     assert "no API keys" in ok("keys", "list")
     assert "plan" in failed("keys", "create", "cli-acct", "--plan", "gold")
+
+
+def test_a_kept_key_is_refused_at_once_when_revoked(clean_redis):
+    """A process that keeps the keys it has seen drops one as its revocation is
+    announced; while it cannot hear revocations, it keeps nothing."""
+    key, record = apikeys.create(clean_redis, "kept")
+    kept = apikeys.KeyCache(clean_redis)
+    try:
+        assert kept.listening.wait(5)
+        assert kept.lookup(key) == record
+        before = clean_redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0)
+        assert kept.lookup(key) == record  # from memory: no read
+        assert clean_redis.info("commandstats").get("cmdstat_hget", {}).get("calls", 0) == before
+        apikeys.revoke(clean_redis, key)
+        deadline = time.monotonic() + 2
+        while kept.lookup(key) is not None:
+            assert time.monotonic() < deadline, "a revoked key was still served"
+            time.sleep(0.01)
+        other, _ = apikeys.create(clean_redis, "kept")
+        kept.listening.clear()  # as while its subscription is down
+        assert kept.lookup(other) is not None
+        clean_redis.hdel(API_KEYS_KEY, apikeys.digest(other))  # revoked, unheard
+        assert kept.lookup(other) is None  # read from Redis, not memory
+        assert kept.lookup("gl_nope") is None and kept.lookup(None) is None
+    finally:
+        kept.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,3 +89,71 @@ def revoke(client: redis.Redis, key_or_id: str) -> ApiKey:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+class KeyCache:
+    """Keys this process has seen, so that a request costs no Redis read for its key,
+    and a revoked key refused at once all the same.
+
+    A thread listens on ``API_KEYS_REVOKED_CHANNEL`` and drops each revoked key as it
+    is announced. While that subscription is down (Redis away, restarting), a
+    revocation could pass unheard: nothing is served from memory then, every lookup
+    reads Redis, and the memory is emptied once the subscription is back."""
+
+    def __init__(self, client: redis.Redis, kept_s: float = 300.0) -> None:
+        self.client, self.kept_s = client, kept_s
+        self._kept: dict[str, tuple[float, ApiKey]] = {}  # hash -> (read at, record)
+        self._lock = threading.Lock()
+        self.listening = threading.Event()
+        self._closed = False
+        threading.Thread(target=self._listen, name="gpulanes-key-revocations",
+                         daemon=True).start()
+
+    def lookup(self, key: Any) -> ApiKey | None:
+        """The record of ``key`` (as :func:`lookup`), from memory while it may be."""
+        if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 200:
+            return None
+        hashed, now = digest(key), time.monotonic()
+        if self.listening.is_set():
+            with self._lock:
+                kept = self._kept.get(hashed)
+            if kept is not None and now - kept[0] < self.kept_s:
+                return kept[1]
+        record = lookup(self.client, key)
+        if record is not None and self.listening.is_set():
+            with self._lock:
+                self._kept[hashed] = (now, record)
+        return record
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _listen(self) -> None:
+        while not self._closed:
+            pubsub = self.client.pubsub()
+            try:
+                pubsub.subscribe(API_KEYS_REVOKED_CHANNEL)
+                _confirmed(pubsub)  # from now on no revocation passes unheard
+                with self._lock:
+                    self._kept.clear()  # what was revoked while not listening is unknown
+                self.listening.set()
+                while not self._closed:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None and message["type"] == "message":
+                        with self._lock:
+                            self._kept.pop(_text(message["data"]), None)
+            except Exception:  # noqa: BLE001  Redis away: read it for every lookup meanwhile
+                self.listening.clear()
+                time.sleep(0.5)
+            finally:
+                pubsub.close()
+
+
+def _confirmed(pubsub: Any, timeout_s: float = 5.0) -> None:
+    """Wait until Redis confirms the subscription (else raise ``TimeoutError``)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=0.5)
+        if message is not None and message["type"] == "subscribe":
+            return
+    raise TimeoutError("no subscription confirmed")
