@@ -32,6 +32,7 @@ from tasks.broker.publish import (
     Pushed,
     Refusal,
     Refused,
+    Verdict,
     envelope_of,
     publish,
 )
@@ -234,7 +235,7 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
              claim: ClaimArgs | None = None, places_taken: bool = False,
-             admit: Admission | None = None) -> Any:
+             admit: Admission | None = None) -> Verdict:
     """The broker's verdict on ``job`` published to ``where`` with its conditions."""
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
@@ -262,6 +263,11 @@ def addressed(exchange: str, sent: Envelope, entered_at: float) -> Message:
     """``sent``, published to lane exchange ``exchange`` (a lane, or a worker's own queue
     of one): to the queue its bindings name, in the list of its priority."""
     queue = bindings().queue_of(exchange)
-    steps = app.conf.broker_transport_options.get("priority_steps", PRIORITY_STEPS)
-    return Message(queue, list_of(queue, sent["properties"]["priority"], steps), sent,
-                   entered_at)
+    return Message(queue, list_of(queue, sent["properties"]["priority"], priority_steps()),
+                   sent, entered_at)
+
+
+@lru_cache(maxsize=1)
+def priority_steps() -> tuple[int, ...]:
+    """The priority levels of the app's lists, as its transport reads them."""
+    return tuple(app.conf.broker_transport_options.get("priority_steps", PRIORITY_STEPS))

@@ -53,9 +53,14 @@ def create(client: redis.Redis, account: str, plan_name: str = DEFAULT_PLAN) -> 
     return key, record
 
 
+def shaped(key: Any) -> bool:
+    """Whether ``key`` can be a key at all (else no lookup is spent on it)."""
+    return isinstance(key, str) and key.startswith(KEY_PREFIX) and len(key) <= 200
+
+
 def lookup(client: redis.Redis, key: Any) -> ApiKey | None:
     """The record of ``key``, or None for anything that is not a live key."""
-    if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 200:
+    if not shaped(key):
         return None
     raw = client.hget(API_KEYS_KEY, digest(key))
     return None if raw is None else ApiKey(**json.loads(raw))
@@ -111,7 +116,7 @@ class KeyCache:
 
     def lookup(self, key: Any) -> ApiKey | None:
         """The record of ``key`` (as :func:`lookup`), from memory while it may be."""
-        if not isinstance(key, str) or not key.startswith(KEY_PREFIX) or len(key) > 200:
+        if not shaped(key):
             return None
         hashed, now = digest(key), time.monotonic()
         if self.listening.is_set():
