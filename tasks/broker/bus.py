@@ -16,7 +16,7 @@ class Bus:
     room an ack makes for a consumer at its prefetch limit, reach :meth:`wait`."""
 
     def __init__(self, client: redis.Redis) -> None:
-        self.pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub = client.pubsub()  # a confirmed subscription is heard too
         self.heard: queue.SimpleQueue = queue.SimpleQueue()
         self.reader: threading.Thread | None = None
         self.closed = False

@@ -320,14 +320,16 @@ class Transport(virtual.Transport):
 
     def hear(self, timeout: float) -> None:
         """Wait at most ``timeout`` s for what the pub/sub connection brings, and take
-        in all that came: fanout messages to their channels, wake-ups as a flag."""
+        in all that came: fanout messages to their channels, wake-ups as a flag. A
+        subscription Redis confirms is a wake-up too: a push made before it woke
+        nobody, and a take tried before it may have come too early to find it."""
         if self.bus is None:
             time.sleep(timeout)
             return
         for message in self.bus.wait(timeout):
             name = _text(message["channel"])
             for channel, queue in self.listening.get(name, ()):
-                if name.startswith(FANOUT_PREFIX):
+                if message["type"] == "message" and name.startswith(FANOUT_PREFIX):
                     channel.inbox.append((loads(message["data"]), queue))
                 else:
                     channel.ready = True
