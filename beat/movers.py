@@ -41,6 +41,8 @@ from tasks.broker import leader
 from tasks.broker.app import app, redis_client
 from tasks.broker.keys import PRIORITY_SEP, lane_keys
 from tasks.broker.moves import STOP, Queued, move_due
+from tasks.jobs import admission
+from tasks.jobs.accounts import renew_spent
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
@@ -103,4 +105,5 @@ def move_queued() -> str:
     lifted = age_relaxed(client, settings.fair_aging_s)
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
-    return f"deadline moves {moved}, aged {lifted}"
+    let_in, renewed = admission.sweep(client), renew_spent(client, time.time())
+    return f"deadline moves {moved}, aged {lifted}, parked let in {let_in}, renewed {renewed}"

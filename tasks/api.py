@@ -6,23 +6,31 @@ shared (result cache and coalescing, ``tasks.jobs.cache``). Every round trip giv
 ``GPULANES_REDIS_TIMEOUT_S`` and leaves nothing behind."""
 from __future__ import annotations
 
+import hashlib
+import math
+import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from celery.result import AsyncResult
 
-from tasks.broker.enqueue import ClaimAnswered, enqueue
+from tasks.broker.enqueue import Caller, ClaimAnswered, enqueue
+from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
-from tasks.errors import BrokerRefused, BrokerUnavailable
+from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
+from tasks.jobs import admission, predictions
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
+from tasks.jobs.plans import Plan
 from tasks.jobs.schema import validate
 from tasks.settings import settings
 
 
 def submit(prompt: str | None = None, *, tier: str = "standard",
            account: str = "anonymous", model: str = "demo", downgradable: bool | None = None,
-           **inputs: Any) -> AsyncResult:
+           idempotency_key: str | None = None, cancel_after: float | None = None,
+           plan: Plan | None = None, **inputs: Any) -> AsyncResult:
     """Enqueue one job of ``model`` and return its ``AsyncResult``.
 
     ``tier``, ``account``, ``downgradable`` and ``model`` route the job; every other
@@ -44,6 +52,16 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     ``downgradable`` (default: True for standard, False for fast) lets the
     job move down a lane while its lane is overloaded.
 
+    ``idempotency_key``: the same key of the same account within
+    ``IDEMPOTENCY_S`` returns the first job's ``AsyncResult`` and enqueues nothing, even
+    from two processes at once. ``cancel_after``: seconds after which the job, if it has
+    not started, is not run (its state REVOKED) and not charged. ``plan``: the
+    account's plan (``tasks.jobs.plans``, the HTTP front door's callers): its limits
+    hold (``tasks.jobs.admission``; :class:`tasks.errors.OverLimit` past them), its
+    fast time is its own, renewed each period (spent, on a plan without relax:
+    :class:`tasks.errors.FastTimeSpent`), and the job's record says whose it is
+    (``tasks.jobs.predictions``).
+
     Raises :class:`tasks.errors.InvalidJob` naming the bad field (an unknown model
     or input, a bad value), or :class:`tasks.errors.LaneFull` when the relaxed lane
     is full, before anything is enqueued; :class:`tasks.errors.BrokerUnavailable`
@@ -57,25 +75,30 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    shareable = settings.cache and cacheable(job, inputs)
     job_id = str(uuid.uuid4())
+    caller = _caller(job, job_id, idempotency_key, cancel_after, plan)
+    if plan is not None:
+        job = replace(job, admitted=True)
+    # a plan's job may wait in its account's line: no other caller joins its run
+    shareable = settings.cache and plan is None and cacheable(job, inputs)
     try:
         if not shareable:  # no extra round trip
-            return enqueue(job, job_id)
+            return enqueue(job, job_id, caller=caller)
         # one round trip: the publish claims the digest first, and is answered with a
         # cached result or a run to join, or pushes the job that leads a run of its own
         found = claim_in_publish(job.encode(), job_id)
         try:
             try:
                 return enqueue(job.leading(), job_id, run=(found.run.pointer, found.run.run),
-                               claim=found.publish)
+                               claim=found.publish, caller=caller)
             except ClaimAnswered as answer:
                 shared = answered(found, answer.verdict, answer.value, job.encode())
             if isinstance(shared, AsyncResult):
                 return shared
             if shared is None:  # an identical run is being claimed right now: run alone
-                return enqueue(job, job_id)
-            return enqueue(job.leading(), job_id, run=(shared.pointer, shared.run))
+                return enqueue(job, job_id, caller=caller)
+            return enqueue(job.leading(), job_id, run=(shared.pointer, shared.run),
+                           caller=caller)
         except OUTAGE:
             raise  # Redis is away: asking it to drop the claim would wait again; it lapses
         except BaseException:
@@ -85,6 +108,39 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
         raise
     except OUTAGE as exc:
         raise unavailable(exc, job_id) from exc
+
+
+#: Seconds an idempotency key keeps the job it made.
+IDEMPOTENCY_S = 24 * 3600
+#: The longest ``cancel_after``.
+CANCEL_AFTER_MAX_S = 7 * 24 * 3600.0
+
+
+def _caller(job: Any, job_id: str, idempotency_key: Any, cancel_after: Any,
+            plan: Any) -> Caller:
+    """What the caller's keywords add to the publish, each checked (:class:`InvalidJob`)."""
+    same = None
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not 0 < len(idempotency_key) <= 256:
+            raise InvalidJob("idempotency_key", "must be a string of 1 to 256 characters")
+        digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+        same = (same_key(job.account, digest), IDEMPOTENCY_S)
+    if cancel_after is not None and (
+            isinstance(cancel_after, bool) or not isinstance(cancel_after, (int, float))
+            or not math.isfinite(cancel_after) or not 0 < cancel_after <= CANCEL_AFTER_MAX_S):
+        raise InvalidJob("cancel_after", "must be a number of seconds above 0 and at most "
+                         f"{CANCEL_AFTER_MAX_S:.0f}, got {cancel_after!r}")
+    if plan is None:
+        return Caller(same=same, expires_s=cancel_after)
+    if not isinstance(plan, Plan):
+        raise InvalidJob("plan", f"must be a tasks.jobs.plans.Plan, got {type(plan).__name__}")
+    period = int(time.time() // plan.period_s)
+    return Caller(same=same, expires_s=cancel_after,
+                  record=predictions.record(job_id, job.account, job.model, job.tier,
+                                            job.inputs, cancel_after),
+                  plan=admission.plan_args(job.account, plan),
+                  period=f"{period} {plan.period_s} {plan.fast_seconds!r}",
+                  relax=plan.relax, renews_at=float((period + 1) * plan.period_s))
 
 
 def unavailable(exc: BaseException, job_id: str = "") -> BrokerUnavailable:

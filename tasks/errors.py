@@ -62,6 +62,33 @@ class LaneFull(GpulanesError):
         return (type(self), (self.lane, self.retry_after_s))
 
 
+class OverLimit(GpulanesError):
+    """A limit of the account's plan refused the job (``limit`` names it: ``queued_jobs``);
+    nothing was enqueued. Submit again after ``retry_after_s``."""
+
+    def __init__(self, limit: str, retry_after_s: float, message: str = "") -> None:
+        self.limit, self.retry_after_s = limit, retry_after_s
+        super().__init__(message or f"the account's plan allows no more jobs now ({limit}); "
+                         f"submit again in {retry_after_s:g} s")
+
+    def __reduce__(self):
+        return (type(self), (self.limit, self.retry_after_s, str(self)))
+
+
+class FastTimeSpent(GpulanesError):
+    """The account's fast time is spent and its plan has no relaxed lane to run the job
+    in; nothing was enqueued. Its fast time is renewed at ``renews_at`` (unix s)."""
+
+    def __init__(self, renews_at: float, message: str = "") -> None:
+        self.renews_at = renews_at
+        super().__init__(message or "the account's fast time for this period is spent and "
+                         "its plan does not include the relaxed lane; it is renewed at "
+                         f"{renews_at:.0f} (unix s)")
+
+    def __reduce__(self):
+        return (type(self), (self.renews_at, str(self)))
+
+
 class ModelError(GpulanesError):
     """A model could not be found, built or loaded."""
 

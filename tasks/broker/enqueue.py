@@ -7,7 +7,7 @@ name (the submitting process never imports the worker)."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -16,12 +16,26 @@ from celery.result import AsyncResult
 
 from routing.lanes import Route
 from routing.names import FAST, JOB_TASK, RELAXED
-from routing.policy import Admission, PolicyView, decide, publish_limits
+from routing.policy import (
+    FAST_TIME_EXHAUSTED,
+    MOVED_BY_LOAD,
+    Admission,
+    PolicyView,
+    decide,
+    publish_limits,
+)
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app, redis_client
 from tasks.broker.bindings import PRIORITY_STEPS, Bindings, list_of
 from tasks.broker.envelope import Envelope
-from tasks.broker.keys import FAST_BALANCE_KEY, SNAPSHOT_KEY, fast_queued_key, members_key
+from tasks.broker.keys import (
+    FAST_BALANCE_KEY,
+    FAST_EXHAUSTED_KEY,
+    FAST_PERIOD_KEY,
+    SNAPSHOT_KEY,
+    fast_queued_key,
+    members_key,
+)
 from tasks.broker.memory import MEMORY_LIMIT
 from tasks.broker.message import Job, JobMessage, JobRoute
 from tasks.broker.publish import (
@@ -29,7 +43,10 @@ from tasks.broker.publish import (
     ClaimArgs,
     Conditions,
     Message,
+    Parked,
+    PlanArgs,
     Pushed,
+    Record,
     Refusal,
     Refused,
     Verdict,
@@ -37,7 +54,14 @@ from tasks.broker.publish import (
     publish,
 )
 from tasks.broker.store import broker_client
-from tasks.errors import BrokerRefused, BrokerUnavailable, LaneFull
+from tasks.errors import (
+    BrokerRefused,
+    BrokerUnavailable,
+    FastTimeSpent,
+    InvalidJob,
+    LaneFull,
+    OverLimit,
+)
 from tasks.settings import settings
 
 #: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
@@ -47,6 +71,31 @@ HASH_EPSILON = 0.25
 #: Route a job to the worker that holds its model (consistent hashing with bounded
 #: loads); False: every job through its lane's shared list.
 ROUTE_HASHING = True
+
+
+@dataclass(frozen=True)
+class Caller:
+    """What a caller's account and request add to a new job's publish (the HTTP front
+    door, or ``submit()``'s keywords)."""
+
+    #: (key, seconds): the request's idempotency key, taken by the push
+    same: tuple[str, int] | None = None
+    #: the prediction's record (``tasks.jobs.predictions``)
+    record: Record | None = None
+    #: the account's plan limits (``tasks.jobs.admission``), and its fast time's
+    #: period, "index period_s fast_s" (a new one renews the balance to fast_s)
+    plan: PlanArgs | None = None
+    period: str = ""
+    #: the plan includes the relaxed lane; else a job its spent fast time would send
+    #: there is refused (:class:`FastTimeSpent`, renewed at ``renews_at``)
+    relax: bool = True
+    renews_at: float = 0.0
+    #: seconds after which the job, still queued, is not run (Celery's ``expires``)
+    expires_s: float | None = None
+
+
+#: Seconds a refused caller is told to wait before submitting again.
+OVER_LIMIT_RETRY_S = 5.0
 
 
 #: The view routing falls back on without a fresh snapshot: every tier in its own
@@ -94,7 +143,7 @@ def snapshot_cache() -> SnapshotCache:
 
 def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             submitted_at: float | None = None, accepted: bool = False,
-            claim: ClaimArgs | None = None) -> AsyncResult:
+            claim: ClaimArgs | None = None, caller: Caller = Caller()) -> AsyncResult:
     """Route a validated job with the cached view and publish it under ``job_id``.
 
     The view's lane depths are an estimate; the publish itself checks the lane's
@@ -133,13 +182,20 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     over_fast_limit = hinted = _hinted_over_fast_limit(job, view)
     where = _route(job, view, over_fast_limit)
     while where is not None:
+        _check_relax(where, caller)
         admit = None if accepted or not job.downgradable else view.admit.get(where.lane)
         verdict = _publish(job, job_id, where, run, over_fast_limit, submitted_at, accepted,
-                           claim, places_taken=hinted, admit=admit)
+                           claim, places_taken=hinted, admit=admit, caller=caller)
         match verdict:
             case Pushed():
                 cache.note_sent(where.lane, where.node, job.model)
                 return AsyncResult(job_id, app=app)
+            case Parked():  # in its account's own line, entering its lane in turn
+                return AsyncResult(job_id, app=app)
+            case Answered("same", value):  # its idempotency key made this job before
+                return AsyncResult(value, app=app)
+            case Refused(Refusal.QUEUED_JOBS):
+                raise OverLimit(Refusal.QUEUED_JOBS.value, OVER_LIMIT_RETRY_S)
             case Answered(answer, value):  # nothing pushed: the result cache answered
                 raise ClaimAnswered(answer, value)
             case Refused(Refusal.FULL):
@@ -164,6 +220,18 @@ class ClaimAnswered(Exception):
     def __init__(self, verdict: str, value: str) -> None:
         super().__init__(f"claim answered: {verdict}")
         self.verdict, self.value = verdict, value
+
+
+def _check_relax(where: Route, caller: Caller) -> None:
+    """A plan without the relaxed lane sends no job of its own choice there: spent fast
+    time is :class:`FastTimeSpent`, a relaxed tier :class:`InvalidJob`. A job the
+    cluster's load moves there goes."""
+    if caller.relax or where.lane != RELAXED or where.downgrade_reason in MOVED_BY_LOAD:
+        return
+    if where.downgrade_reason == FAST_TIME_EXHAUSTED:
+        raise FastTimeSpent(caller.renews_at)
+    raise InvalidJob("tier", "the relaxed lane is not part of the account's plan; "
+                     "choose fast or standard")
 
 
 def _refuse_near_maxmemory(view: PolicyView) -> None:
@@ -215,7 +283,7 @@ def _route(job: Job, view: PolicyView, over_fast_limit: bool = False) -> Route |
 
 
 def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
-                     places_taken: bool = False) -> dict[str, Any]:
+                     places_taken: bool = False, caller: Caller = Caller()) -> dict[str, Any]:
     """A fast publish's conditions: one of its account's fast places (unless over its
     limit already), and its fast time, read exactly in the round trip it pays anyway.
     ``places_taken``: a fast job routed over its account's limit on the word of an
@@ -225,6 +293,10 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
             return {}
         return {"fast_places": (fast_queued_key(job.account), -settings.fast_jobs_per_account,
                                 PLACE_LAPSE_S)}
+    if caller.period:  # a plan's own fast time, and its concurrent fast jobs for places
+        return {"fast_time": (FAST_BALANCE_KEY, job.account,
+                              float(caller.period.split()[2])),
+                "period": (FAST_PERIOD_KEY, FAST_EXHAUSTED_KEY, caller.period)}
     places = None
     if settings.fast_jobs_per_account and not over_fast_limit:
         places = (fast_queued_key(job.account), settings.fast_jobs_per_account, PLACE_LAPSE_S)
@@ -235,7 +307,7 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
              claim: ClaimArgs | None = None, places_taken: bool = False,
-             admit: Admission | None = None) -> Verdict:
+             admit: Admission | None = None, caller: Caller = Caller()) -> Verdict:
     """The broker's verdict on ``job`` published to ``where`` with its conditions."""
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
@@ -244,12 +316,14 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
     sent = envelope_of(app, job_id, JOB_TASK, message.kwargs(), where.queue, where.priority or 0,
                        argsrepr="()", kwargsrepr=repr({"model": job.model, "tier": job.tier,
                                                        "lane": where.lane,
-                                                       "account": job.account}))
+                                                       "account": job.account}),
+                       **({"expires": caller.expires_s} if caller.expires_s else {}))
     when = Conditions(
         limits=publish_limits(where.lane, 0 if accepted else settings.max_depth[where.lane],
                               admit),
         deadline=publish_deadline(), run=(*run, settings.result_ttl_s) if run else None,
-        claim=claim, **_fast_conditions(job, where, over_fast_limit, places_taken))
+        claim=claim, same=caller.same, record=caller.record, plan=caller.plan,
+        account=job.account, **_fast_conditions(job, where, over_fast_limit, places_taken, caller))
     return publish(redis_client(), addressed(where.queue, sent, message.lane_clock), when)
 
 

@@ -224,3 +224,47 @@ def held_key(holder: str) -> str:
 def list_key(queue: str, priority: int = 0) -> str:
     """The Redis list of ``queue`` at a priority level (0: the queue's own name)."""
     return queue if not priority else f"{queue}{PRIORITY_SEP}{priority}"
+
+
+# --- the front door: predictions, idempotency, plan admission ---------------------------
+#: A prediction's record (JSON: its account, model, tier, input, when), kept as long as
+#: its result: whose it is, written in the step that publishes it.
+PREDICTION_PREFIX = f"{PREFIX}:prediction:"
+#: Per account, its predictions scored by when they were made (newest last).
+PREDICTIONS_PREFIX = f"{PREFIX}:predictions:"
+#: Per account and idempotency key (hashed), the job it made.
+IDEMPOTENCY_PREFIX = f"{PREFIX}:idempotency:"
+#: Per account on a plan, its jobs admitted to the lanes (queued there or running),
+#: scored by when each lapses; its fast ones apart.
+ADMITTED_PREFIX = f"{PREFIX}:admitted:"
+ADMITTED_FAST_PREFIX = f"{PREFIX}:admitted-fast:"
+#: Per account on a plan, its jobs waiting for one of its own to finish (a list).
+PARKED_PREFIX = f"{PREFIX}:parked:"
+#: Accounts with parked jobs (beat looks at these only), and each one's limits.
+PARKED_ACCOUNTS_KEY = f"{PREFIX}:parked:accounts"
+#: Per account on a plan, the period its fast time was last renewed in.
+FAST_PERIOD_KEY = f"{PREFIX}:fast:period"
+
+
+def prediction_key(job_id: str) -> str:
+    return PREDICTION_PREFIX + job_id
+
+
+def predictions_key(account: str) -> str:
+    return PREDICTIONS_PREFIX + account
+
+
+def idempotency_key(account: str, key_digest: str) -> str:
+    return f"{IDEMPOTENCY_PREFIX}{account}:{key_digest}"
+
+
+def admitted_key(account: str) -> str:
+    return ADMITTED_PREFIX + account
+
+
+def admitted_fast_key(account: str) -> str:
+    return ADMITTED_FAST_PREFIX + account
+
+
+def parked_key(account: str) -> str:
+    return PARKED_PREFIX + account

@@ -21,7 +21,7 @@ from routing.policy import RETRY
 #: A job's routing fields; every other field of a job is an input of its model.
 ROUTING: tuple[str, ...] = ("tier", "account", "model", "downgradable")
 #: Bookkeeping a job may carry beside them (``leads_run``, ``route_key``, ``cost``).
-BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key", "cost")
+BOOKKEEPING: tuple[str, ...] = ("leads_run", "route_key", "cost", "admitted")
 
 
 def is_cost(value: Any) -> bool:
@@ -53,6 +53,9 @@ class Job:
     #: The model's ``cost(inputs)``: its work relative to a typical job (1.0), which
     #: the expected-wait estimate weighs queued jobs by (``beat.costs``).
     cost: float = 1.0
+    #: Counted against its account's plan while in flight (``tasks.jobs.admission``):
+    #: its worker says when it is over.
+    admitted: bool = False
 
     def encode(self) -> dict[str, Any]:
         encoded = {"tier": self.tier, "account": self.account, "model": self.model,
@@ -63,6 +66,8 @@ class Job:
             encoded["route_key"] = self.route_key
         if self.cost != 1.0:
             encoded["cost"] = self.cost
+        if self.admitted:
+            encoded["admitted"] = True
         return encoded
 
     @classmethod
@@ -71,7 +76,7 @@ class Job:
         inputs = {k: v for k, v in job.items() if k not in ROUTING and k not in BOOKKEEPING}
         return cls(**{k: job[k] for k in ROUTING}, inputs=MappingProxyType(inputs),
                    leads_run=bool(job.get("leads_run")), route_key=job.get("route_key"),
-                   cost=job.get("cost", 1.0))
+                   cost=job.get("cost", 1.0), admitted=bool(job.get("admitted")))
 
     def leading(self) -> "Job":
         return replace(self, leads_run=True)

@@ -22,6 +22,10 @@ Two publishes, one per kind of publisher, each a script a reader can hold in min
     step, so a refused or failed publish leaves no place behind (``fast_places`` when
     all are taken); a job routed over its account's limit on the word of an earlier
     refusal goes there only while every place is still taken (``place_free``).
+  - the account's plan (``tasks.jobs.admission``): over its concurrent jobs the job is
+    :class:`Parked` in the account's own line, over its queued jobs too it is refused
+    (``queued_jobs``); an idempotency key found taken answers the job it made
+    (``Answered("same", ...)``); the prediction's record is written with the push.
 
   The run the job leads takes the rank of its lane (never faster than it was), so no
   caller joins a run waiting in a lane slower than its own.
@@ -40,7 +44,7 @@ import base64
 import enum
 import uuid
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 import redis
 from kombu import serialization
@@ -88,6 +92,26 @@ class Message:
         return (self.envelope.get("headers") or {}).get("id") or ""
 
 
+class Record(NamedTuple):
+    """A prediction's record (``lua/record.lua``)."""
+
+    key: str       #: the record's hash
+    listed: str    #: the account's predictions
+    json: str      #: what it holds: model, tier, input, when...
+    kept_s: int    #: how long both are kept
+    kept: int      #: how many of the account's latest stay listed
+
+
+class PlanArgs(NamedTuple):
+    """An account's plan limits as the publish checks them (``lua/admit.lua``)."""
+
+    admitted: str          #: its jobs admitted to the lanes (sorted set)
+    admitted_fast: str     #: its fast ones
+    parked: str            #: its parked jobs (list)
+    parked_accounts: str   #: accounts with parked jobs
+    spec: str              #: "concurrent concurrent_fast queued lapse_s"
+
+
 @dataclass(frozen=True)
 class Conditions:
     """What a new job's publish must satisfy, checked in the step that pushes it."""
@@ -105,6 +129,19 @@ class Conditions:
     #: a claim of the result cache made in the same step (``run`` names its pointer and
     #: hash): answered (:class:`Answered`) when the digest is taken
     claim: ClaimArgs | None = None
+    #: (key, seconds): an idempotency key, taken by the push; found taken, the publish
+    #: is answered ``Answered("same", <its job id>)`` with nothing pushed
+    same: tuple[str, int] | None = None
+    #: the prediction's record, written by the push (``tasks.jobs.predictions``)
+    record: Record | None = None
+    #: the account's plan limits (``tasks.jobs.admission``): over them the job is parked
+    #: (:class:`Parked`), or refused (``queued_jobs``)
+    plan: PlanArgs | None = None
+    #: (fast periods hash, exhausted set, "index period_s fast_s"): with ``fast_time``,
+    #: the plan's period, whose start renews the balance to fast_s
+    period: tuple[str, str, str] | None = None
+    #: the job's account (with ``plan`` or ``fast_time``)
+    account: str = ""
 
 
 @dataclass(frozen=True)
@@ -129,11 +166,17 @@ class Refusal(str, enum.Enum):
     FAST_PLACES = "fast_places"  #: every fast place of the account is taken
     PLACE_FREE = "place_free"    #: routed over the fast limit, but a place is free
     FENCE = "fence"              #: a newer run holds the job
+    QUEUED_JOBS = "queued_jobs"  #: the account's plan has that many jobs parked already
 
 
 @dataclass(frozen=True)
 class Pushed:
     """The message is in its list."""
+
+
+@dataclass(frozen=True)
+class Parked:
+    """The job waits in its account's own line for one of its jobs to be over."""
 
 
 @dataclass(frozen=True)
@@ -144,13 +187,14 @@ class Refused:
 @dataclass(frozen=True)
 class Answered:
     """The publish's claim found the job's digest taken: ``verdict`` ``hit`` (``value``:
-    the stored result), ``follow`` (``value``: the leader's id) or ``solo``."""
+    the stored result), ``follow`` (``value``: the leader's id) or ``solo``; or its
+    idempotency key: ``same`` (``value``: the job it made)."""
 
     verdict: str
     value: str
 
 
-Verdict = Union[Pushed, Refused, Answered]
+Verdict = Union[Pushed, Parked, Refused, Answered]
 
 
 def publish(client: redis.Redis, message: Message, when: Conditions = Conditions()) -> Verdict:
@@ -159,10 +203,19 @@ def publish(client: redis.Redis, message: Message, when: Conditions = Conditions
     pointer, run, ttl_s = when.run or ("", "", 0)
     balances, account, balance = when.fast_time or ("", "", 0.0)
     (entry, lru, metrics), claim = when.claim or (("", "", ""), ())
+    same, same_s = when.same or ("", 0)
+    record = when.record or Record("", "", "", 0, 0)
+    plan = when.plan or PlanArgs("", "", "", "", "")
+    periods, exhausted, period = when.period or ("", "", "")
     keys, args = _entering(message)
-    keys += [places, pointer, run, balances, entry, lru, metrics]
-    args += named(deadline=when.deadline or None, account=account or None,
-                  balance=repr(balance) if balances else None,
+    keys += [places, pointer, run, balances, entry, lru, metrics, same, record.key,
+             record.listed, *plan[:4], periods, exhausted]
+    args += named(deadline=when.deadline or None, account=account or when.account or None,
+                  balance=repr(balance) if balances else None, period=period or None,
+                  same_s=same_s or None, plan=plan.spec or None,
+                  record=record.json or None, record_s=record.kept_s or None,
+                  kept=record.kept or None,
+                  lane=lane_of(message.queue) if record.key else None,
                   limits=";".join(map(_limit, when.limits)) or None,
                   places=allowed or None, lapse=lapse_s if allowed else None,
                   ttl=ttl_s if pointer else None,
@@ -233,7 +286,9 @@ def _verdict(answer: Any) -> Verdict:
     if isinstance(answer, list):
         return Answered(*(_text(part) for part in answer))
     answer = _text(answer)
-    return Pushed() if answer == "pushed" else Refused(Refusal(answer))
+    if answer == "pushed":
+        return Pushed()
+    return Parked() if answer == "parked" else Refused(Refusal(answer))
 
 
 def _text(value: Any) -> str:

@@ -23,7 +23,7 @@ import math
 import redis
 
 from tasks.broker import scripts
-from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
+from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, FAST_PERIOD_KEY
 from tasks.errors import InvalidJob
 from tasks.jobs.schema import check_account
 from tasks.settings import settings
@@ -64,3 +64,33 @@ def balances() -> dict[str, float]:
 def exhausted_accounts() -> set[str]:
     """Accounts whose fast time is spent (their fast jobs run in relaxed)."""
     return set(_client().smembers(FAST_EXHAUSTED_KEY))
+
+
+#: Exhausted accounts beat looks at per round for a new period.
+RENEW_BATCH = 500
+
+
+def renew_spent(client: redis.Redis, now: float) -> int:
+    """Beat's round: a plan's account whose fast time is spent gets its fast seconds back
+    once its period has turned (a publish renews an account only when it sends a fast
+    job, which routing sends elsewhere while the account is listed as spent). Returns
+    how many were renewed."""
+    accounts = [_text(a) for a in client.srandmember(FAST_EXHAUSTED_KEY, RENEW_BATCH) or ()]
+    if not accounts:
+        return 0
+    periods = client.hmget(FAST_PERIOD_KEY, accounts)
+    renewed = 0
+    for account, period in zip(accounts, periods):
+        if period is None:
+            continue  # not on a plan: granted by an operator
+        index, period_s, fast_s = _text(period).split()
+        current = int(now // float(period_s))
+        if current > int(index):
+            renewed += int(scripts.run(client, "fast_renew",
+                                       [FAST_BALANCE_KEY, FAST_PERIOD_KEY, FAST_EXHAUSTED_KEY],
+                                       [account, _text(period), f"{current} {period_s} {fast_s}"]))
+    return renewed
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

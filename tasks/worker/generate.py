@@ -36,6 +36,7 @@ from celery import signals, states
 from celery.exceptions import Ignore, Reject, Retry
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
+import tasks.jobs.admission  # noqa: F401  its handlers say when a plan's job is over
 from gpu_worker import hooks
 from gpu_worker.batching import Ran
 from gpu_worker.health import HEALTH, is_worker_fault

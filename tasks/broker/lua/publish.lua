@@ -3,7 +3,10 @@
 -- and is returned by name; else 'pushed'.
 -- KEYS: the list, the lane's lists, depths per lane, depths per list, preemptible runs;
 -- then, '' where unused: the account's fast places, the result-cache run the job leads
--- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics.
+-- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics;
+-- the idempotency key, the prediction's record, the account's predictions; the account's
+-- admitted jobs, admitted fast jobs, parked jobs, the accounts with parked jobs; the
+-- fast periods, the exhausted accounts.
 -- ARGV: the message, then name/value pairs: job, entered, rank, due, wake, news
 -- (lua/enter.lua); and those of the conditions set:
 --   deadline   Redis' unix s past which the publish comes too late ('late')
@@ -15,11 +18,22 @@
 --              'over_budget')
 --   places, lapse      the account's fast places (lua/places.lua)
 --   ttl        the seconds a confirmed run lives: the publish confirms the run it leads
+--   same_s     an idempotency key held that long: found taken, answered {'same', job}
+--   record, record_s, kept   the prediction's record (JSON), kept record_s, and its
+--              place in the account's predictions, of which the latest ``kept`` stay
+--   lane       the lane the job goes to (written into the record)
+--   plan       "concurrent concurrent_fast queued lapse_s" (lua/admit.lua): over the
+--              first two the job is parked ('parked'); more than queued parked: refused
+--              ('queued_jobs')
+--   period     "index period_s fast_s" of the plan's fast time: another period (a plan
+--              changed within one does not renew) renews the balance to its fast_s
 -- include: named
 -- include: enter
 -- include: claim
 -- include: limits
 -- include: places
+-- include: admit
+-- include: record
 local k, a = KEYS, named(ARGV, 2)
 local places, pointer, run, balances = k[6], k[7], k[8], k[9]
 a.message = ARGV[1]
@@ -27,11 +41,21 @@ if already(k, a, false) then return 'pushed' end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if a.deadline and now > tonumber(a.deadline) then return 'late' end
+if k[13] ~= '' then
+  local same = redis.call('GET', k[13])
+  if same then return {'same', same} end
+end
 if k[10] ~= '' then
   local answer = claim_run({k[10], k[11], pointer, run, k[12]},
                            {a.job, a.claim_admit, a.claim_follower, a.claim_now, a.claim_rank,
                             a.claim_s, a.claim_runs})
   if answer[1] ~= 'lead' then return answer end
+end
+local function period_of(text) return text and string.match(text, '^%S+ %S+') end
+if a.period and period_of(redis.call('HGET', k[20], a.account)) ~= period_of(a.period) then
+  redis.call('HSET', balances, a.account, a.balance)
+  redis.call('HSET', k[20], a.account, a.period)
+  redis.call('SREM', k[21], a.account)
 end
 if balances ~= '' and tonumber(redis.call('HGET', balances, a.account) or a.balance) <= 0 then
   return 'fast_time'
@@ -41,6 +65,14 @@ if over then return over end
 if places ~= '' then
   local refused = take_place(places, tonumber(a.places), tonumber(a.lapse), a.job, now)
   if refused then return refused end
+end
+local admitted = a.plan and admission({k[16], k[17]}, k[18], a.plan, a.job, a.rank, now)
+if admitted == 'queued_jobs' then return admitted end
+if k[13] ~= '' then redis.call('SET', k[13], a.job, 'EX', a.same_s) end
+if k[14] ~= '' then record({k[14], k[15]}, a, admitted == 'park', now) end
+if admitted == 'park' then
+  park(k[18], k[19], a.account, k[1], k[2], a)
+  return 'parked'
 end
 if pointer ~= '' and redis.call('GET', pointer) == a.job then
   redis.call('EXPIRE', pointer, a.ttl)

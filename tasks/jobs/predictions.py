@@ -1,0 +1,100 @@
+"""Predictions: the record of each submitted job that says whose it is, written by the
+publish in the step that pushes the job (``lua/record.lua``), and read by the HTTP
+front door, which shows a caller its own predictions only.
+
+A record is kept as long as the job's result (``GPULANES_RESULT_TTL_S``); an account's
+list holds its latest ``KEPT_PER_ACCOUNT``, newest first when read.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import redis
+
+from tasks.broker.keys import due_key, prediction_key, predictions_key
+from tasks.broker.publish import Record
+from tasks.settings import settings
+
+#: Predictions an account's list keeps (its oldest drop out).
+KEPT_PER_ACCOUNT = 10_000
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What was asked, by whom, and where it went."""
+
+    id: str
+    account: str
+    model: str
+    tier: str
+    input: Mapping[str, Any]
+    created_at: float
+    cancel_after_at: float | None = None
+    #: The lane its job was published to ('' when read from an older record).
+    lane: str = ""
+    #: Waiting in its account's own line for the plan to let it in.
+    parked: bool = False
+    #: When it entered its lane (its lane clock, 0: not indexed).
+    entered: float = 0.0
+
+
+def record(job_id: str, account: str, model: str, tier: str, inputs: Mapping[str, Any],
+           cancel_after_s: float | None = None) -> Record:
+    """The record the publish writes for a new job."""
+    now = time.time()
+    body = {"id": job_id, "account": account, "model": model, "tier": tier,
+            "input": dict(inputs), "created_at": round(now, 3),
+            "cancel_after_at": None if cancel_after_s is None else round(now + cancel_after_s, 3)}
+    return Record(prediction_key(job_id), predictions_key(account), json.dumps(body),
+                  int(settings.result_ttl_s), KEPT_PER_ACCOUNT)
+
+
+def owned(client: redis.Redis, account: str, job_id: str) -> Prediction | None:
+    """The prediction ``job_id`` if ``account`` made it, else None (absent, or another
+    account's: the caller cannot tell which)."""
+    if not isinstance(job_id, str) or not 0 < len(job_id) <= 200:
+        return None
+    found = _prediction(client.hgetall(prediction_key(job_id)))
+    return found if found is not None and found.account == account else None
+
+
+def listed(client: redis.Redis, account: str, offset: int = 0, limit: int = 20
+           ) -> list[Prediction]:
+    """``account``'s predictions, newest first, from ``offset``."""
+    ids = client.zrevrange(predictions_key(account), offset, offset + limit - 1)
+    if not ids:
+        return []
+    with client.pipeline(transaction=False) as pipe:
+        for job_id in ids:
+            pipe.hgetall(prediction_key(_text(job_id)))
+        found = [_prediction(fields) for fields in pipe.execute()]
+    return [p for p in found if p is not None and p.account == account]
+
+
+def position(client: redis.Redis, prediction: Prediction) -> int | None:
+    """How many jobs of its lane entered before it (0: it is next), while it waits
+    there; None where that is not kept (parked, or the relaxed lane's first level)."""
+    if prediction.parked or not prediction.lane or prediction.entered <= 0:
+        return None
+    ahead = client.zcount(due_key(prediction.lane), "-inf", f"({prediction.entered!r}")
+    return int(ahead)
+
+
+def _prediction(fields: Mapping[Any, Any]) -> Prediction | None:
+    if not fields:
+        return None
+    fields = {_text(k): _text(v) for k, v in fields.items()}
+    try:
+        body = json.loads(fields["json"])
+        return Prediction(**body, lane=fields.get("lane", ""),
+                          parked=fields.get("parked") == "1",
+                          entered=float(fields.get("entered") or 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
