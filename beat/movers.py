@@ -35,7 +35,7 @@ import time
 import redis
 
 from beat.balance import node_of
-from routing.names import FAST, MOVERS_TASK, RELAXED, worker_queue
+from routing.names import MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
 from tasks.broker import leader
 from tasks.broker.app import app, redis_client
@@ -78,7 +78,7 @@ def enforce_deadlines(client: redis.Redis, budgets_s: dict[str, float],
 
         moved[lane] = move_due(client, lane, now - budget_s, due,
                                lambda key, lower=lower: moved_to(key, lower),
-                               leaves_fast=lane == FAST, back=lower == RELAXED)
+                               back=lower == RELAXED)
     return moved
 
 

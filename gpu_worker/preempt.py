@@ -142,7 +142,9 @@ class Preemption:
         try:
             client = redis_client()
             own = worker_queue(FAST, self.hostname)
-            if readdress(client, own, FAST, FAST):  # one other worker is told of them
+            moved = sum(readdress(client, mine, shared, FAST)  # each level to its own
+                        for mine, shared in zip(lane_keys(own), lane_keys(FAST)))
+            if moved:  # one other worker is told of them
                 scripts.run(client, "fast_tell", [PREEMPTIBLE_KEY], [FAST_NEWS_PREFIX, FAST])
                 log.info("fast jobs of %s handed to the shared lane: its job runs on", own)
         except redis.RedisError as exc:  # they wait for this worker's job to end

@@ -8,13 +8,19 @@ RELAXED = "relaxed"
 #: Lanes in priority order: workers consume them in exactly this order.
 LANES: tuple[str, ...] = (FAST, STANDARD, RELAXED)
 TIERS: tuple[str, ...] = LANES
-#: The kombu priority of each relaxed-lane level of an account (light users first).
+#: The kombu priority of each level of an account in a lane (light users first).
 RELAX_LEVEL_PRIORITIES: tuple[int, ...] = (1, 3, 6, 9)
-#: kombu priority steps. Fast and standard use only 0, so lane order holds. In relaxed,
-#: 0 is above every account's level: the jobs that aged there, or were moved down past
-#: their budget, so they go before fresh jobs of any list a worker serves ahead of theirs
-#: (a worker takes its own queue's jobs before the shared lane's of the same level).
+#: kombu priority steps; a worker takes a lane's lists before the next lane's (lane
+#: order holds), level by level within a lane. 0 is above every account's level: in
+#: relaxed, the jobs that aged there, or were moved down past their budget; in standard,
+#: the fast jobs the load moved there. So they go before fresh jobs of any list a worker
+#: serves ahead of theirs (a worker takes its own queue's jobs before the shared lane's
+#: of the same level).
 RELAX_PRIORITIES: tuple[int, ...] = (0, *RELAX_LEVEL_PRIORITIES)
+#: Lanes whose new jobs enter at a level raised by their account's jobs already waiting
+#: there (``routing.policy.queued_level``), checked live by the publish; in relaxed, the
+#: level is by recent usage alone (its aging lifts the heaviest users' jobs in time).
+FAIR_LANES: tuple[str, ...] = (FAST, STANDARD)
 
 
 def worker_queue(lane: str, node: str) -> str:

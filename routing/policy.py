@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Mapping, NamedTuple
 
 from routing.lanes import Route
-from routing.names import FAST, LANES, RELAX_LEVEL_PRIORITIES, RELAXED, STANDARD
+from routing.names import FAIR_LANES, FAST, LANES, RELAX_LEVEL_PRIORITIES, RELAXED, STANDARD
 from routing.placement import home
 
 #: Reasons a job runs below its tier; they appear in results and metrics.
@@ -230,6 +230,47 @@ def relax_levels(usage_s: Mapping[str, float], unit_s: float) -> dict[str, int]:
         if level:
             levels[account] = level
     return levels
+
+
+#: An account's jobs waiting in a fast or standard lane raise the level its next job
+#: enters there at once it has ``QUEUED_LEVEL_MIN`` of them, one level for each of these
+#: shares of the lane's waiting jobs it holds (``queued_level``).
+QUEUED_LEVEL_MIN = 2
+QUEUED_LEVEL_SHARES: tuple[float, ...] = (0.75, 0.875, 0.9375)
+
+
+def queued_level(waiting: int, depth: int) -> int:
+    """The level an account's new job enters a fast or standard lane at, for ``waiting``
+    of its jobs among the ``depth`` waiting there. An account with a job or two there, or
+    with less than three quarters of the lane, enters at 0: accounts alike stay first
+    come, first served. One that floods the lane enters at 3 from its third job on, so a
+    light account's job waits for at most two of the flood's, whatever its size."""
+    if waiting < QUEUED_LEVEL_MIN or depth <= 0:
+        return 0
+    return sum(waiting >= share * depth for share in QUEUED_LEVEL_SHARES)
+
+
+def fair_level(route: Route, account: str, view: PolicyView) -> int | None:
+    """The least level a new job enters a fast or standard lane at: its account's level
+    by recent usage, as in relaxed; the publish raises it by the account's jobs waiting
+    there (``queued_level``, on the live counts). None where such levels do not apply:
+    relaxed (``_relaxed_step``), and a job the load moved down (level 0, ahead of the
+    lane's own jobs: it keeps its place in time)."""
+    if route.lane not in FAIR_LANES or route.downgrade_reason in MOVED_BY_LOAD:
+        return None
+    return view.levels.get(account, 0)
+
+
+def depths_ahead(lanes: Mapping[str, int], levels: Mapping[str, int], lane: str,
+                 level: int | None) -> Mapping[str, int]:
+    """The depths an admission (``Admission.limit``) reads for a job entering ``lane`` at
+    ``level``: the other lanes whole; of its own, the jobs the load moved there and its
+    levels up to its own (``levels``: "<lane>@<priority step>" -> jobs, as the depth
+    counters keep them). The later levels' jobs come after it. None: the lane whole."""
+    if level is None:
+        return lanes
+    steps = (0, *RELAX_LEVEL_PRIORITIES[:level + 1])
+    return {**lanes, lane: sum(levels.get(f"{lane}@{step}", 0) for step in steps)}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
     BEAT_LEADER_KEY,
     DEAD_KEY,
+    LANE_DEPTHS_KEY,
     SNAPSHOT_KEY,
     WORKERS_KEY,
     lane_keys,
@@ -111,14 +112,14 @@ def test_dead_list_then_requeue_moves_the_job_onto_its_lane(clean_redis):
 
     assert ok("dead", "requeue", job_id).startswith(job_id)
     assert not clean_redis.hexists(DEAD_KEY, job_id)
-    assert clean_redis.llen("fast") == 1
+    assert int(clean_redis.hget(LANE_DEPTHS_KEY, "fast")) == 1
 
 
 def test_requeue_of_an_unknown_job_fails_and_moves_nothing(clean_redis):
     job_id = bury_one(clean_redis)
     assert "no dead job 'no-such-job'" in failed("dead", "requeue", job_id, "no-such-job")
     assert clean_redis.hexists(DEAD_KEY, job_id)
-    assert clean_redis.llen("fast") == 0
+    assert not clean_redis.hexists(LANE_DEPTHS_KEY, "fast")
 
 
 def test_status_without_a_snapshot_says_beat_is_not_running():

@@ -93,7 +93,7 @@ def _retry(client, job_id: str, job: dict, lane: str) -> None:
 def test_a_retry_down_a_lane_takes_its_run_down(clean_redis):
     job = _job("fast")
     leader = _lead(job)
-    clean_redis.delete("fast")  # a worker took it; its run failed and retries lower
+    clean_redis.delete(*lane_keys("fast"))  # a worker took it; its run failed and retries lower
     _retry(clean_redis, leader, {**job, "leads_run": True}, "relaxed")
     assert _depths(clean_redis) == [0, 0, 1] and _rank(clean_redis, leader) == 2
     assert _follows(_job("relaxed"))
@@ -104,7 +104,7 @@ def test_a_retry_down_a_lane_takes_its_run_down(clean_redis):
 
 def test_an_heir_sent_below_its_tier_takes_the_run_there(clean_redis, monkeypatch):
     leader = _lead(_job("standard", downgradable=True))
-    clean_redis.delete("standard")  # revoked before it ran
+    clean_redis.delete(*lane_keys("standard"))  # revoked before it ran
     assert _follows(_job("standard", downgradable=True)) and _follows(_job("relaxed"))
     monkeypatch.setattr(enqueue_module, "TIER_LANES_ONLY",
                         PolicyView(overloaded=frozenset({"standard"})))

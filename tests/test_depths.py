@@ -17,9 +17,14 @@ from tasks.settings import settings
 
 
 def _depths(client) -> tuple[dict, dict]:
+    """(jobs per lane, per list); the depths per lane also count each level of a lane,
+    as "<lane>@<step>": those add up to the lane's (``_levels``)."""
     def read(key):
         return {k.decode(): int(v) for k, v in client.hgetall(key).items()}
-    return read(LANE_DEPTHS_KEY), read(LIST_DEPTHS_KEY)
+    lanes = read(LANE_DEPTHS_KEY)
+    for lane in {field.split("@")[0] for field in lanes}:
+        assert sum(n for f, n in lanes.items() if f.startswith(lane + "@")) == lanes.get(lane, 0)
+    return {f: n for f, n in lanes.items() if "@" not in f}, read(LIST_DEPTHS_KEY)
 
 
 def _held(client) -> dict[str, tuple[str, str]]:
@@ -36,11 +41,12 @@ def _lengths(client) -> dict[str, int]:
 
 def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis):
     for tier, n in (("fast", 2), ("standard", 3), ("relaxed", 4)):
-        for _ in range(n):
-            submit("p", tier=tier, **SMALL)
-    light = lane_keys("relaxed")[1]  # an account's first level (the default account's)
+        for i in range(n):
+            submit("p", tier=tier, account=f"a{i}", **SMALL)
+    # each lane's first level: accounts with a job or two there
+    fast, standard, light = (lane_keys(lane)[1] for lane in ("fast", "standard", "relaxed"))
     assert _depths(clean_redis) == ({"fast": 2, "standard": 3, "relaxed": 4},
-                                    {"fast": 2, "standard": 3, light: 4})
+                                    {fast: 2, standard: 3, light: 4})
     # every lane's fresh jobs are indexed (relaxed's step 0, where jobs age to, is not)
     assert clean_redis.zcard(due_key("standard")) == 3
     assert clean_redis.zcard(due_key("relaxed")) == 4
@@ -56,14 +62,15 @@ def test_pushes_takes_restores_and_purges_keep_the_counts_exact(app, clean_redis
         assert clean_redis.zcard(due_key("relaxed")) == 0  # purged with them
     lanes, lists = _depths(clean_redis)
     assert lanes == {"fast": 2, "standard": 3} and lists == _lengths(clean_redis)
-    assert lists == {"fast": 2, "standard": 3} and not _held(clean_redis)
+    assert lists == {fast: 2, standard: 3} and not _held(clean_redis)
 
 
 def test_a_workers_take_counts_its_list_out_and_drops_its_due_entry(app, clean_redis):
     """A worker's take counts the message out of its list and drops its due index entry
     in the same step: beat's movers never read an entry for a message already taken."""
-    for _ in range(3):
-        submit("p", tier="standard", **SMALL)
+    for i in range(3):
+        submit("p", tier="standard", account=f"a{i}", **SMALL)
+    level0 = lane_keys("standard")[1]
     taken = []
     with app.connection_for_write() as conn:
         channel = conn.channel()
@@ -72,9 +79,9 @@ def test_a_workers_take_counts_its_list_out_and_drops_its_due_entry(app, clean_r
         conn.drain_events(timeout=5)  # a consumer's take, as a worker's
         assert len(taken) == 1
         assert _depths(clean_redis)[0] == {"standard": 2}
-        assert _depths(clean_redis)[1] == _lengths(clean_redis) == {"standard": 2}
+        assert _depths(clean_redis)[1] == _lengths(clean_redis) == {level0: 2}
         (record,) = _held(clean_redis).values()
-        assert record[0] == "standard" and taken[0].delivery_tag in record[1]
+        assert record[0] == level0 and taken[0].delivery_tag in record[1]
         assert clean_redis.zcard(due_key("standard")) == 2  # the taken one's entry went
         assert not any(record[1] in entry.decode()
                        for entry in clean_redis.zrange(due_key("standard"), 0, -1))
@@ -94,7 +101,7 @@ def test_a_job_sent_to_a_queue_no_worker_bound_lands_in_its_shared_lane(app, cle
     from tasks import submit
 
     job = submit("p", tier="standard", **SMALL)  # the shared lane, for its message shape
-    raw = clean_redis.lpop(lane_keys("standard")[0])
+    raw = clean_redis.lpop(lane_keys("standard")[1])  # its account's first level
     clean_redis.delete(LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key("standard"))
     message = json.loads(raw)
     with app.connection_for_write() as conn:
@@ -151,9 +158,9 @@ def test_takes_repeated_give_backs_and_a_dead_holders_put_back_keep_the_counts_e
     what it returns."""
     from tasks.broker import leader
 
-    for _ in range(3):
-        submit("p", tier="standard", **SMALL)
-    keys = lane_keys("standard")
+    for i in range(3):
+        submit("p", tier="standard", account=f"a{i}", **SMALL)
+    keys, level0 = lane_keys("standard"), lane_keys("standard")[1]
     first = handover.take(clean_redis, "dead", keys, "t1")
     assert handover.take(clean_redis, "dead", keys, "t1") == first  # sent again
     handover.take(clean_redis, "dead", keys, "t2")
@@ -161,9 +168,9 @@ def test_takes_repeated_give_backs_and_a_dead_holders_put_back_keep_the_counts_e
     assert _depths(clean_redis) == ({}, {}) and not _lengths(clean_redis)
     assert handover.put_back(clean_redis, "live", "t3") == 1
     assert handover.put_back(clean_redis, "live", "t3") == 0  # given back once only
-    assert _depths(clean_redis) == ({"standard": 1}, {"standard": 1})
+    assert _depths(clean_redis) == ({"standard": 1}, {level0: 1})
     assert handover.put_back_all(clean_redis, "dead", epoch=leader.epoch()) == 2
-    assert _depths(clean_redis) == ({"standard": 3}, {"standard": 3}) == (
+    assert _depths(clean_redis) == ({"standard": 3}, {level0: 3}) == (
         {"standard": 3}, _lengths(clean_redis))
     assert not _held(clean_redis) and clean_redis.zcard(due_key("standard")) == 3
 

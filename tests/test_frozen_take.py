@@ -46,7 +46,8 @@ def _held(client) -> int:
 
 def _waiting(client) -> int:
     """How many messages wait in the lanes' lists."""
-    return sum(int(n) for n in client.hvals(LANE_DEPTHS_KEY))
+    return sum(int(n) for field, n in client.hgetall(LANE_DEPTHS_KEY).items()
+               if b"@" not in field)  # (not the lanes' counts per level)
 
 
 def _with_countdown(app, prompt: str, countdown_s: float):

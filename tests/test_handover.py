@@ -8,11 +8,20 @@ from conftest import SMALL
 
 from tasks import submit
 from tasks.broker import handover
-from tasks.broker.keys import HELD_PREFIX, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys
+from tasks.broker.keys import (
+    HELD_PREFIX,
+    LANE_DEPTHS_KEY,
+    LIST_DEPTHS_KEY,
+    due_key,
+    lane_keys,
+    list_key,
+)
 
 
 def _depths(client) -> tuple[dict, dict]:
-    return ({k.decode(): int(v) for k, v in client.hgetall(LANE_DEPTHS_KEY).items()},
+    """(jobs per lane, per list), without the lanes' counts per level ("<lane>@<step>")."""
+    return ({k.decode(): int(v) for k, v in client.hgetall(LANE_DEPTHS_KEY).items()
+             if b"@" not in k},
             {k.decode(): int(v) for k, v in client.hgetall(LIST_DEPTHS_KEY).items()})
 
 
@@ -23,11 +32,12 @@ def _held(client) -> dict[str, tuple[str, str]]:
 
 def test_a_publish_is_counted_and_indexed_with_its_message(clean_redis):
     fast = submit("one", tier="fast", **SMALL)
-    (raw,) = clean_redis.lrange("fast", 0, -1)
+    level0 = list_key("fast", 1)  # its account's first level of the lane
+    (raw,) = clean_redis.lrange(level0, 0, -1)
     assert fast.id.encode() in raw
-    assert _depths(clean_redis) == ({"fast": 1}, {"fast": 1})
+    assert _depths(clean_redis) == ({"fast": 1}, {level0: 1})
     (entry,) = clean_redis.zrange(due_key("fast"), 0, -1)
-    assert entry == b"fast\n" + raw  # what beat's movers read: the list and the message
+    assert entry == level0.encode() + b"\n" + raw  # what beat's movers read: list, message
 
 
 def test_purge_and_delete_empty_the_lists_and_their_counts(app, clean_redis):
@@ -46,11 +56,12 @@ def test_a_take_records_its_holder_and_a_requeue_gives_it_back_in_one_step(app, 
     from kombu import Consumer, Queue
 
     job = submit("taken through kombu", tier="standard", **SMALL)
-    (raw,) = clean_redis.lrange("standard", 0, -1)
+    level0 = list_key("standard", 1)  # its account's first level of the lane
+    (raw,) = clean_redis.lrange(level0, 0, -1)
     seen = []
 
     def take(body, message):
-        seen.append((clean_redis.llen("standard"), _depths(clean_redis)[0],
+        seen.append((clean_redis.llen(level0), _depths(clean_redis)[0],
                      list(_held(clean_redis).values())))
         (message.ack if len(seen) > 1 else lambda: message.reject(requeue=True))()
 
@@ -58,12 +69,12 @@ def test_a_take_records_its_holder_and_a_requeue_gives_it_back_in_one_step(app, 
         with Consumer(conn, [Queue("standard", no_declare=True)], callbacks=[take],
                       accept=["json"]):
             conn.drain_events(timeout=5)  # taken: out of its list, into its holder's records
-            assert clean_redis.lrange("standard", 0, -1) == [raw]  # given back, as it was
+            assert clean_redis.lrange(level0, 0, -1) == [raw]  # given back, as it was
             assert _depths(clean_redis)[0] == {"standard": 1} and not _held(clean_redis)
             conn.drain_events(timeout=5)
-    record = ("standard", raw.decode())
+    record = (level0, raw.decode())
     assert seen == [(0, {}, [record]), (0, {}, [record])]
-    assert not _held(clean_redis) and clean_redis.llen("standard") == 0 and job.id
+    assert not _held(clean_redis) and clean_redis.llen(level0) == 0 and job.id
 
 
 def test_a_move_down_takes_its_count_and_index_entry_along(clean_redis):

@@ -161,7 +161,7 @@ def test_cancel_after_sets_the_message_expiry(clean_redis):
     submit("p", account="acme", cancel_after=30, **SMALL)
     from kombu.utils.json import loads
 
-    message = loads(clean_redis.lindex(list_key("standard"), 0))
+    message = loads(clean_redis.lindex(list_key("standard", 1), 0))  # level 0's list
     expires = message["headers"]["expires"]
     assert expires and "T" in expires  # ISO 8601, about 30 s from now
 
@@ -211,3 +211,16 @@ def test_a_plans_jobs_are_recorded_for_their_account_only(clean_redis):
     assert [p.id for p in predictions.listed(clean_redis, "acme", 1, 1)] == [made[1]]
     assert predictions.position(clean_redis, mine) == 0
     assert predictions.position(clean_redis, predictions.owned(clean_redis, "acme", made[2])) == 2
+
+
+@pytest.mark.parametrize("tier", ["fast", "standard"])
+def test_redis_out_of_memory_refuses_a_plans_job_leaving_nothing(tier, clean_redis):
+    """The publish's first write is one Redis refuses while out of memory, so the whole
+    publish is refused: no place, no admission, no record, no idempotency key."""
+    from tasks.errors import BrokerRefused
+    from tests.harness.refusals import out_of_memory
+
+    with out_of_memory(clean_redis):
+        with pytest.raises(BrokerRefused):
+            submit("p", tier=tier, account="acme", plan=TIGHT, idempotency_key="k", **SMALL)
+    assert not [k for k in clean_redis.scan_iter() if b"acme" in k or b"depths" in k]

@@ -15,7 +15,7 @@ from conftest import free_port, wait_until
 
 from gpu_worker.redis_server import EmbeddedRedis
 from tasks.broker import scripts
-from tasks.broker.keys import BEAT_EPOCH_KEY, BEAT_LEADER_KEY, done_key
+from tasks.broker.keys import BEAT_EPOCH_KEY, BEAT_LEADER_KEY, done_key, lane_keys
 from tasks.broker.outage import RedisRefused
 from tasks.broker.store import connect
 
@@ -91,7 +91,8 @@ def test_submit_counts_a_job_accepted_once_a_replica_holds_it(pair):
     done = _run(code, BROKER_URL=url, REDIS_REPLICAS="1")
     assert done.stdout.startswith("accepted"), done.stderr
     job_id = done.stdout.split()[1]
-    assert any(job_id.encode() in raw for raw in replica.client().lrange("standard", 0, -1))
+    assert any(job_id.encode() in raw for key in lane_keys("standard")
+               for raw in replica.client().lrange(key, 0, -1))
     os.kill(replica.process.pid, signal.SIGSTOP)
     # a write waits a third of the Redis timeout for its replica: 0.5 s
     refused = _run(code, BROKER_URL=url, REDIS_REPLICAS="1", REDIS_TIMEOUT_S="1.5")

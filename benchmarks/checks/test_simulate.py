@@ -14,6 +14,7 @@ from benchmarks.simulate.scenarios import SCENARIOS, Scenario, run_scenario
 from benchmarks.simulate.workload import Arrival, ModelSpec, Profile, constant
 from gpu_worker.runtime import EWMA_ALPHA
 from routing.names import RELAX_PRIORITIES, worker_queues
+from tasks.broker.bindings import lists
 
 SMALL = Profile(models=12, heavy_accounts=3, light_accounts=40)
 
@@ -87,13 +88,10 @@ def test_mode_changes_count_each_switch_of_each_lane() -> None:
     assert mode_changes({"overloaded": s} for s in states) == {"fast": 2, "standard": 3}
 
 
-def test_workers_read_their_lists_in_kombus_order() -> None:
-    # the take: every queue at one priority step, then the next step, as kombu's BRPOP
-    # (tasks.broker.lanes.Channel.lists); fast and standard use step 0 only
-    node, sep = "gpu0@h", "\x06\x16"
-    kombu = [q if pri == 0 else f"{q}{sep}{pri}" for pri in RELAX_PRIORITIES
-             for q in worker_queues(node)]
-    assert read_order(node) == [k for k in kombu if k.startswith("relaxed") or sep not in k]
+def test_workers_read_their_lists_in_the_takes_order() -> None:
+    # the take (tasks.broker.bindings.lists): lane by lane, level by level in a lane
+    node = "gpu0@h"
+    assert read_order(node) == lists(worker_queues(node), RELAX_PRIORITIES)
     assert read_order(node)[:2] == [f"fast.{node}", "fast"]
 
 

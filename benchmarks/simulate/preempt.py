@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING
 
 from routing.names import FAST, LANES, worker_queue
+from tasks.broker.keys import lane_keys
 
 from benchmarks.simulate.queues import SimJob, node_of_key
 
@@ -94,7 +95,7 @@ class Preemptor:
             if own and self._left_s(job) >= self.hand_over_left_s:
                 self._hand_over(worker)  # a run ending within the fast budget keeps them
             return
-        fast_keys = (worker_queue(FAST, worker.host), FAST)
+        fast_keys = (*lane_keys(worker_queue(FAST, worker.host)), *lane_keys(FAST))
         if any(key in self.cluster.lists.list_depth for key in fast_keys):
             self._stop(worker, job)
 
@@ -106,13 +107,14 @@ class Preemptor:
 
     def _hand_over(self, worker: SimWorker) -> None:
         """The worker's own fast jobs to the front of the shared fast lane, told again."""
-        lists, own = self.cluster.lists, worker_queue(FAST, worker.host)
-        jobs = lists.front_of(own, len(lists.lists.get(own, ())))
-        for job in reversed(jobs):
-            lists.remove(job)
-            job.node = None
-            self.cluster.push(job, FAST, front=True)
-        self.handed_over += len(jobs)
+        lists = self.cluster.lists
+        for own, shared in zip(lane_keys(worker_queue(FAST, worker.host)), lane_keys(FAST)):
+            jobs = lists.front_of(own, len(lists.lists.get(own, ())))
+            for job in reversed(jobs):
+                lists.remove(job)
+                job.node = None
+                self.cluster.push(job, shared, front=True)
+            self.handed_over += len(jobs)
 
     def _stop(self, worker: SimWorker, job: SimJob) -> None:
         """The run steps aside at this boundary; its job resumes later at this step."""

@@ -2,10 +2,10 @@
 
 A lane is a set of Redis lists: the shared lane and each worker's own queue of it
 (``routing.names.worker_queue``), each split by kombu priority step (``routing.names.
-RELAX_PRIORITIES``: only relaxed uses more than step 0). A worker reads its lists in
-the order its take names them: every queue at step 0 in ``-Q`` order, then every queue
-at the next step, and so on (``tasks.broker.lanes.Channel.lists``). Here a list is a deque whose left
-end runs next; "the front" of a list is that end.
+RELAX_PRIORITIES``: an account's level). A worker reads its lists in the order its take
+names them: lane by lane, within a lane level by level, each level in ``-Q`` order
+(``tasks.broker.bindings.lists``). Here a list is a deque whose left end runs next; "the
+front" of a list is that end.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from routing.names import FAST, LANES, RELAX_PRIORITIES, STANDARD, lane_of, worker_queues
+from routing.names import FAST, LANES, RELAX_PRIORITIES, lane_of, worker_queues
 from tasks.broker.keys import PRIORITY_SEP, due_clock, lane_of_key
 
 from benchmarks.simulate.workload import Arrival
@@ -46,6 +46,8 @@ class SimJob:
     token: int = 0
     #: Bumped by every push: an entry of the due index made before is stale.
     pushes: int = 0
+    #: The lane whose count of its account's waiting jobs it is in (``Lists.waiting``).
+    counted: str | None = None
     #: Steps run before a preemption, times preempted, when the current run's steps began.
     steps_done: int = 0
     preemptions: int = 0
@@ -64,10 +66,11 @@ def list_key(queue: str, priority: int) -> str:
 
 
 def read_order(node: str, queues: Iterable[str] | None = None) -> list[str]:
-    """The lists worker ``node`` reads, first served first (only relaxed has steps > 0)."""
+    """The lists worker ``node`` reads, first served first (``bindings.lists``)."""
     queues = list(worker_queues(node) if queues is None else queues)
-    return [list_key(q, pri) for pri in RELAX_PRIORITIES for q in queues
-            if pri == 0 or lane_of(q) not in (FAST, STANDARD)]
+    lanes = [lane for lane in LANES if any(lane_of(q) == lane for q in queues)]
+    return [list_key(q, pri) for lane in lanes for pri in RELAX_PRIORITIES
+            for q in queues if lane_of(q) == lane]
 
 
 def node_of_key(key: str) -> str | None:
@@ -86,6 +89,11 @@ class Lists:
         self.lane_depth: Counter[str] = Counter()
         self.list_depth: Counter[str] = Counter()
         self.fast_queued: Counter[str] = Counter()
+        #: (lane, account) -> its jobs published to that fast or standard lane and
+        #: waiting there (``keys.queued_key``: left when taken or moved to another lane).
+        self.waiting: Counter[tuple[str, str]] = Counter()
+        #: "<lane>@<priority step>" -> jobs waiting at that level of the lane.
+        self.level_depth: Counter[str] = Counter()
         #: Per lane, the due index (``keys.due_key``): (clock, seq, job, its push).
         self.due: dict[str, list[tuple[float, int, SimJob, int]]] = {lane: [] for lane in LANES}
         self._seq = itertools.count()
@@ -94,6 +102,7 @@ class Lists:
     def _count(self, job: SimJob, key: str, step: int) -> None:
         lane = job.lane
         self.lane_depth[lane] += step
+        self.level_depth[f"{lane}@{key.rpartition(PRIORITY_SEP)[2] or 0}"] += step
         depth = self.list_depth[key] + step
         if depth:
             self.list_depth[key] = depth
@@ -109,6 +118,8 @@ class Lists:
             queue = self.lists[key] = deque()
         queue.appendleft(job) if front else queue.append(job)
         job.key, job.lane = key, self._lane_of(key)
+        if job.counted is not None and job.counted != job.lane:  # moved to another lane
+            self.uncount(job)
         job.pushes += 1
         self._count(job, key, 1)
         clock = due_clock(key, job.lane_since)
@@ -129,7 +140,18 @@ class Lists:
         job = queue.popleft()
         self._count(job, key, -1)
         job.key = None
+        if job.counted is not None:
+            self.uncount(job)
         return job
+
+    def count(self, job: SimJob) -> None:
+        """``job`` was published to its fast or standard lane: it waits there."""
+        job.counted = job.lane
+        self.waiting[(job.lane, job.arrival.account)] += 1
+
+    def uncount(self, job: SimJob) -> None:
+        self.waiting[(job.counted, job.arrival.account)] -= 1
+        job.counted = None
 
     def remove(self, job: SimJob) -> None:
         """Take ``job`` out of its list (a move; it is near the front: the oldest)."""

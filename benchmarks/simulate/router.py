@@ -15,8 +15,16 @@ from dataclasses import replace
 from typing import Callable
 
 from routing.lanes import Route
-from routing.names import FAST, STANDARD
-from routing.policy import Admission, PolicyView, decide, publish_limits
+from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD
+from routing.policy import (
+    Admission,
+    PolicyView,
+    decide,
+    depths_ahead,
+    fair_level,
+    publish_limits,
+    queued_level,
+)
 from routing.snapshot import SnapshotCache
 
 from benchmarks.simulate.cluster import Cluster
@@ -67,15 +75,17 @@ class Router:
         where = decide(arrival.tier, arrival.account, job.downgradable, view, model)
         while where is not None:
             admit = view.admit.get(where.lane) if job.downgradable else None
-            why = self._refusal(where.lane, arrival.account, over_fast_limit, admit)
+            level = self._level(where, arrival.account, view)
+            why = self._refusal(where.lane, arrival.account, over_fast_limit, admit, level)
             if why is None:
-                self._publish(job, where)
+                self._publish(job, where, level)
                 return True
             if why == "full":
                 self.cache.note_full(where.lane)
                 view = replace(view, full=view.full | {where.lane})
             elif why == "over_budget":
-                self.cache.note_over_budget(where.lane, view.admit[where.lane])
+                if not level:  # (a later level's refusal shuts the lane to this job only)
+                    self.cache.note_over_budget(where.lane, view.admit[where.lane])
                 view = view.shut({where.lane})
             elif why == "fast_time":
                 view = replace(view, exhausted=view.exhausted | {arrival.account})
@@ -86,11 +96,24 @@ class Router:
         self.refused += 1
         return False
 
+    def _level(self, where: Route, account: str, view: PolicyView) -> int | None:
+        """The level a fast or standard job enters at (``lua/fair.lua``): its usage level,
+        raised by its account's jobs waiting there; None: levels do not apply."""
+        level = fair_level(where, account, view)
+        if level is None:
+            return None
+        waiting = self.lists.waiting[(where.lane, account)]
+        return max(level, queued_level(waiting, self.lists.lane_depth[where.lane]))
+
     def _refusal(self, lane: str, account: str, over_fast_limit: bool,
-                 admit: Admission | None = None) -> str | None:
-        """Why the publish script refuses a job in ``lane`` (``tasks.broker.publish``)."""
+                 admit: Admission | None = None, level: int | None = None) -> str | None:
+        """Why the publish script refuses a job in ``lane`` (``tasks.broker.publish``); an
+        admission counts what waits at the job's ``level`` or before (``depths_ahead``)."""
+        lists = self.lists
         for limit in publish_limits(lane, self.config.max_depth[lane], admit):
-            if limit.reached(self.lists.lane_depth):
+            depths = lists.lane_depth if limit.why == "full" else depths_ahead(
+                lists.lane_depth, lists.level_depth, lane, level)
+            if limit.reached(depths):
                 return limit.why  # "full", "over_budget"
         if lane != FAST:
             return None
@@ -101,10 +124,14 @@ class Router:
             return "fast_places"
         return None
 
-    def _publish(self, job: SimJob, where: Route) -> None:
-        job.priority, job.node = where.priority, where.node
+    def _publish(self, job: SimJob, where: Route, level: int | None = None) -> None:
+        """``level``: a fast or standard job's (``_level``)."""
+        priority = where.priority if level is None else RELAX_LEVEL_PRIORITIES[level]
+        job.priority, job.node = priority, where.node
         job.downgraded_from, job.reason = where.downgraded_from, where.downgrade_reason
-        self.cluster.push(job, list_key(where.queue, where.priority))
+        self.cluster.push(job, list_key(where.queue, priority))
+        if level is not None and job.key is not None:  # (not taken at once)
+            self.lists.count(job)
         self.cache.note_sent(where.lane, where.node, job.arrival.model)
 
 

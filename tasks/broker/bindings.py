@@ -72,10 +72,16 @@ class Bindings:
 
 
 def lists(queues: Iterable[str], steps: Iterable[int]) -> list[str]:
-    """The lists of ``queues``, in the order they are served: level by level, each
-    level in the order of ``queues`` (as kombu's Redis transport)."""
-    queues = list(queues)
-    return [list_key(queue, step) for step in sorted(steps) for queue in queues]
+    """The lists of ``queues``, in the order they are served: lane by lane (a lane and
+    the workers' own queues of it, in the order of ``queues``), within a lane level by
+    level, each level in the order of its queues. So a lane's levels never pass the
+    lanes above it (kombu's Redis transport serves level by level across all queues)."""
+    lanes: dict[str, list[str]] = {}
+    for queue in queues:
+        lanes.setdefault(lane_of(queue), []).append(queue)
+    steps = sorted(steps)
+    return [list_key(queue, step) for group in lanes.values() for step in steps
+            for queue in group]
 
 
 def list_of(queue: str, priority: int | None, steps: Iterable[int]) -> str:

@@ -15,13 +15,16 @@ import redis
 from celery.result import AsyncResult
 
 from routing.lanes import Route
-from routing.names import FAST, JOB_TASK, RELAXED
+from routing.names import FAST, JOB_TASK, RELAX_LEVEL_PRIORITIES, RELAXED
 from routing.policy import (
     FAST_TIME_EXHAUSTED,
     MOVED_BY_LOAD,
+    QUEUED_LEVEL_MIN,
+    QUEUED_LEVEL_SHARES,
     Admission,
     PolicyView,
     decide,
+    fair_level,
     publish_limits,
 )
 from routing.snapshot import SnapshotCache
@@ -35,6 +38,7 @@ from tasks.broker.keys import (
     SNAPSHOT_KEY,
     fast_queued_key,
     members_key,
+    queued_key,
 )
 from tasks.broker.memory import MEMORY_LIMIT
 from tasks.broker.message import Job, JobMessage, JobRoute
@@ -42,6 +46,7 @@ from tasks.broker.publish import (
     Answered,
     ClaimArgs,
     Conditions,
+    Fair,
     Message,
     Parked,
     PlanArgs,
@@ -184,8 +189,10 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     while where is not None:
         _check_relax(where, caller)
         admit = None if accepted or not job.downgradable else view.admit.get(where.lane)
+        level = None if accepted else fair_level(where, job.account, view)
         verdict = _publish(job, job_id, where, run, over_fast_limit, submitted_at, accepted,
-                           claim, places_taken=hinted, admit=admit, caller=caller)
+                           claim, places_taken=hinted, admit=admit, caller=caller,
+                           level=level)
         match verdict:
             case Pushed():
                 cache.note_sent(where.lane, where.node, job.model)
@@ -203,6 +210,8 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
                 view = replace(view, full=view.full | {where.lane})
             case Refused(Refusal.OVER_BUDGET):  # as the snapshot says once beat sees it
                 cache.note_over_budget(where.lane, view.admit[where.lane])
+                view = view.shut({where.lane})
+            case Refused(Refusal.OVER_LEVEL):  # shut to this job, not to lighter accounts'
                 view = view.shut({where.lane})
             case Refused(why):
                 view, over_fast_limit = _after_refusal(why, job, view, over_fast_limit)
@@ -307,8 +316,10 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
              over_fast_limit: bool, submitted_at: float | None, accepted: bool,
              claim: ClaimArgs | None = None, places_taken: bool = False,
-             admit: Admission | None = None, caller: Caller = Caller()) -> Verdict:
-    """The broker's verdict on ``job`` published to ``where`` with its conditions."""
+             admit: Admission | None = None, caller: Caller = Caller(),
+             level: int | None = None) -> Verdict:
+    """The broker's verdict on ``job`` published to ``where`` with its conditions;
+    ``level``: the least level it enters a fast or standard lane at (``fair_level``)."""
     message = JobMessage(job, JobRoute.of(where),
                          time.time() if submitted_at is None else submitted_at)
     # argsrepr/kwargsrepr (what Flower and the events show of the call): a short line,
@@ -324,7 +335,19 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
         deadline=publish_deadline(), run=(*run, settings.result_ttl_s) if run else None,
         claim=claim, same=caller.same, record=caller.record, plan=caller.plan,
         account=job.account, **_fast_conditions(job, where, over_fast_limit, places_taken, caller))
-    return publish(redis_client(), addressed(where.queue, sent, message.lane_clock), when)
+    addressed_to = addressed(where.queue, sent, message.lane_clock)
+    if level is not None:
+        when = replace(when, fair=_fair(addressed_to.queue, job.account, where.lane, level))
+    return publish(redis_client(), addressed_to, when)
+
+
+def _fair(queue: str, account: str, lane: str, level: int) -> Fair:
+    """The publish's choice of ``queue``'s list for a new job of ``account`` at ``level``
+    or above, by its jobs waiting in ``lane`` (``routing.policy.queued_level``)."""
+    shares = " ".join(map(repr, QUEUED_LEVEL_SHARES))
+    return Fair(queued_key(lane, account),
+                tuple(list_of(queue, p, priority_steps()) for p in RELAX_LEVEL_PRIORITIES),
+                f"{level} {lane} {QUEUED_LEVEL_MIN} {shares} {PLACE_LAPSE_S}")
 
 
 @lru_cache(maxsize=1)

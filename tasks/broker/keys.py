@@ -122,6 +122,13 @@ def fast_queued_key(account: str) -> str:
     return f"{FAST_QUEUED_PREFIX}{account}"
 
 
+def queued_key(lane: str, account: str) -> str:
+    """Sorted set: the account's jobs waiting in ``lane`` (fast or standard; job id, scored
+    by lapse time): its fast places in fast, and in both what raises the level its next
+    job enters at (``routing.policy.queued_level``)."""
+    return fast_queued_key(account) if lane == "fast" else f"{PREFIX}:{lane}:queued:{account}"
+
+
 def lease_key(job_id: str) -> str:
     """Held while one copy of a job runs: a second copy never runs beside it."""
     return f"{PREFIX}:lease:{job_id}"

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import redis
 
-from routing.names import FAST, LANES
+from routing.names import FAIR_LANES, FAST, LANES
 from tasks.broker import envelope, leader, scripts
 from tasks.broker.keys import (
     BEAT_EPOCH_KEY,
@@ -31,10 +31,10 @@ from tasks.broker.keys import (
     WAKE_PREFIX,
     due_clock,
     due_key,
-    fast_queued_key,
     lane_of_key,
     lists_key,
     parse_entry,
+    queued_key,
     run_key,
 )
 from tasks.broker.message import JobMessage
@@ -98,19 +98,17 @@ def next_to_run(client: redis.Redis | redis.client.Pipeline, key: str, n: int) -
     return client.lrange(key, -n, -1)
 
 
-def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
-                leaves_fast: bool = False) -> int:
+def move_oldest(client: redis.Redis, source: str, target: str, due: Due) -> int:
     """Move each of the oldest messages of ``source`` that ``due`` rewrites (a list read
     from its end: a worker's own queue handed back).
 
     ``due`` returns the rewritten envelope, None to leave it, or ``STOP`` when it
     and everything younger are not due yet. Moved messages keep their order at
-    the front of ``target``: the oldest is served first. ``leaves_fast``: a moved
-    job gives back its account's fast place.
+    the front of ``target``: the oldest is served first.
     """
     batch = []
     for raw in reversed(next_to_run(client, source, MOVES_PER_ROUND)):  # oldest first
-        call = _move_call(client, source, target, raw, due, leaves_fast)
+        call = _move_call(client, source, target, raw, due)
         if call is STOP:
             break
         if call is not None:
@@ -119,8 +117,7 @@ def move_oldest(client: redis.Redis, source: str, target: str, due: Due,
 
 
 def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
-             target_of: Callable[[str], str], leaves_fast: bool = False,
-             back: bool = False) -> int:
+             target_of: Callable[[str], str], back: bool = False) -> int:
     """Move the messages of ``lane`` that entered it before ``cutoff`` (unix s) and that
     ``due`` rewrites, each from its list to ``target_of(its list)``, found from the
     lane's due index (``keys.due_key``), not by reading its lists. A message ``due``
@@ -136,7 +133,7 @@ def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
     batch, left = [], []
     for entry in entries:
         source, raw = parse_entry(entry)
-        call = _move_call(client, source, target_of(source), raw, due, leaves_fast, back)
+        call = _move_call(client, source, target_of(source), raw, due, back)
         if call is None:
             left.append(entry)
         elif call is not STOP:
@@ -147,20 +144,22 @@ def move_due(client: redis.Redis, lane: str, cutoff: float, due: Due,
 
 
 def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, due: Due,
-               leaves_fast: bool, back: bool = False) -> tuple[list, list] | dict | None:
+               back: bool = False) -> tuple[list, list] | dict | None:
     """The KEYS and ARGV of moving one message (``lua/move.lua``) if ``due`` rewrites it;
-    None to leave it (and a message that is not a job's), ``STOP`` from ``due``."""
+    None to leave it (and a message that is not a job's), ``STOP`` from ``due``. A job
+    that leaves the fast or standard lane leaves its account's queued jobs there (its
+    fast place, ``tasks.jobs.fastlimit``)."""
     try:
         queued = Queued(raw, envelope.decode(raw))
         rewritten = due(queued)
-        account = queued.message.job.account if leaves_fast else None
+        account = queued.message.job.account
         job_id = envelope.job_id(queued.envelope)
     except UNREADABLE:
         return None  # not a job message: a worker refuses and dead-letters it
     if rewritten is STOP or rewritten is None:
         return rewritten
-    lane = lane_of_key(target)
-    places = [fast_queued_key(account)] if account else []
+    lane, left = lane_of_key(target), lane_of_key(source)
+    places = [queued_key(left, account)] if left in FAIR_LANES and left != lane else []
     clock = due_clock(target, lane_clock_of(rewritten))
     return ([source, target, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, BEAT_EPOCH_KEY, lists_key(lane),
              run_key(job_id), *places],
@@ -186,7 +185,7 @@ def hand_over(client: redis.Redis, moves: list[tuple[str, str, bytes | str]]) ->
         queue = target.partition(PRIORITY_SEP)[0]
         call = _move_call(client, source, target, raw,
                           lambda queued, q=queue: envelope.addressed_to(queued.envelope, q),
-                          leaves_fast=False, back=True)
+                          back=True)
         if isinstance(call, tuple):
             calls.append((target, call))
     if not calls:

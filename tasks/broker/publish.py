@@ -50,7 +50,7 @@ import redis
 from kombu import serialization
 from kombu.utils.json import dumps
 
-from routing.names import LANES, lane_of
+from routing.names import LANES, RELAX_LEVEL_PRIORITIES, lane_of
 from routing.policy import DepthLimit
 from tasks.broker import scripts
 from tasks.broker.envelope import Envelope
@@ -112,6 +112,14 @@ class PlanArgs(NamedTuple):
     spec: str              #: "concurrent concurrent_fast queued lapse_s"
 
 
+class Fair(NamedTuple):
+    """Where a new job of a fast or standard lane enters (``lua/fair.lua``)."""
+
+    waiting: str                #: its account's jobs waiting in the lane (sorted set)
+    lists: tuple[str, ...]      #: the queue's list at each level, level 0 first
+    spec: str                   #: "level lane min share share share lapse_s"
+
+
 @dataclass(frozen=True)
 class Conditions:
     """What a new job's publish must satisfy, checked in the step that pushes it."""
@@ -142,6 +150,9 @@ class Conditions:
     period: tuple[str, str, str] | None = None
     #: the job's account (with ``plan`` or ``fast_time``)
     account: str = ""
+    #: the level it enters a fast or standard lane at, raised by its account's jobs
+    #: waiting there (``routing.policy.fair_level``): the message goes to that level's list
+    fair: Fair | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +172,8 @@ class Refusal(str, enum.Enum):
 
     FULL = "full"                #: the lane holds its maximum depth
     OVER_BUDGET = "over_budget"  #: the work queued ahead is at or past the admission
+    #: so for a job at its level: those of the levels before it may still enter
+    OVER_LEVEL = "over_level"
     LATE = "late"                #: Redis ran it after its caller gave up
     FAST_TIME = "fast_time"      #: the account's fast time is spent
     FAST_PLACES = "fast_places"  #: every fast place of the account is taken
@@ -207,12 +220,14 @@ def publish(client: redis.Redis, message: Message, when: Conditions = Conditions
     record = when.record or Record("", "", "", 0, 0)
     plan = when.plan or PlanArgs("", "", "", "", "")
     periods, exhausted, period = when.period or ("", "", "")
+    fair = when.fair or Fair("", ("",) * 4, "")
     keys, args = _entering(message)
     keys += [places, pointer, run, balances, entry, lru, metrics, same, record.key,
-             record.listed, *plan[:4], periods, exhausted]
+             record.listed, *plan[:4], periods, exhausted, fair.waiting, *fair.lists]
     args += named(deadline=when.deadline or None, account=account or when.account or None,
                   balance=repr(balance) if balances else None, period=period or None,
-                  same_s=same_s or None, plan=plan.spec or None,
+                  same_s=same_s or None, plan=plan.spec or None, fair=fair.spec or None,
+                  fair_steps=" ".join(map(str, RELAX_LEVEL_PRIORITIES)) if fair.spec else None,
                   record=record.json or None, record_s=record.kept_s or None,
                   kept=record.kept or None,
                   lane=lane_of(message.queue) if record.key else None,

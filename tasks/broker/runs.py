@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any, NamedTuple
 
+from routing.names import FAIR_LANES
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.backend import Entry
@@ -33,7 +34,7 @@ from tasks.broker.keys import (
     METRICS_KEY,
     attempts_key,
     done_key,
-    fast_queued_key,
+    queued_key,
     held_key,
     lease_key,
     revoked_key,
@@ -54,19 +55,20 @@ def token(holder: str, attempt: int, taken: str) -> str:
     return f"{holder}#{attempt}#{taken}"
 
 
-def begin(job_id: str, holder: str, taken: str, fast_account: str | None,
+def begin(job_id: str, holder: str, taken: str, account: str | None,
           deferred: bool = False, started: Entry | None = None) -> tuple[str, str]:
     """(``run``, its number) | (``done``, the result JSON) | (``dead``, the dead letter)
     | (``revoked``|``busy``|``defer``|``superseded``, '').
 
-    A fast job gives back its account's fast place (``tasks.jobs.fastlimit``) here; a
-    run that begins stores ``started`` (its STARTED entry in the result backend) in the
+    The job leaves ``account``'s jobs waiting in the fast and standard lanes here (its
+    fast place, ``tasks.jobs.fastlimit``; its weight on the level of the account's next
+    jobs, ``routing.policy.queued_level``); a run that begins stores ``started`` (its STARTED entry in the result backend) in the
     same step."""
     key, entry = started or (done_key(job_id), "")  # no entry: a key unused
     keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id),
             DEAD_KEY, key]
-    if fast_account is not None:
-        keys.append(fast_queued_key(fast_account))
+    if account is not None:
+        keys += [queued_key(lane, account) for lane in FAIR_LANES]
     return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
                                           job_id, taken, "1" if deferred else "", RELEASED,
                                           entry, settings.result_ttl_s, HELD_PREFIX]))

@@ -24,22 +24,26 @@ from typing import Any
 import redis
 from celery import signals
 
-from routing.names import FAST, JOB_TASK_NAMES
+from routing.names import FAIR_LANES, JOB_TASK_NAMES
 from tasks.broker.app import redis_client
-from tasks.broker.keys import fast_queued_key
+from tasks.broker.keys import queued_key
 
 
-def release_fast(account: str, job_id: str) -> None:
-    """Give back the place of a job that left the fast lane's queue without starting."""
-    with contextlib.suppress(redis.RedisError):  # it lapses anyway
-        redis_client().zrem(fast_queued_key(account), job_id)
+def release_queued(account: str, job_id: str) -> None:
+    """A job that left its lane's queue without starting (revoked, past its Cancel-After)
+    leaves its account's jobs waiting there: its fast place, its weight on the level of
+    the account's next jobs (``routing.policy.queued_level``)."""
+    with contextlib.suppress(redis.RedisError):  # they lapse anyway
+        with redis_client().pipeline(transaction=False) as pipe:
+            for lane in FAIR_LANES:
+                pipe.zrem(queued_key(lane, account), job_id)
+            pipe.execute()
 
 
 @signals.task_revoked.connect(weak=False)
 def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """A fast job revoked before it started gives its place back."""
+    """A job revoked before it started gives its places back."""
     if getattr(sender, "name", None) not in JOB_TASK_NAMES or request is None:
         return
     kwargs = request.kwargs or {}
-    if (kwargs.get("route") or {}).get("requested_tier") == FAST:
-        release_fast(str((kwargs.get("job") or {}).get("account")), request.id)
+    release_queued(str((kwargs.get("job") or {}).get("account")), request.id)

@@ -86,12 +86,11 @@ def _entry(task: Any, result: Any, state: str) -> Entry | None:
 def _begin(task: Any, message: JobMessage) -> Lease | dict:
     """Begin a run: its lease, or the result a finished run stored; else ``Ignore``."""
     job_id, route = task.request.id, message.route
-    fast = message.job.account if route.requested_tier == FAST else None
     taken = _take_token(task)
 
     def call() -> tuple[float, tuple[str, str]]:
         sent_at = time.monotonic()
-        return sent_at, runs.begin(job_id, RUNTIME.incarnation, taken, fast,
+        return sent_at, runs.begin(job_id, RUNTIME.incarnation, taken, message.job.account,
                                    deferred=route.deferred, started=started)
 
     started = _entry(task, {"pid": os.getpid(), "hostname": task.request.hostname},

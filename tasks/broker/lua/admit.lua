@@ -6,17 +6,18 @@
 -- ones; else it is parked in the account's own line (a list of "<list>\n<the lane's
 -- lists>\n<job>\n<lane clock>\n<rank>\n<limits>\n<message>"), until one of its jobs is
 -- over (lua/promote.lua).
+-- (Reads count live members only: a publish's first write must be one Redis refuses
+-- while out of memory, lua/fair.lua.)
+local function live(key, now) return redis.call('ZCOUNT', key, '(' .. now, '+inf') end
 local function has_room(held, fast, limits, now)
-  redis.call('ZREMRANGEBYSCORE', held[1], '-inf', now)
-  if redis.call('ZCARD', held[1]) >= tonumber(limits[1]) then return false end
-  if not fast then return true end
-  redis.call('ZREMRANGEBYSCORE', held[2], '-inf', now)
-  return redis.call('ZCARD', held[2]) < tonumber(limits[2])
+  if live(held[1], now) >= tonumber(limits[1]) then return false end
+  return not fast or live(held[2], now) < tonumber(limits[2])
 end
 local function admit(held, job, fast, limits, now)
   local lapse = tonumber(limits[3])
   for i = 1, fast and 2 or 1 do
     redis.call('ZADD', held[i], now + lapse, job)
+    redis.call('ZREMRANGEBYSCORE', held[i], '-inf', now)
     redis.call('EXPIRE', held[i], math.ceil(lapse) + 60)
   end
 end

@@ -6,7 +6,8 @@
 -- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics;
 -- the idempotency key, the prediction's record, the account's predictions; the account's
 -- admitted jobs, admitted fast jobs, parked jobs, the accounts with parked jobs; the
--- fast periods, the exhausted accounts.
+-- fast periods, the exhausted accounts; the account's jobs waiting in the lane, then the
+-- queue's list at each level (lua/fair.lua).
 -- ARGV: the message, then name/value pairs: job, entered, rank, due, wake, news
 -- (lua/enter.lua); and those of the conditions set:
 --   deadline   Redis' unix s past which the publish comes too late ('late')
@@ -15,7 +16,7 @@
 --   account, balance   the account's fast time, refused at or below 0 ('fast_time');
 --              balance: an uncharged account's
 --   limits     depth limits (lua/limits.lua), refused by their names ('full',
---              'over_budget')
+--              'over_budget'; 'over_level' for a job at a later level than the first)
 --   places, lapse      the account's fast places (lua/places.lua)
 --   ttl        the seconds a confirmed run lives: the publish confirms the run it leads
 --   same_s     an idempotency key held that long: found taken, answered {'same', job}
@@ -25,6 +26,10 @@
 --   plan       "concurrent concurrent_fast queued lapse_s" (lua/admit.lua): over the
 --              first two the job is parked ('parked'); more than queued parked: refused
 --              ('queued_jobs')
+--   fair       "level lane min share share share lapse_s" (lua/fair.lua): the job enters the list
+--              of its level, raised by its account's jobs waiting in the lane; its
+--              admission counts what waits at its level or before (fair_steps: the
+--              levels' priority steps)
 --   period     "index period_s fast_s" of the plan's fast time: another period (a plan
 --              changed within one does not renew) renews the balance to its fast_s
 -- include: named
@@ -34,6 +39,7 @@
 -- include: places
 -- include: admit
 -- include: record
+-- include: fair
 local k, a = KEYS, named(ARGV, 2)
 local places, pointer, run, balances = k[6], k[7], k[8], k[9]
 a.message = ARGV[1]
@@ -41,6 +47,12 @@ if already(k, a, false) then return 'pushed' end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 if a.deadline and now > tonumber(a.deadline) then return 'late' end
+local level
+if a.fair then
+  if redis.call('ZSCORE', k[22], a.job) then return 'pushed' end  -- sent again
+  level = fair_level(k[22], k[3], a.fair, now)
+  k[1] = k[23 + level]
+end
 if k[13] ~= '' then
   local same = redis.call('GET', k[13])
   if same then return {'same', same} end
@@ -60,7 +72,11 @@ end
 if balances ~= '' and tonumber(redis.call('HGET', balances, a.account) or a.balance) <= 0 then
   return 'fast_time'
 end
-local over = limit_reached(k, a.limits)
+local over = limit_reached(k, a.limits,
+                           level and ahead_of(string.match(a.fair, '^%S+ (%S+)'), level,
+                                              a.fair_steps))
+-- an admission that refuses a job at a later level may still let in those before it
+if over == 'over_budget' and level and level > 0 then return 'over_level' end
 if over then return over end
 if places ~= '' then
   local refused = take_place(places, tonumber(a.places), tonumber(a.lapse), a.job, now)
@@ -68,6 +84,7 @@ if places ~= '' then
 end
 local admitted = a.plan and admission({k[16], k[17]}, k[18], a.plan, a.job, a.rank, now)
 if admitted == 'queued_jobs' then return admitted end
+if level then join_fair(k[22], a.fair, a.job, now) end
 if k[13] ~= '' then redis.call('SET', k[13], a.job, 'EX', a.same_s) end
 if k[14] ~= '' then record({k[14], k[15]}, a, admitted == 'park', now) end
 if admitted == 'park' then

@@ -4,13 +4,20 @@
 -- read), and a wake-up on the list's queue for the workers that consume it.
 -- ``book``: {depths per lane, depths per list, the due indexes' prefix, the wake prefix}.
 -- A list's queue is its name up to kombu's priority separator; its lane, up to the
--- first '.' too. A count that reaches 0 leaves its hash.
+-- first '.' too. The depths per lane also count each level of the lane, as
+-- "<lane>@<priority step>" (what a job entering at a level has ahead of it there:
+-- lua/limits.lua). A count that reaches 0 leaves its hash.
 local function queue_of(key) return string.match(key, '^[^\6]+') end
 local function lane_of(key) return string.match(key, '^[^%.\6]+') end
+local function step_of(key) return string.match(key, '\6\22([0-9]+)$') or '0' end
+local function count_field(hash, field, by)
+  if redis.call('HINCRBY', hash, field, by) <= 0 then redis.call('HDEL', hash, field) end
+end
 local function count_list(book, key, by)
   local lane = lane_of(key)
-  if redis.call('HINCRBY', book[1], lane, by) <= 0 then redis.call('HDEL', book[1], lane) end
-  if redis.call('HINCRBY', book[2], key, by) <= 0 then redis.call('HDEL', book[2], key) end
+  count_field(book[1], lane, by)
+  count_field(book[1], lane .. '@' .. step_of(key), by)
+  count_field(book[2], key, by)
 end
 -- ``message`` was pushed to list ``key`` (``entered``: its lane clock, 0: not indexed).
 local function pushed(book, key, message, entered)

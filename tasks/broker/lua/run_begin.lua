@@ -1,5 +1,6 @@
 -- KEYS: done, lease, run counter, the job's revoked mark, dead letters, the job's result
--- entry (Celery's backend)[, the account's fast places]. ARGV: holder, lease ttl,
+-- entry (Celery's backend)[, the account's jobs waiting in each lane that keeps them
+-- (lua/fair.lua; in fast, its fast places)]. ARGV: holder, lease ttl,
 -- counter ttl, job id, the take token of the run's message, '1' for a copy deferred
 -- earlier (it steps aside from a lease its run released by publishing the job's next
 -- copy: that copy exists; not from one released as a held copy was put back, which may
@@ -12,7 +13,7 @@
 -- held (it comes back if that run dies), else 'defer': this copy may be the last one.
 -- A job with no run counter never ran, so has no dead letter of a run (a refused
 -- message's letter has no valid copy): only a later run reads the letters.
-if KEYS[7] then redis.call('ZREM', KEYS[7], ARGV[4]) end
+for i = 7, #KEYS do redis.call('ZREM', KEYS[i], ARGV[4]) end
 local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[3])
 local done, lease, ran = found[1], found[2], found[4]
 if done then return {'done', done} end
