@@ -131,7 +131,11 @@ class KeyCache:
         return record
 
     def close(self) -> None:
+        """Stop listening; from now on every lookup reads Redis."""
         self._closed = True
+        self.listening.clear()
+        with self._lock:
+            self._kept.clear()
 
     def _listen(self) -> None:
         while not self._closed:

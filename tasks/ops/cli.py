@@ -330,5 +330,5 @@ def publish(folder: Path, name: str, store: str | None) -> None:
                f"`celery -A tasks lanes unpin {name}` if workers loaded an older one")
 
 
-# register job, cancel, keys, submit, up and exporter
-from tasks.ops import cli_jobs, cli_keys, cli_run  # noqa: E402,F401
+# register job, cancel, keys, api, submit, up and exporter
+from tasks.ops import cli_api, cli_jobs, cli_keys, cli_run  # noqa: E402,F401

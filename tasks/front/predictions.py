@@ -1,0 +1,149 @@
+"""``/v1/predictions``: create one, read it, cancel it, list them, fetch its files. A
+caller sees only its own account's predictions: any other id is a 404, as an unknown
+one is. Every call that blocks on Redis runs in a thread, never on the event loop."""
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+from typing import Any
+
+from celery.states import READY_STATES
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from tasks.api import submit
+from tasks.broker.app import app as celery_app
+from tasks.broker.app import redis_client
+from tasks.broker.outage import OUTAGE
+from tasks.front import create, paging
+from tasks.front.auth import caller
+from tasks.front.errors import Refused
+from tasks.front.files import artifacts, served
+from tasks.front.views import FINAL, prediction_json, seen, status
+from tasks.jobs import predictions
+from tasks.jobs.apikeys import ApiKey
+from tasks.jobs.plans import plan
+from tasks.jobs.predictions import Prediction
+
+router = APIRouter(prefix="/v1", tags=["predictions"])
+#: Seconds between two looks at a result while ``Prefer: wait`` waits, from the first
+#: to the longest: a quick job is answered quickly, a slow one costs few reads.
+FIRST_LOOK_S, LONGEST_LOOK_S = 0.02, 0.25
+NOT_FOUND = "no such prediction (or not one of this API key's account)"
+
+
+def base_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+def owned(account: str, prediction_id: str) -> Prediction:
+    """The caller's prediction ``prediction_id``, or 404."""
+    found = predictions.owned(redis_client(), account, prediction_id)
+    if found is None:
+        raise Refused(404, NOT_FOUND)
+    return found
+
+
+def shown(prediction: Prediction, request: Request, placed: bool = True) -> dict[str, Any]:
+    """The prediction as JSON, read now (blocks on Redis)."""
+    return prediction_json(prediction, seen(celery_app, redis_client(), prediction, placed),
+                           base_url(request))
+
+
+@router.post("/predictions", status_code=201)
+async def create_prediction(
+        body: create.PredictionRequest, request: Request, response: Response,
+        key: ApiKey = Depends(caller),
+        idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
+        cancel_after: str | None = Header(None, alias="Cancel-After"),
+        prefer: str | None = Header(None, description="`wait=N`: answer once done, "
+                                    f"within N s (at most {create.MAX_WAIT_S:g})")
+) -> dict[str, Any]:
+    """Submit a prediction; 201 with it as it stands (``Prefer: wait=N``: once done,
+    or after N s)."""
+    call = partial(submit, tier=body.tier, account=key.account, model=body.model,
+                   downgradable=body.downgradable, plan=plan(key.plan),
+                   idempotency_key=create.idempotency_key(idempotency_key),
+                   cancel_after=create.cancel_after(cancel_after), **body.inputs())
+    result = await run_in_threadpool(call)
+    if wait_s := create.wait_s(prefer):
+        await settled(result.id, wait_s)
+        response.headers["Preference-Applied"] = f"wait={wait_s:g}"
+    view = await run_in_threadpool(lambda: shown(_made(key.account, result.id, body), request))
+    response.headers["Location"] = view["urls"]["get"]
+    return view
+
+
+def _made(account: str, job_id: str, body: create.PredictionRequest) -> Prediction:
+    """The prediction just made (the first one, for a repeated idempotency key); as
+    asked, should its record not be there to read."""
+    return predictions.owned(redis_client(), account, job_id) or Prediction(
+        id=job_id, account=account, model=body.model, tier=body.tier, input=body.input,
+        created_at=time.time())
+
+
+async def settled(job_id: str, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` for the job to end; whether it did. Redis away ends the
+    wait: the prediction was made, and is answered as it stands."""
+    deadline, look_s = time.monotonic() + wait_s, FIRST_LOOK_S
+    while True:
+        try:
+            state = await run_in_threadpool(lambda: celery_app.AsyncResult(job_id).state)
+        except OUTAGE:
+            return False
+        left_s = deadline - time.monotonic()
+        if state in READY_STATES or left_s <= 0:
+            return state in READY_STATES
+        await asyncio.sleep(min(look_s, left_s))
+        look_s = min(look_s * 2, LONGEST_LOOK_S)
+
+
+@router.get("/predictions/{prediction_id}")
+def get_prediction(prediction_id: str, request: Request,
+                   key: ApiKey = Depends(caller)) -> dict[str, Any]:
+    """The prediction now: its status, queue place or progress, output or error."""
+    return shown(owned(key.account, prediction_id), request)
+
+
+@router.post("/predictions/{prediction_id}/cancel")
+def cancel_prediction(prediction_id: str, request: Request,
+                      key: ApiKey = Depends(caller)) -> dict[str, Any]:
+    """Cancel it: queued, it never runs; running, it stops at its next step. One that
+    has ended is left as it is."""
+    prediction = owned(key.account, prediction_id)
+    if status(prediction, seen(celery_app, redis_client(), prediction, False)) not in FINAL:
+        celery_app.AsyncResult(prediction.id).revoke()
+    return shown(prediction, request)
+
+
+@router.get("/predictions")
+def list_predictions(request: Request, key: ApiKey = Depends(caller),
+                     cursor: str | None = Query(None, description="`next` of a page"),
+                     limit: int = Query(paging.DEFAULT_LIMIT, ge=1, le=paging.MAX_LIMIT)
+                     ) -> dict[str, Any]:
+    """The caller's predictions, newest first, a page at a time (``next``: the
+    following page's URL, None after the last)."""
+    client = redis_client()
+    offset = paging.offset_of(client, key.account, cursor)
+    found = predictions.listed(client, key.account, offset, limit + 1)
+    page = found[:limit]
+    following = None
+    if len(found) > limit:
+        after = paging.cursor_after(page[-1].id, page[-1].created_at)
+        following = f"{base_url(request)}/v1/predictions?cursor={after}&limit={limit}"
+    return {"results": [shown(p, request, placed=False) for p in page], "next": following}
+
+
+@router.get("/predictions/{prediction_id}/files/{name}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}},
+                             "description": "The file, as its media type says."}})
+def get_file(prediction_id: str, name: str, key: ApiKey = Depends(caller)) -> Response:
+    """A file the prediction's output names (its URL there), to its account only."""
+    prediction = owned(key.account, prediction_id)
+    found = seen(celery_app, redis_client(), prediction, placed=False)
+    made = artifacts(found.value) if found.state == "SUCCESS" and \
+        isinstance(found.value, dict) else {}
+    if name not in made:
+        raise Refused(404, f"prediction {prediction_id} has no file {name[:80]!r}")
+    return served(made[name])

@@ -1,0 +1,53 @@
+"""Serve the HTTP API with uvicorn: ``celery -A tasks lanes api`` or
+``python -m tasks.front.serve``, in ``workers`` processes on one port.
+
+Each process keeps its own key cache and listens for revocations itself, so a revoked
+key is refused by all of them at once. Redis away at start is no reason not to serve:
+requests are answered 503 until it is back.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+
+log = logging.getLogger(__name__)
+#: The app factory uvicorn imports in each of its processes.
+APP = "tasks.front.app:create_app"
+#: Seconds a stopping process gives requests in flight (a ``Prefer: wait`` among them).
+GRACEFUL_S = 30
+
+
+def redis_answers() -> bool:
+    """Whether the broker's Redis answers now."""
+    from tasks.broker.app import redis_client
+    from tasks.broker.outage import OUTAGE
+
+    try:
+        return bool(redis_client().ping())
+    except OUTAGE:
+        return False
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
+    """Serve until SIGINT or SIGTERM (requests in flight are finished first)."""
+    import uvicorn
+
+    if not redis_answers():
+        log.warning("Redis does not answer: requests are answered 503 until it does")
+    uvicorn.run(APP, factory=True, host=host, port=port, workers=workers,
+                timeout_graceful_shutdown=GRACEFUL_S, log_level="info")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tasks.front.serve",
+                                     description="Serve gpulanes' HTTP API.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    serve(args.host, args.port, args.workers)
+
+
+if __name__ == "__main__":
+    main()

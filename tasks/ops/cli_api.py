@@ -1,0 +1,24 @@
+"""``celery -A tasks lanes api``: serve the HTTP API (``tasks.front``).
+
+Registered on the ``lanes`` group by ``tasks.ops.cli``; uvicorn and the app load only
+when the command runs.
+"""
+from __future__ import annotations
+
+import click
+
+from tasks.ops.group import lanes
+
+
+@lanes.command("api")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 in a container).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Server processes sharing the port.")
+def api(host: str, port: int, workers: int) -> None:
+    """Serve the HTTP API (http://HOST:PORT/v1/predictions, its docs at /docs) until
+    Ctrl-C. Callers send `Authorization: Bearer <key>` (`lanes keys create`)."""
+    from tasks.front.serve import serve
+
+    serve(host, port, workers)
