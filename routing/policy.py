@@ -234,20 +234,24 @@ def relax_levels(usage_s: Mapping[str, float], unit_s: float) -> dict[str, int]:
 
 #: An account's jobs waiting in a fast or standard lane raise the level its next job
 #: enters there at once it has ``QUEUED_LEVEL_MIN`` of them, one level for each of these
-#: shares of the lane's waiting jobs it holds (``queued_level``).
+#: ratios of its count to a typical other account's there it reaches (``queued_level``).
 QUEUED_LEVEL_MIN = 2
-QUEUED_LEVEL_SHARES: tuple[float, ...] = (0.75, 0.875, 0.9375)
+QUEUED_LEVEL_RATIOS: tuple[float, ...] = (2.0, 4.0, 8.0)
 
 
-def queued_level(waiting: int, depth: int) -> int:
+def queued_level(waiting: int, depth: int, accounts: int) -> int:
     """The level an account's new job enters a fast or standard lane at, for ``waiting``
-    of its jobs among the ``depth`` waiting there. An account with a job or two there, or
-    with less than three quarters of the lane, enters at 0: accounts alike stay first
-    come, first served. One that floods the lane enters at 3 from its third job on, so a
-    light account's job waits for at most two of the flood's, whatever its size."""
-    if waiting < QUEUED_LEVEL_MIN or depth <= 0:
+    of its jobs among the ``depth`` waiting there, of ``accounts`` accounts with jobs
+    waiting (itself among them, once it has one). Its count is weighed against a typical
+    other account's (their mean, plus one): an account with a job or two, or no more
+    than twice the others', enters at 0, so accounts alike stay first come, first
+    served; one that floods the lane goes down a level at each doubling, to 3. A light
+    account's job then waits for at most the flood's first few, whatever its size."""
+    if waiting < QUEUED_LEVEL_MIN:
         return 0
-    return sum(waiting >= share * depth for share in QUEUED_LEVEL_SHARES)
+    typical = max(depth - waiting, 0) / max(accounts - 1, 1)
+    ratio = waiting / (typical + 1)
+    return sum(ratio >= bound for bound in QUEUED_LEVEL_RATIOS)
 
 
 def fair_level(route: Route, account: str, view: PolicyView) -> int | None:
@@ -259,6 +263,19 @@ def fair_level(route: Route, account: str, view: PolicyView) -> int | None:
     if route.lane not in FAIR_LANES or route.downgrade_reason in MOVED_BY_LOAD:
         return None
     return view.levels.get(account, 0)
+
+
+#: The share of a lane's maximum depth a new job at each level may fill: a flood (level
+#: 3) finds the lane full while lighter accounts' jobs still enter (``at_level``).
+LEVEL_ROOM: tuple[float, ...] = (1.0, 0.95, 0.9, 0.85)
+
+
+def at_level(limit: DepthLimit, level: int | None) -> DepthLimit:
+    """``limit`` as a job entering at ``level`` meets it: a lane's maximum depth
+    (``full``) shrunk to the level's room (``LEVEL_ROOM``); any other limit as it is."""
+    if level is None or limit.why != "full":
+        return limit
+    return limit._replace(bound=limit.bound * LEVEL_ROOM[level])
 
 
 def depths_ahead(lanes: Mapping[str, int], levels: Mapping[str, int], lane: str,

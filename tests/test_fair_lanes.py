@@ -4,6 +4,8 @@ levels in order before the next lane's, so a flooding account waits behind every
 else's job or two."""
 from __future__ import annotations
 
+import math
+
 import pytest
 from conftest import SMALL, bind_own_queues
 
@@ -12,7 +14,7 @@ from routing.policy import queued_level
 from tasks import submit
 from tasks.broker import handover, runs
 from tasks.broker.bindings import lists
-from tasks.broker.keys import LANE_DEPTHS_KEY, list_key, queued_key
+from tasks.broker.keys import LANE_DEPTHS_KEY, list_key, queued_key, waiting_accounts_key
 from tasks.jobs.fastlimit import release_queued
 
 
@@ -26,22 +28,26 @@ def level_list(lane: str, level: int) -> str:
     return list_key(lane, RELAX_LEVEL_PRIORITIES[level])
 
 
-@pytest.mark.parametrize("waiting, depth, level", [
-    (0, 0, 0), (1, 1, 0), (2, 2, 3), (2, 8, 0), (6, 8, 1), (7, 8, 2), (2000, 2001, 3),
-    (25, 100, 0)])
-def test_a_flooding_account_enters_at_higher_levels(waiting, depth, level):
-    assert queued_level(waiting, depth) == level
+@pytest.mark.parametrize("waiting, depth, accounts, level", [
+    (0, 0, 0, 0), (1, 1, 1, 0), (2, 2, 1, 1), (2, 3, 2, 0), (4, 5, 2, 1), (8, 9, 2, 2),
+    (16, 17, 2, 3), (2000, 2001, 2, 3), (7, 28, 4, 0), (12, 27, 4, 1), (300, 800, 400, 3)])
+def test_a_flooding_account_enters_at_higher_levels(waiting, depth, accounts, level):
+    assert queued_level(waiting, depth, accounts) == level
 
 
 def test_a_flood_enters_behind_and_a_light_job_goes_ahead_of_it(clean_redis):
-    flood = [submit("p", account="heavy", **SMALL).id for _ in range(8)]
+    flood = [submit("p", account="heavy", **SMALL).id for _ in range(10)]
     light = submit("p", account="light", **SMALL).id
+    # down a level at each doubling of its jobs waiting, against a typical other's
     assert job_ids(clean_redis, level_list(STANDARD, 0)) == [*flood[:2], light]
-    assert job_ids(clean_redis, level_list(STANDARD, 3)) == flood[2:]
-    assert clean_redis.zcard(queued_key(STANDARD, "heavy")) == 8
+    assert job_ids(clean_redis, level_list(STANDARD, 1)) == flood[2:4]
+    assert job_ids(clean_redis, level_list(STANDARD, 2)) == flood[4:8]
+    assert job_ids(clean_redis, level_list(STANDARD, 3)) == flood[8:]
+    assert clean_redis.zcard(queued_key(STANDARD, "heavy")) == 10
+    assert clean_redis.smembers(waiting_accounts_key(STANDARD)) == {b"heavy", b"light"}
     # a worker takes them level by level: the light job third, the flood after it
     order = lists(["standard"], RELAX_LEVEL_PRIORITIES)
-    taken = [handover.take(clean_redis, "h", order, f"t{i}") for i in range(9)]
+    taken = [handover.take(clean_redis, "h", order, f"t{i}") for i in range(11)]
     from kombu.utils.json import loads
 
     assert [loads(t.raw)["headers"]["id"] for t in taken] == [*flood[:2], light, *flood[2:]]
@@ -54,20 +60,24 @@ def test_accounts_alike_stay_first_come_first_served(clean_redis):
 
 def test_a_job_that_starts_no_longer_weighs_on_its_accounts_next(clean_redis):
     first, second = (submit("p", account="heavy", **SMALL).id for _ in range(2))
-    assert submit("p", account="heavy", **SMALL).id in job_ids(
-        clean_redis, level_list(STANDARD, 3))
+    third = submit("p", account="heavy", **SMALL).id
+    assert third in job_ids(clean_redis, level_list(STANDARD, 1))
     assert runs.begin(first, "h", "t1", "heavy")[0] == "run"
     release_queued("heavy", second)  # revoked before it started
     assert clean_redis.zcard(queued_key(STANDARD, "heavy")) == 1
     fourth = submit("p", account="heavy", **SMALL).id  # one waits: level 0 again
     assert fourth in job_ids(clean_redis, level_list(STANDARD, 0))
+    assert clean_redis.sismember(waiting_accounts_key(STANDARD), "heavy")
+    for job in (third, fourth):  # its last one starts: it has none waiting there
+        runs.begin(job, "h", f"t-{job}", "heavy")
+    assert not clean_redis.sismember(waiting_accounts_key(STANDARD), "heavy")
 
 
 def test_fast_jobs_are_levelled_by_the_accounts_fast_jobs_waiting(clean_redis):
     flood = [submit("p", tier=FAST, account="heavy", **SMALL).id for _ in range(3)]
     light = submit("p", tier=FAST, account="light", **SMALL).id
     assert job_ids(clean_redis, level_list(FAST, 0)) == [*flood[:2], light]
-    assert job_ids(clean_redis, level_list(FAST, 3)) == [flood[2]]
+    assert job_ids(clean_redis, level_list(FAST, 1)) == [flood[2]]
     # the same set holds the account's fast places
     assert clean_redis.zcard(queued_key(FAST, "heavy")) == 3
 
@@ -110,3 +120,19 @@ def test_an_admission_counts_only_what_waits_at_the_jobs_level_or_before(
     assert light in job_ids(clean_redis, level_list(STANDARD, 0))
     assert depths_ahead(levels, levels, STANDARD, 0)["standard"] == 2
     assert depths_ahead(levels, levels, STANDARD, None)["standard"] == 4
+
+
+def test_a_flood_finds_its_lane_full_before_a_light_account_does(clean_redis, monkeypatch):
+    from conftest import vary
+
+    from routing.policy import LEVEL_ROOM
+
+    vary(monkeypatch, max_depth={"fast": 20, "standard": 100, "relaxed": 100},
+         fast_jobs_per_account=0)
+    for _ in range(30):  # from its third job on, at level 3: it fills 17 of the 20 places
+        submit("p", tier=FAST, account="heavy", **SMALL)
+    levels = {k.decode(): int(v) for k, v in clean_redis.hgetall(LANE_DEPTHS_KEY).items()}
+    assert levels["fast"] == math.ceil(20 * LEVEL_ROOM[3]) == 17 and levels["standard"] == 13
+    for i in range(3):  # light accounts still enter the fast lane, at level 0
+        submit("p", tier=FAST, account=f"light{i}", **SMALL)
+    assert int(clean_redis.hget(LANE_DEPTHS_KEY, "fast")) == 20

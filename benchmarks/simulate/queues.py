@@ -92,6 +92,8 @@ class Lists:
         #: (lane, account) -> its jobs published to that fast or standard lane and
         #: waiting there (``keys.queued_key``: left when taken or moved to another lane).
         self.waiting: Counter[tuple[str, str]] = Counter()
+        #: lane -> accounts with jobs counted in ``waiting`` (``keys.waiting_accounts_key``)
+        self.waiting_accounts: Counter[str] = Counter()
         #: "<lane>@<priority step>" -> jobs waiting at that level of the lane.
         self.level_depth: Counter[str] = Counter()
         #: Per lane, the due index (``keys.due_key``): (clock, seq, job, its push).
@@ -148,9 +150,13 @@ class Lists:
         """``job`` was published to its fast or standard lane: it waits there."""
         job.counted = job.lane
         self.waiting[(job.lane, job.arrival.account)] += 1
+        if self.waiting[(job.lane, job.arrival.account)] == 1:
+            self.waiting_accounts[job.lane] += 1
 
     def uncount(self, job: SimJob) -> None:
         self.waiting[(job.counted, job.arrival.account)] -= 1
+        if not self.waiting[(job.counted, job.arrival.account)]:
+            self.waiting_accounts[job.counted] -= 1
         job.counted = None
 
     def remove(self, job: SimJob) -> None:

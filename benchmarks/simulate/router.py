@@ -19,6 +19,7 @@ from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD
 from routing.policy import (
     Admission,
     PolicyView,
+    at_level,
     decide,
     depths_ahead,
     fair_level,
@@ -81,7 +82,8 @@ class Router:
                 self._publish(job, where, level)
                 return True
             if why == "full":
-                self.cache.note_full(where.lane)
+                if not level:  # (a later level's refusal holds the lane full to this job only)
+                    self.cache.note_full(where.lane)
                 view = replace(view, full=view.full | {where.lane})
             elif why == "over_budget":
                 if not level:  # (a later level's refusal shuts the lane to this job only)
@@ -102,8 +104,10 @@ class Router:
         level = fair_level(where, account, view)
         if level is None:
             return None
-        waiting = self.lists.waiting[(where.lane, account)]
-        return max(level, queued_level(waiting, self.lists.lane_depth[where.lane]))
+        lists = self.lists
+        waiting = lists.waiting[(where.lane, account)]
+        return max(level, queued_level(waiting, lists.lane_depth[where.lane],
+                                       lists.waiting_accounts[where.lane]))
 
     def _refusal(self, lane: str, account: str, over_fast_limit: bool,
                  admit: Admission | None = None, level: int | None = None) -> str | None:
@@ -113,7 +117,7 @@ class Router:
         for limit in publish_limits(lane, self.config.max_depth[lane], admit):
             depths = lists.lane_depth if limit.why == "full" else depths_ahead(
                 lists.lane_depth, lists.level_depth, lane, level)
-            if limit.reached(depths):
+            if at_level(limit, level).reached(depths):
                 return limit.why  # "full", "over_budget"
         if lane != FAST:
             return None

@@ -20,7 +20,7 @@ from routing.policy import (
     FAST_TIME_EXHAUSTED,
     MOVED_BY_LOAD,
     QUEUED_LEVEL_MIN,
-    QUEUED_LEVEL_SHARES,
+    QUEUED_LEVEL_RATIOS,
     Admission,
     PolicyView,
     decide,
@@ -39,6 +39,7 @@ from tasks.broker.keys import (
     fast_queued_key,
     members_key,
     queued_key,
+    waiting_accounts_key,
 )
 from tasks.broker.memory import MEMORY_LIMIT
 from tasks.broker.message import Job, JobMessage, JobRoute
@@ -208,6 +209,8 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
             case Refused(Refusal.FULL):
                 cache.note_full(where.lane)
                 view = replace(view, full=view.full | {where.lane})
+            case Refused(Refusal.FULL_LEVEL):  # full to this job, not to lighter accounts'
+                view = replace(view, full=view.full | {where.lane})
             case Refused(Refusal.OVER_BUDGET):  # as the snapshot says once beat sees it
                 cache.note_over_budget(where.lane, view.admit[where.lane])
                 view = view.shut({where.lane})
@@ -344,10 +347,11 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
 def _fair(queue: str, account: str, lane: str, level: int) -> Fair:
     """The publish's choice of ``queue``'s list for a new job of ``account`` at ``level``
     or above, by its jobs waiting in ``lane`` (``routing.policy.queued_level``)."""
-    shares = " ".join(map(repr, QUEUED_LEVEL_SHARES))
+    ratios = " ".join(map(repr, QUEUED_LEVEL_RATIOS))
     return Fair(queued_key(lane, account),
                 tuple(list_of(queue, p, priority_steps()) for p in RELAX_LEVEL_PRIORITIES),
-                f"{level} {lane} {QUEUED_LEVEL_MIN} {shares} {PLACE_LAPSE_S}")
+                f"{level} {lane} {QUEUED_LEVEL_MIN} {ratios} {PLACE_LAPSE_S}",
+                waiting_accounts_key(lane))
 
 
 @lru_cache(maxsize=1)

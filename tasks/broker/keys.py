@@ -122,6 +122,11 @@ def fast_queued_key(account: str) -> str:
     return f"{FAST_QUEUED_PREFIX}{account}"
 
 
+def waiting_accounts_key(lane: str) -> str:
+    """Set: the accounts with jobs waiting in fast or standard ``lane`` (``queued_key``)."""
+    return f"{PREFIX}:{lane}:waiting-accounts"
+
+
 def queued_key(lane: str, account: str) -> str:
     """Sorted set: the account's jobs waiting in ``lane`` (fast or standard; job id, scored
     by lapse time): its fast places in fast, and in both what raises the level its next

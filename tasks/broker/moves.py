@@ -35,6 +35,7 @@ from tasks.broker.keys import (
     lists_key,
     parse_entry,
     queued_key,
+    waiting_accounts_key,
     run_key,
 )
 from tasks.broker.message import JobMessage
@@ -159,12 +160,13 @@ def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, 
     if rewritten is STOP or rewritten is None:
         return rewritten
     lane, left = lane_of_key(target), lane_of_key(source)
-    places = [queued_key(left, account)] if left in FAIR_LANES and left != lane else []
+    leaves = left in FAIR_LANES and left != lane
+    places = [queued_key(left, account), waiting_accounts_key(left)] if leaves else []
     clock = due_clock(target, lane_clock_of(rewritten))
     return ([source, target, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, BEAT_EPOCH_KEY, lists_key(lane),
              run_key(job_id), *places],
             [raw, envelope.encode(rewritten), job_id, WAKE_PREFIX, LANES.index(lane),
-             repr(clock), DUE_PREFIX, leader.epoch(), "1" if back else ""])
+             repr(clock), DUE_PREFIX, leader.epoch(), "1" if back else "", account])
 
 
 def _run_moves(client: redis.Redis, batch: list[tuple[list, list]], back: bool = False) -> int:

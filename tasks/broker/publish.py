@@ -51,7 +51,7 @@ from kombu import serialization
 from kombu.utils.json import dumps
 
 from routing.names import LANES, RELAX_LEVEL_PRIORITIES, lane_of
-from routing.policy import DepthLimit
+from routing.policy import LEVEL_ROOM, DepthLimit
 from tasks.broker import scripts
 from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
@@ -117,7 +117,8 @@ class Fair(NamedTuple):
 
     waiting: str                #: its account's jobs waiting in the lane (sorted set)
     lists: tuple[str, ...]      #: the queue's list at each level, level 0 first
-    spec: str                   #: "level lane min share share share lapse_s"
+    spec: str                   #: "level lane min ratio ratio ratio lapse_s"
+    accounts: str = ""          #: the lane's accounts with jobs waiting (a set)
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,8 @@ class Refusal(str, enum.Enum):
     """Why a publish wrote nothing."""
 
     FULL = "full"                #: the lane holds its maximum depth
+    #: so for a job at its level (``routing.policy.at_level``): lighter ones may still enter
+    FULL_LEVEL = "full_level"
     OVER_BUDGET = "over_budget"  #: the work queued ahead is at or past the admission
     #: so for a job at its level: those of the levels before it may still enter
     OVER_LEVEL = "over_level"
@@ -223,11 +226,13 @@ def publish(client: redis.Redis, message: Message, when: Conditions = Conditions
     fair = when.fair or Fair("", ("",) * 4, "")
     keys, args = _entering(message)
     keys += [places, pointer, run, balances, entry, lru, metrics, same, record.key,
-             record.listed, *plan[:4], periods, exhausted, fair.waiting, *fair.lists]
+             record.listed, *plan[:4], periods, exhausted, fair.waiting, *fair.lists,
+             fair.accounts]
     args += named(deadline=when.deadline or None, account=account or when.account or None,
                   balance=repr(balance) if balances else None, period=period or None,
                   same_s=same_s or None, plan=plan.spec or None, fair=fair.spec or None,
                   fair_steps=" ".join(map(str, RELAX_LEVEL_PRIORITIES)) if fair.spec else None,
+                  fair_room=" ".join(map(repr, LEVEL_ROOM)) if fair.spec else None,
                   record=record.json or None, record_s=record.kept_s or None,
                   kept=record.kept or None,
                   lane=lane_of(message.queue) if record.key else None,

@@ -35,6 +35,7 @@ from tasks.broker.keys import (
     attempts_key,
     done_key,
     queued_key,
+    waiting_accounts_key,
     held_key,
     lease_key,
     revoked_key,
@@ -68,10 +69,12 @@ def begin(job_id: str, holder: str, taken: str, account: str | None,
     keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id),
             DEAD_KEY, key]
     if account is not None:
-        keys += [queued_key(lane, account) for lane in FAIR_LANES]
+        keys += [key for lane in FAIR_LANES
+                 for key in (queued_key(lane, account), waiting_accounts_key(lane))]
     return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
                                           job_id, taken, "1" if deferred else "", RELEASED,
-                                          entry, settings.result_ttl_s, HELD_PREFIX]))
+                                          entry, settings.result_ttl_s, HELD_PREFIX,
+                                          account or ""]))
 
 
 class Finished(NamedTuple):

@@ -26,18 +26,18 @@ from celery import signals
 
 from routing.names import FAIR_LANES, JOB_TASK_NAMES
 from tasks.broker.app import redis_client
-from tasks.broker.keys import queued_key
+from tasks.broker import scripts
+from tasks.broker.keys import queued_key, waiting_accounts_key
 
 
 def release_queued(account: str, job_id: str) -> None:
     """A job that left its lane's queue without starting (revoked, past its Cancel-After)
     leaves its account's jobs waiting there: its fast place, its weight on the level of
     the account's next jobs (``routing.policy.queued_level``)."""
+    keys = [key for lane in FAIR_LANES
+            for key in (queued_key(lane, account), waiting_accounts_key(lane))]
     with contextlib.suppress(redis.RedisError):  # they lapse anyway
-        with redis_client().pipeline(transaction=False) as pipe:
-            for lane in FAIR_LANES:
-                pipe.zrem(queued_key(lane, account), job_id)
-            pipe.execute()
+        scripts.run(redis_client(), "fair_leave", keys, [account, job_id])
 
 
 @signals.task_revoked.connect(weak=False)

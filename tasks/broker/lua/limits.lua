@@ -7,7 +7,8 @@
 -- every number; this only adds them up. ``ahead``: for a job entering its lane at a
 -- level (lua/fair.lua), {lane, the depth fields of its level and those before it}: an
 -- admission ('over_budget') counts of its own lane only those (routing.policy.
--- depths_ahead); the lane's maximum depth counts all of it.
+-- depths_ahead); the lane's maximum depth ('full') counts all of it, against the share of
+-- the bound its level may fill, the third of ``ahead`` (routing.policy.at_level).
 local function limit_reached(keys, spec, ahead)
   for limit in string.gmatch(spec or '', '[^;]+') do
     local words = {}
@@ -23,7 +24,9 @@ local function limit_reached(keys, spec, ahead)
         sum = sum + tonumber(count) * tonumber(words[i + 2])
       end
     end
-    if sum >= tonumber(words[2]) then return words[1] end
+    local bound = tonumber(words[2])
+    if ahead and words[1] == 'full' then bound = bound * ahead[3] end
+    if sum >= bound then return words[1] end
   end
   return nil
 end

@@ -6,8 +6,8 @@
 -- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics;
 -- the idempotency key, the prediction's record, the account's predictions; the account's
 -- admitted jobs, admitted fast jobs, parked jobs, the accounts with parked jobs; the
--- fast periods, the exhausted accounts; the account's jobs waiting in the lane, then the
--- queue's list at each level (lua/fair.lua).
+-- fast periods, the exhausted accounts; the account's jobs waiting in the lane, the
+-- queue's list at each level, the lane's accounts with jobs waiting (lua/fair.lua).
 -- ARGV: the message, then name/value pairs: job, entered, rank, due, wake, news
 -- (lua/enter.lua); and those of the conditions set:
 --   deadline   Redis' unix s past which the publish comes too late ('late')
@@ -16,7 +16,8 @@
 --   account, balance   the account's fast time, refused at or below 0 ('fast_time');
 --              balance: an uncharged account's
 --   limits     depth limits (lua/limits.lua), refused by their names ('full',
---              'over_budget'; 'over_level' for a job at a later level than the first)
+--              'over_budget'; 'full_level', 'over_level' for a job at a later level than
+--              the first)
 --   places, lapse      the account's fast places (lua/places.lua)
 --   ttl        the seconds a confirmed run lives: the publish confirms the run it leads
 --   same_s     an idempotency key held that long: found taken, answered {'same', job}
@@ -26,10 +27,11 @@
 --   plan       "concurrent concurrent_fast queued lapse_s" (lua/admit.lua): over the
 --              first two the job is parked ('parked'); more than queued parked: refused
 --              ('queued_jobs')
---   fair       "level lane min share share share lapse_s" (lua/fair.lua): the job enters the list
+--   fair       "level lane min ratio ratio ratio lapse_s" (lua/fair.lua): the job enters the list
 --              of its level, raised by its account's jobs waiting in the lane; its
 --              admission counts what waits at its level or before (fair_steps: the
---              levels' priority steps)
+--              levels' priority steps), and its maximum depth the share of it its level
+--              may fill (fair_room: one per level)
 --   period     "index period_s fast_s" of the plan's fast time: another period (a plan
 --              changed within one does not renew) renews the balance to its fast_s
 -- include: named
@@ -50,7 +52,7 @@ if a.deadline and now > tonumber(a.deadline) then return 'late' end
 local level
 if a.fair then
   if redis.call('ZSCORE', k[22], a.job) then return 'pushed' end  -- sent again
-  level = fair_level(k[22], k[3], a.fair, now)
+  level = fair_level(k[22], k[27], k[3], a.fair, a.account, now)
   k[1] = k[23 + level]
 end
 if k[13] ~= '' then
@@ -74,9 +76,9 @@ if balances ~= '' and tonumber(redis.call('HGET', balances, a.account) or a.bala
 end
 local over = limit_reached(k, a.limits,
                            level and ahead_of(string.match(a.fair, '^%S+ (%S+)'), level,
-                                              a.fair_steps))
--- an admission that refuses a job at a later level may still let in those before it
-if over == 'over_budget' and level and level > 0 then return 'over_level' end
+                                              a.fair_steps, a.fair_room))
+-- a limit that refuses a job at a later level may still let in those before it
+if level and level > 0 and over then return over == 'full' and 'full_level' or 'over_level' end
 if over then return over end
 if places ~= '' then
   local refused = take_place(places, tonumber(a.places), tonumber(a.lapse), a.job, now)
@@ -84,7 +86,7 @@ if places ~= '' then
 end
 local admitted = a.plan and admission({k[16], k[17]}, k[18], a.plan, a.job, a.rank, now)
 if admitted == 'queued_jobs' then return admitted end
-if level then join_fair(k[22], a.fair, a.job, now) end
+if level then join_fair(k[22], k[27], a.account, a.fair, a.job, now) end
 if k[13] ~= '' then redis.call('SET', k[13], a.job, 'EX', a.same_s) end
 if k[14] ~= '' then record({k[14], k[15]}, a, admitted == 'park', now) end
 if admitted == 'park' then

@@ -1,19 +1,21 @@
 -- KEYS: done, lease, run counter, the job's revoked mark, dead letters, the job's result
--- entry (Celery's backend)[, the account's jobs waiting in each lane that keeps them
--- (lua/fair.lua; in fast, its fast places)]. ARGV: holder, lease ttl,
+-- entry (Celery's backend)[, per lane that keeps them, the account's jobs waiting there
+-- (lua/fair.lua; in fast, its fast places) and the lane's accounts with jobs waiting].
+-- ARGV: holder, lease ttl,
 -- counter ttl, job id, the take token of the run's message, '1' for a copy deferred
 -- earlier (it steps aside from a lease its run released by publishing the job's next
 -- copy: that copy exists; not from one released as a held copy was put back, which may
 -- have been this very copy), the prefix of a
 -- released lease, the STARTED entry to store for a run that begins ('': none), how long
--- entries are kept, the holders' records' key prefix.
+-- entries are kept, the holders' records' key prefix, the job's account.
 -- The lease is "<holder>#<run number>#<take token>"; one marked released is free.
 -- A call retried after a lost reply finds its own lease and carries on as that run.
 -- A lease held by another run: 'busy' while that run's own message is recorded as
 -- held (it comes back if that run dies), else 'defer': this copy may be the last one.
 -- A job with no run counter never ran, so has no dead letter of a run (a refused
 -- message's letter has no valid copy): only a later run reads the letters.
-for i = 7, #KEYS do redis.call('ZREM', KEYS[i], ARGV[4]) end
+-- include: leave
+for i = 7, #KEYS, 2 do leave_fair(KEYS[i], KEYS[i + 1], ARGV[11], ARGV[4]) end
 local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[3])
 local done, lease, ran = found[1], found[2], found[4]
 if done then return {'done', done} end
