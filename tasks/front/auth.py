@@ -7,6 +7,7 @@ import threading
 
 from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from tasks.front.errors import Refused
 from tasks.jobs.apikeys import ApiKey, KeyCache
@@ -36,13 +37,16 @@ def close_key_cache() -> None:
             _cache.pop().close()
 
 
-def caller(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> ApiKey:
-    """The key the request carries, or 401 (none, unknown or revoked). A sync
-    dependency: FastAPI runs it in a thread, as a lookup may read Redis."""
+async def caller(credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
+                 ) -> ApiKey:
+    """The key the request carries, or 401 (none, unknown or revoked): from memory on
+    the event loop, else read from Redis in a thread."""
     if credentials is None or not credentials.credentials:
         raise Refused(401, "no API key: send the header `Authorization: Bearer <key>`",
                       headers=CHALLENGE)
-    record = key_cache().lookup(credentials.credentials)
+    cache = key_cache() if _cache else await run_in_threadpool(key_cache)
+    record = cache.kept(credentials.credentials) or \
+        await run_in_threadpool(cache.lookup, credentials.credentials)
     if record is None:
         raise Refused(401, "the API key is unknown or revoked", headers=CHALLENGE)
     return record

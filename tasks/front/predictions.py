@@ -10,6 +10,7 @@ from typing import Any
 
 from celery.states import READY_STATES
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tasks.api import submit
@@ -20,7 +21,7 @@ from tasks.front import create, paging
 from tasks.front.auth import caller
 from tasks.front.errors import Refused
 from tasks.front.files import artifacts, served
-from tasks.front.views import FINAL, prediction_json, seen, status
+from tasks.front.views import FINAL, Seen, prediction_json, seen, status
 from tasks.jobs import predictions
 from tasks.jobs.apikeys import ApiKey
 from tasks.jobs.plans import plan
@@ -53,8 +54,7 @@ def shown(prediction: Prediction, request: Request, placed: bool = True) -> dict
 
 @router.post("/predictions", status_code=201)
 async def create_prediction(
-        body: create.PredictionRequest, request: Request, response: Response,
-        key: ApiKey = Depends(caller),
+        body: create.PredictionRequest, request: Request, key: ApiKey = Depends(caller),
         idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
         cancel_after: str | None = Header(None, alias="Cancel-After"),
         prefer: str | None = Header(None, description="`wait=N`: answer once done, "
@@ -62,25 +62,51 @@ async def create_prediction(
 ) -> dict[str, Any]:
     """Submit a prediction; 201 with it as it stands (``Prefer: wait=N``: once done,
     or after N s)."""
+    same, after_s = create.idempotency_key(idempotency_key), create.cancel_after(cancel_after)
     call = partial(submit, tier=body.tier, account=key.account, model=body.model,
-                   downgradable=body.downgradable, plan=plan(key.plan),
-                   idempotency_key=create.idempotency_key(idempotency_key),
-                   cancel_after=create.cancel_after(cancel_after), **body.inputs())
-    result = await run_in_threadpool(call)
-    if wait_s := create.wait_s(prefer):
-        await settled(result.id, wait_s)
-        response.headers["Preference-Applied"] = f"wait={wait_s:g}"
-    view = await run_in_threadpool(lambda: shown(_made(key.account, result.id, body), request))
-    response.headers["Location"] = view["urls"]["get"]
-    return view
+                   downgradable=body.downgradable, plan=plan(key.plan), idempotency_key=same,
+                   cancel_after=after_s, **body.inputs())
+    wait_s = create.wait_s(prefer)
+    if same is None and not wait_s:  # a new prediction, just queued: one read shows it
+        view = await run_in_threadpool(_new, call, key.account, body, after_s, request)
+    else:
+        made = await run_in_threadpool(call)
+        if wait_s:
+            await settled(made.id, wait_s)
+        view = await run_in_threadpool(
+            lambda: shown(_made(key.account, made.id, body, after_s), request))
+    # sent as it is: the view is plain JSON already (no encoder pass over it)
+    headers = {"Location": view["urls"]["get"]}
+    if wait_s:
+        headers["Preference-Applied"] = f"wait={wait_s:g}"
+    return JSONResponse(view, status_code=201, headers=headers)
 
 
-def _made(account: str, job_id: str, body: create.PredictionRequest) -> Prediction:
-    """The prediction just made (the first one, for a repeated idempotency key); as
+def _new(call: partial, account: str, body: create.PredictionRequest,
+         cancel_after_s: float | None, request: Request) -> dict[str, Any]:
+    """Submit, and show the new prediction from its record and its place in its lane,
+    read in one step: its job has not run yet, nor been cancelled."""
+    job_id = call().id
+    found, place = predictions.made(redis_client(), account, job_id)
+    return prediction_json(found or _sent(account, job_id, body, cancel_after_s),
+                           Seen("PENDING", position=place), base_url(request))
+
+
+def _sent(account: str, job_id: str, body: create.PredictionRequest,
+          cancel_after_s: float | None) -> Prediction:
+    """The prediction as this request made it (what its record says, unread)."""
+    now = time.time()
+    return Prediction(id=job_id, account=account, model=body.model, tier=body.tier,
+                      input=body.input, created_at=now,
+                      cancel_after_at=None if cancel_after_s is None else now + cancel_after_s)
+
+
+def _made(account: str, job_id: str, body: create.PredictionRequest,
+          cancel_after_s: float | None) -> Prediction:
+    """The prediction as recorded (the first one, for a repeated idempotency key); as
     asked, should its record not be there to read."""
-    return predictions.owned(redis_client(), account, job_id) or Prediction(
-        id=job_id, account=account, model=body.model, tier=body.tier, input=body.input,
-        created_at=time.time())
+    return predictions.owned(redis_client(), account, job_id) or _sent(
+        account, job_id, body, cancel_after_s)
 
 
 async def settled(job_id: str, wait_s: float) -> bool:

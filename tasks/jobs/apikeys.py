@@ -114,16 +114,23 @@ class KeyCache:
         threading.Thread(target=self._listen, name="gpulanes-key-revocations",
                          daemon=True).start()
 
+    def kept(self, key: Any) -> ApiKey | None:
+        """The record of ``key`` from memory, without a Redis read: None when it is not
+        kept (then :meth:`lookup` reads Redis)."""
+        if not shaped(key) or not self.listening.is_set():
+            return None
+        with self._lock:
+            kept = self._kept.get(digest(key))
+        return kept[1] if kept is not None and time.monotonic() - kept[0] < self.kept_s \
+            else None
+
     def lookup(self, key: Any) -> ApiKey | None:
         """The record of ``key`` (as :func:`lookup`), from memory while it may be."""
         if not shaped(key):
             return None
+        if (record := self.kept(key)) is not None:
+            return record
         hashed, now = digest(key), time.monotonic()
-        if self.listening.is_set():
-            with self._lock:
-                kept = self._kept.get(hashed)
-            if kept is not None and now - kept[0] < self.kept_s:
-                return kept[1]
         record = lookup(self.client, key)
         if record is not None and self.listening.is_set():
             with self._lock:
