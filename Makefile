@@ -57,8 +57,10 @@ browser:
 bench: $(STAMP)
 	$(PY) benchmarks/lanes.py
 	$(PY) benchmarks/submit.py
+	$(PY) benchmarks/api.py
 	$(PY) benchmarks/perjob.py
 	$(PY) benchmarks/fairness.py
+	$(PY) benchmarks/lane_fairness.py
 	$(PY) benchmarks/overload.py
 	$(PY) benchmarks/coldstart.py
 	$(PY) benchmarks/affinity.py
