@@ -13,10 +13,12 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from conftest import SMALL, STATE_DIR, wait_until
+from conftest import SMALL, STATE_DIR, new_gate, wait_at_gate, wait_until
 
-from tasks.broker.keys import API_KEYS_KEY
+from tasks import submit
+from tasks.broker.keys import API_KEYS_KEY, FAST_BALANCE_KEY, admitted_key, parked_key
 from tasks.jobs import apikeys
+from tasks.jobs.plans import Plan
 from tests.flaky_model import at_gate, open_gate
 from tests.harness.http import ROOT, ApiServer, free_port
 
@@ -346,3 +348,39 @@ def test_the_api_loads_no_worker_code():
     heavy = ("torch", "numpy", "PIL", "gpu_worker", "tasks.worker")
     assert not [m for m in loaded if m.split(".")[0] in heavy or m.startswith("tasks.worker")]
     assert "fastapi" in loaded and "tasks.jobs.image" in loaded
+
+
+# --- a plan's line and Cancel-After, through submit() on the same worker ---------------
+# (no beat runs here: a parked job enters its lane only as the worker says a job ended)
+
+ONE_AT_A_TIME = Plan(name="one", fast_seconds=3600, concurrent_fast=1, concurrent_jobs=1,
+                     queued_jobs=10)
+
+
+def test_each_job_that_ends_lets_its_accounts_next_parked_one_in(worker, clean_redis):
+    results = [submit("p", account="acme", plan=ONE_AT_A_TIME, **SMALL) for _ in range(4)]
+    assert clean_redis.llen(parked_key("acme")) == 3  # one admitted, three parked
+    done = [r.get(timeout=60) for r in results]
+    assert [d["attempts"] for d in done] == [1] * 4
+    wait_until(lambda: clean_redis.zcard(admitted_key("acme")) == 0, 10,
+               what="the last admission to be released")
+    assert clean_redis.llen(parked_key("acme")) == 0
+
+
+def test_a_job_still_queued_at_its_cancel_after_never_runs_and_is_not_charged(
+        worker, clean_redis):
+    gate = new_gate()
+    holding = submit(f"gate:{gate} hold", model="flaky", account="acme", plan=ONE_AT_A_TIME,
+                     **SMALL)
+    wait_at_gate(holding, gate)
+    late = submit("p", tier="fast", account="acme", plan=ONE_AT_A_TIME, cancel_after=0.5,
+                  **SMALL)
+    balance = float(clean_redis.hget(FAST_BALANCE_KEY, "acme"))
+    time.sleep(0.6)  # its deadline passes while it waits behind the held job
+    open_gate(gate)
+    holding.get(timeout=60)
+    wait_until(lambda: late.state == "REVOKED", 30, what="the late job to be revoked")
+    assert float(clean_redis.hget(FAST_BALANCE_KEY, "acme")) == balance
+    wait_until(lambda: clean_redis.zcard(admitted_key("acme")) == 0, 10,
+               what="its admission to be released")
+

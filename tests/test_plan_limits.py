@@ -93,7 +93,7 @@ def _submit_many(account: str, count: int, start: float, found: "multiprocessing
 
 def test_limits_hold_exactly_under_submits_from_several_processes(clean_redis):
     found = multiprocessing.get_context("spawn").Queue()
-    start = time.time() + 3.0
+    start = time.time() + 2.0
     workers = [multiprocessing.get_context("spawn").Process(
         target=_submit_many, args=("acme", 10, start, found)) for _ in range(3)]
     for process in workers:
@@ -135,7 +135,7 @@ def _submit_same(start: float, found: "multiprocessing.Queue") -> None:
 
 def test_two_processes_with_one_idempotency_key_get_one_job(clean_redis):
     ctx = multiprocessing.get_context("spawn")
-    found, start = ctx.Queue(), time.time() + 3.0
+    found, start = ctx.Queue(), time.time() + 2.0
     processes = [ctx.Process(target=_submit_same, args=(start, found)) for _ in range(2)]
     for process in processes:
         process.start()
