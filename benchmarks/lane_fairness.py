@@ -10,7 +10,7 @@ and each side:
    the same paced jobs right behind, while the flood drains.
 
 gpulanes' goal: the light account's p95 wait flooded stays within its p95 alone plus
-one job's run time (the flood's jobs enter at a later level: ``routing.policy.
+one job's run time (the flood's jobs enter at a later level: ``routing.fair.
 queued_level``): the time a job holds a worker, from its take to the worker's next
 (the model's run, then its result and artifacts stored), measured as the flood's drain
 time per job and worker (``service_ms``; ``run_ms``: the model's run alone). Plain Celery serves one FIFO list: the light account waits out the

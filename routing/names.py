@@ -18,7 +18,7 @@ RELAX_LEVEL_PRIORITIES: tuple[int, ...] = (1, 3, 6, 9)
 #: of the same level).
 RELAX_PRIORITIES: tuple[int, ...] = (0, *RELAX_LEVEL_PRIORITIES)
 #: Lanes whose new jobs enter at a level raised by their account's jobs already waiting
-#: there (``routing.policy.queued_level``), checked live by the publish; in relaxed, the
+#: there (``routing.fair.queued_level``), checked live by the publish; in relaxed, the
 #: level is by recent usage alone (its aging lifts the heaviest users' jobs in time).
 FAIR_LANES: tuple[str, ...] = (FAST, STANDARD)
 

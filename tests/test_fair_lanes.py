@@ -10,7 +10,7 @@ import pytest
 from conftest import SMALL, bind_own_queues
 
 from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD, worker_queue, worker_queues
-from routing.policy import queued_level
+from routing.fair import queued_level
 from tasks import submit
 from tasks.broker import handover, runs
 from tasks.broker.bindings import lists
@@ -105,7 +105,8 @@ def test_an_admission_counts_only_what_waits_at_the_jobs_level_or_before(
         clean_redis, monkeypatch):
     """A flood fills the standard lane past its admission: the flood's next jobs move
     down a lane, a light account's job is still let in, at its level, ahead of them."""
-    from routing.policy import Admission, PolicyView, depths_ahead
+    from routing.fair import depths_ahead
+    from routing.policy import Admission, PolicyView
     from tasks.broker import enqueue as enqueue_module
 
     admission = Admission(4.0, (("fast", 1.0), ("standard", 1.0)), 3.0)  # 4 jobs ahead
@@ -125,7 +126,7 @@ def test_an_admission_counts_only_what_waits_at_the_jobs_level_or_before(
 def test_a_flood_finds_its_lane_full_before_a_light_account_does(clean_redis, monkeypatch):
     from conftest import vary
 
-    from routing.policy import LEVEL_ROOM
+    from routing.fair import LEVEL_ROOM
 
     vary(monkeypatch, max_depth={"fast": 20, "standard": 100, "relaxed": 100},
          fast_jobs_per_account=0)

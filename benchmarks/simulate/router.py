@@ -16,16 +16,8 @@ from typing import Callable
 
 from routing.lanes import Route
 from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD
-from routing.policy import (
-    Admission,
-    PolicyView,
-    at_level,
-    decide,
-    depths_ahead,
-    fair_level,
-    publish_limits,
-    queued_level,
-)
+from routing.fair import at_level, depths_ahead, fair_level, queued_level
+from routing.policy import Admission, PolicyView, decide, publish_limits
 from routing.snapshot import SnapshotCache
 
 from benchmarks.simulate.cluster import Cluster

@@ -16,15 +16,13 @@ from celery.result import AsyncResult
 
 from routing.lanes import Route
 from routing.names import FAST, JOB_TASK, RELAX_LEVEL_PRIORITIES, RELAXED
+from routing.fair import QUEUED_LEVEL_MIN, QUEUED_LEVEL_RATIOS, fair_level
 from routing.policy import (
     FAST_TIME_EXHAUSTED,
     MOVED_BY_LOAD,
-    QUEUED_LEVEL_MIN,
-    QUEUED_LEVEL_RATIOS,
     Admission,
     PolicyView,
     decide,
-    fair_level,
     publish_limits,
 )
 from routing.snapshot import SnapshotCache
@@ -346,7 +344,7 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
 
 def _fair(queue: str, account: str, lane: str, level: int) -> Fair:
     """The publish's choice of ``queue``'s list for a new job of ``account`` at ``level``
-    or above, by its jobs waiting in ``lane`` (``routing.policy.queued_level``)."""
+    or above, by its jobs waiting in ``lane`` (``routing.fair.queued_level``)."""
     ratios = " ".join(map(repr, QUEUED_LEVEL_RATIOS))
     return Fair(queued_key(lane, account),
                 tuple(list_of(queue, p, priority_steps()) for p in RELAX_LEVEL_PRIORITIES),

@@ -130,7 +130,7 @@ def waiting_accounts_key(lane: str) -> str:
 def queued_key(lane: str, account: str) -> str:
     """Sorted set: the account's jobs waiting in ``lane`` (fast or standard; job id, scored
     by lapse time): its fast places in fast, and in both what raises the level its next
-    job enters at (``routing.policy.queued_level``)."""
+    job enters at (``routing.fair.queued_level``)."""
     return fast_queued_key(account) if lane == "fast" else f"{PREFIX}:{lane}:queued:{account}"
 
 

@@ -51,7 +51,8 @@ from kombu import serialization
 from kombu.utils.json import dumps
 
 from routing.names import LANES, RELAX_LEVEL_PRIORITIES, lane_of
-from routing.policy import LEVEL_ROOM, DepthLimit
+from routing.fair import LEVEL_ROOM
+from routing.policy import DepthLimit
 from tasks.broker import scripts
 from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
@@ -152,7 +153,7 @@ class Conditions:
     #: the job's account (with ``plan`` or ``fast_time``)
     account: str = ""
     #: the level it enters a fast or standard lane at, raised by its account's jobs
-    #: waiting there (``routing.policy.fair_level``): the message goes to that level's list
+    #: waiting there (``routing.fair.fair_level``): the message goes to that level's list
     fair: Fair | None = None
 
 
@@ -172,7 +173,7 @@ class Refusal(str, enum.Enum):
     """Why a publish wrote nothing."""
 
     FULL = "full"                #: the lane holds its maximum depth
-    #: so for a job at its level (``routing.policy.at_level``): lighter ones may still enter
+    #: so for a job at its level (``routing.fair.at_level``): lighter ones may still enter
     FULL_LEVEL = "full_level"
     OVER_BUDGET = "over_budget"  #: the work queued ahead is at or past the admission
     #: so for a job at its level: those of the levels before it may still enter

@@ -63,7 +63,7 @@ def begin(job_id: str, holder: str, taken: str, account: str | None,
 
     The job leaves ``account``'s jobs waiting in the fast and standard lanes here (its
     fast place, ``tasks.jobs.fastlimit``; its weight on the level of the account's next
-    jobs, ``routing.policy.queued_level``); a run that begins stores ``started`` (its STARTED entry in the result backend) in the
+    jobs, ``routing.fair.queued_level``); a run that begins stores ``started`` (its STARTED entry in the result backend) in the
     same step."""
     key, entry = started or (done_key(job_id), "")  # no entry: a key unused
     keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id),

@@ -33,7 +33,7 @@ from tasks.broker.keys import queued_key, waiting_accounts_key
 def release_queued(account: str, job_id: str) -> None:
     """A job that left its lane's queue without starting (revoked, past its Cancel-After)
     leaves its account's jobs waiting there: its fast place, its weight on the level of
-    the account's next jobs (``routing.policy.queued_level``)."""
+    the account's next jobs (``routing.fair.queued_level``)."""
     keys = [key for lane in FAIR_LANES
             for key in (queued_key(lane, account), waiting_accounts_key(lane))]
     with contextlib.suppress(redis.RedisError):  # they lapse anyway

@@ -1,6 +1,6 @@
--- The level a new job enters a fast or standard lane at (routing.policy.fair_level):
+-- The level a new job enters a fast or standard lane at (routing.fair.fair_level):
 -- its account's recent usage level, raised by its jobs already waiting in the lane
--- against the other accounts' there (routing.policy.queued_level). ``set``: sorted set
+-- against the other accounts' there (routing.fair.queued_level). ``set``: sorted set
 -- of its jobs, each lapsing at its score (in fast, the account's fast places);
 -- ``accounts``: the lane's accounts with jobs waiting; ``depths``: the depths per lane;
 -- ``spec``: "level lane min ratio ratio ratio lapse_s".

@@ -6,9 +6,9 @@
 -- account's running jobs) is one more term over one more key. The policy computes
 -- every number; this only adds them up. ``ahead``: for a job entering its lane at a
 -- level (lua/fair.lua), {lane, the depth fields of its level and those before it}: an
--- admission ('over_budget') counts of its own lane only those (routing.policy.
+-- admission ('over_budget') counts of its own lane only those (routing.fair.
 -- depths_ahead); the lane's maximum depth ('full') counts all of it, against the share of
--- the bound its level may fill, the third of ``ahead`` (routing.policy.at_level).
+-- the bound its level may fill, the third of ``ahead`` (routing.fair.at_level).
 local function limit_reached(keys, spec, ahead)
   for limit in string.gmatch(spec or '', '[^;]+') do
     local words = {}
