@@ -8,17 +8,23 @@ from __future__ import annotations
 
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
-from conftest import vary
+import redis
+from conftest import SMALL, vary
 
 from gpu_worker.lease import Lease, renew
+from routing.lanes import Route
+from routing.names import JOB_TASK
 from tasks.broker import handover, runs
 from tasks.broker.holder import set_holder
 from tasks.broker.keys import (DEAD_KEY, DEAD_TTL_S, attempts_key, done_key, held_key,
                                lane_keys, lease_key)
 from tasks.broker.holder import token_of
+from tasks.broker.message import JobMessage, JobRoute
 from tasks.broker.publish import Fence, Pushed, Refusal, Refused, publish_copy
+from tasks.jobs.schema import validate
 from tasks.settings import settings
 from tasks.worker.generate import generate
 from tests.harness.publishing import job_message
@@ -335,3 +341,41 @@ def test_a_take_redis_ran_after_its_caller_gave_up_is_answered_when_sent_again(
         set_holder("")
         PENDING.unanswered = ""
     assert handover.held(clean_redis, A) == {} and waiting() == [second]
+
+
+@pytest.mark.parametrize("stop", ["retry", "preempted"])
+def test_a_copy_is_addressed_inside_its_persisted_write(clean_redis, monkeypatch, stop):
+    """A run that stops (to be retried, or preempted) publishes its job's next copy; the
+    copy's address is read from Redis. Redis going away just then delays the copy until
+    Redis is back: the job is never failed for it (the task would store FAILURE)."""
+    from celery.exceptions import Ignore, Retry
+
+    from gpu_worker.preempt import Preempted
+    from tasks.worker import generate as gen
+
+    lease = _lease("j9", A, "t1")
+    job = validate("addressed in an outage", tier="standard", **SMALL)
+    message = JobMessage(job, JobRoute.of(Route(lane="standard", requested_tier="standard")),
+                         time.time())
+    task = SimpleNamespace(request=SimpleNamespace(
+        id="j9", task=JOB_TASK, delivery_info={}, retries=0, root_id=None, parent_id=None,
+        argsrepr=None, kwargsrepr=None))
+    real, reads = gen.addressed, []
+
+    def addressed(*args, **kwargs):  # the first read meets Redis away
+        reads.append(1)
+        if len(reads) == 1:
+            raise redis.ConnectionError("Connection refused")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "addressed", addressed)
+    monkeypatch.setattr(gen.time, "sleep", lambda s: None)  # persist's pause between tries
+    if stop == "retry":
+        with pytest.raises(Retry):
+            gen._retry(task, RuntimeError("transient"), lease, message, message.route, 0)
+    else:
+        progress = SimpleNamespace(paused=lambda step, steps: None)
+        with pytest.raises(Ignore):
+            gen._preempt(task, lease, message, "standard", Preempted(3, 30), progress)
+    assert len(reads) == 2  # tried again, within the write
+    assert clean_redis.llen("standard") == 1  # the one copy, in the shared lane

@@ -128,9 +128,9 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
     """Another run holds the job but its own message is no longer recorded (put back
     while it ran): this copy may be the job's last, so it comes back later instead of
     being dropped; by then the job is done, or its lease lapsed and this copy runs."""
-    copy = _next_copy(task, message.with_route(message.route.deferred_copy()),
-                      2 * settings.lease_ttl_s, task.request.retries)
-    persist(lambda: publish(redis_client(), copy), f"a later copy of job {task.request.id}")
+    persist(lambda: publish(redis_client(), _next_copy(
+        task, message.with_route(message.route.deferred_copy()), 2 * settings.lease_ttl_s,
+        task.request.retries)), f"a later copy of job {task.request.id}")
     log.info("job %s runs elsewhere with no record of its message: this copy comes back "
              "in %ss", task.request.id, 2 * settings.lease_ttl_s)
     raise Ignore()
@@ -140,7 +140,8 @@ def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
                queue: str | None = None, priority: int | None = None) -> Message:
     """The job's next copy (``message``), under the task's name, whichever it ran by: in
     ``queue`` (default: its route's shared lane) at ``priority`` (default: this
-    copy's), after ``countdown``."""
+    copy's), after ``countdown``. Its address is read from Redis (the queue's bindings):
+    made inside the write that ``persist`` tries again, never before it."""
     request, queue = task.request, queue or lane_of(message.route.lane)
     if priority is None:
         priority = (request.delivery_info or {}).get("priority") or 0
@@ -207,9 +208,9 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
     still holds the job may, and the same step marks its lease released (this run can
     never take it again; the next copy begins as if it were free)."""
-    copy = _next_copy(task, message.with_route(route), countdown, task.request.retries + 1)
-    verdict = persist(lambda: publish_copy(redis_client(), copy, _fence(task, lease)),
-                      f"the retry of job {task.request.id}")
+    verdict = persist(lambda: publish_copy(redis_client(), _next_copy(
+        task, message.with_route(route), countdown, task.request.retries + 1),
+        _fence(task, lease)), f"the retry of job {task.request.id}")
     if verdict != Pushed():  # the fence: a newer run holds the job (or an earlier try of
         _stale(task, lease)  # this very publish went through, its reply lost)
     retries = metric_field("retries", _lane(task, message.route))
@@ -271,10 +272,10 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
     if resumes:
         SUSPENDED.keep(job_id, *stop.state)
     progress.paused(stop.step, stop.steps)  # before the copy exists: never after its end
-    copy = _next_copy(task, message.with_route(message.route.preempted_copy()), 0,
-                      task.request.retries, queue=queue, priority=0 if resumes else None)
-    verdict = persist(lambda: publish_copy(redis_client(), copy, _fence(task, lease), front=True),
-                      f"the preempted copy of job {job_id}")
+    verdict = persist(lambda: publish_copy(redis_client(), _next_copy(
+        task, message.with_route(message.route.preempted_copy()), 0, task.request.retries,
+        queue=queue, priority=0 if resumes else None), _fence(task, lease), front=True),
+        f"the preempted copy of job {job_id}")
     if verdict != Pushed():
         SUSPENDED.take(job_id)
         _stale(task, lease)
