@@ -15,7 +15,7 @@ from typing import Any
 
 from celery.result import AsyncResult
 
-from tasks.broker.enqueue import Caller, ClaimAnswered, enqueue
+from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place
 from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
@@ -23,6 +23,7 @@ from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
 from tasks.jobs import admission, predictions
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.plans import Plan
+from tasks.jobs.predictions import Prediction
 from tasks.jobs.schema import validate
 from tasks.settings import settings
 
@@ -108,6 +109,31 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
         raise
     except OUTAGE as exc:
         raise unavailable(exc, job_id) from exc
+
+
+def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standard",
+                  account: str = "anonymous", model: str = "demo",
+                  downgradable: bool | None = None, idempotency_key: str | None = None,
+                  cancel_after: float | None = None, **inputs: Any
+                  ) -> tuple[Placed, Prediction | None]:
+    """:func:`submit` of a plan's job (the HTTP front door's), answered with where its
+    publish put it and the prediction it recorded, so that the caller can show the
+    prediction without reading it back. The prediction is None when an idempotency key
+    answered a job made earlier (``Placed.job_id``: that one), which was not recorded
+    now. Raises as :func:`submit` does."""
+    job = validate(prompt, tier=tier, account=account, model=model,
+                   downgradable=downgradable, **inputs)
+    job_id = str(uuid.uuid4())
+    caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan), placed=True)
+    try:
+        where = place(replace(job, admitted=True), job_id, caller=caller)
+    except BrokerUnavailable:
+        raise
+    except OUTAGE as exc:
+        raise unavailable(exc, job_id) from exc
+    if where.job_id != job_id or caller.record is None:
+        return where, None
+    return where, predictions.recorded(caller.record, where.lane, where.parked)
 
 
 #: Seconds an idempotency key keeps the job it made.

@@ -102,6 +102,16 @@ def test_a_call_without_a_live_key_is_401_and_the_docs_are_open(http, key):
     assert "/v1/predictions" in http.get("/openapi.json").json()["paths"]
 
 
+def test_the_docs_show_a_creates_body_headers_and_refusal(http):
+    create = http.get("/openapi.json").json()["paths"]["/v1/predictions"]["post"]
+    body = create["requestBody"]["content"]["application/json"]["schema"]
+    assert body["required"] == ["model"] and set(body["properties"]) == {
+        "model", "input", "tier", "downgradable"}
+    assert [p["name"] for p in create["parameters"]] == ["Idempotency-Key", "Cancel-After",
+                                                       "Prefer"]
+    assert {"201", "422"} <= set(create["responses"]) and create["security"]
+
+
 def test_a_revoked_key_is_refused_at_once_by_a_process_that_kept_it(http, clean_redis):
     made, record = apikeys.create(clean_redis, "leaving")
     headers = {"Authorization": f"Bearer {made}"}

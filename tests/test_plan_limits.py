@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -211,6 +212,21 @@ def test_a_plans_jobs_are_recorded_for_their_account_only(clean_redis):
     assert [p.id for p in predictions.listed(clean_redis, "acme", 1, 1)] == [made[1]]
     assert predictions.position(clean_redis, mine) == 0
     assert predictions.position(clean_redis, predictions.owned(clean_redis, "acme", made[2])) == 2
+
+
+def test_a_placed_submit_answers_the_prediction_it_recorded_and_its_place(clean_redis):
+    from tasks.api import submit_placed
+
+    (first, made), (second, _) = (submit_placed("p", account="acme", plan=TIGHT, **SMALL)
+                                  for _ in range(2))
+    assert (first.lane, first.position, second.position) == ("standard", 0, 1)
+    read = predictions.owned(clean_redis, "acme", first.job_id)
+    assert made == replace(read, entered=0.0) and made.input["seed"] == read.input["seed"]
+    parked, held = submit_placed("p", account="acme", plan=TIGHT, **SMALL)
+    assert parked.parked and parked.position is None and held.parked
+    same, _ = submit_placed("p", account="bob", plan=TIGHT, idempotency_key="k", **SMALL)
+    again, none = submit_placed("p", account="bob", plan=TIGHT, idempotency_key="k", **SMALL)
+    assert again.job_id == same.job_id and none is None
 
 
 @pytest.mark.parametrize("tier", ["fast", "standard"])

@@ -47,5 +47,15 @@ def test_limits_refuse_by_name_and_write_nothing(clean_redis):
     assert int(clean_redis.hget(LANE_DEPTHS_KEY, "standard")) == 4
 
 
+def test_a_publish_asked_for_its_place_answers_how_many_entered_its_lane_before(
+        clean_redis):
+    placed = Conditions(placed=True)
+    assert [publish(clean_redis, job_message(job_id, entered_at=at), placed)
+            for job_id, at in (("a", 10.0), ("b", 12.0), ("c", 11.0))] == \
+        [Pushed(0), Pushed(1), Pushed(1)]
+    assert publish(clean_redis, job_message("d", "relaxed"), placed) == Pushed(None)  # unkept
+    assert publish(clean_redis, job_message("e")) == Pushed()  # not asked
+
+
 def test_named_arguments_leave_out_what_is_not_set():
     assert named(a=1, b=None, c="x") == ["a", 1, "c", "x"]

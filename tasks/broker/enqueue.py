@@ -96,6 +96,21 @@ class Caller:
     renews_at: float = 0.0
     #: seconds after which the job, still queued, is not run (Celery's ``expires``)
     expires_s: float | None = None
+    #: learn the pushed job's place in its lane from the publish (``Placed.position``)
+    placed: bool = False
+
+
+@dataclass(frozen=True)
+class Placed:
+    """Where a new job's publish put it: its lane, and its place there (the jobs of the
+    lane that entered before it, when its caller asked: ``Caller.placed``), or parked in
+    its account's own line. ``job_id``: another job's, made earlier under the same
+    idempotency key (nothing was published, no lane)."""
+
+    job_id: str
+    lane: str = ""
+    position: int | None = None
+    parked: bool = False
 
 
 #: Seconds a refused caller is told to wait before submitting again.
@@ -173,6 +188,14 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
     refused (:class:`BrokerRefused`) while Redis is over ``MEMORY_LIMIT`` of its
     ``maxmemory``, as the snapshot says.
     """
+    return AsyncResult(place(job, job_id, run, submitted_at=submitted_at, accepted=accepted,
+                             claim=claim, caller=caller).job_id, app=app)
+
+
+def place(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
+          submitted_at: float | None = None, accepted: bool = False,
+          claim: ClaimArgs | None = None, caller: Caller = Caller()) -> Placed:
+    """:func:`enqueue`, answered with where the job went."""
     cache = snapshot_cache()
     view = cache.view() or TIER_LANES_ONLY  # stale snapshot: each tier its own lane
     if not accepted:
@@ -193,13 +216,13 @@ def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
                            claim, places_taken=hinted, admit=admit, caller=caller,
                            level=level)
         match verdict:
-            case Pushed():
+            case Pushed(position):
                 cache.note_sent(where.lane, where.node, job.model)
-                return AsyncResult(job_id, app=app)
+                return Placed(job_id, where.lane, position)
             case Parked():  # in its account's own line, entering its lane in turn
-                return AsyncResult(job_id, app=app)
+                return Placed(job_id, where.lane, parked=True)
             case Answered("same", value):  # its idempotency key made this job before
-                return AsyncResult(value, app=app)
+                return Placed(value)
             case Refused(Refusal.QUEUED_JOBS):
                 raise OverLimit(Refusal.QUEUED_JOBS.value, OVER_LIMIT_RETRY_S)
             case Answered(answer, value):  # nothing pushed: the result cache answered
@@ -335,7 +358,8 @@ def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,
                               admit),
         deadline=publish_deadline(), run=(*run, settings.result_ttl_s) if run else None,
         claim=claim, same=caller.same, record=caller.record, plan=caller.plan,
-        account=job.account, **_fast_conditions(job, where, over_fast_limit, places_taken, caller))
+        account=job.account, placed=caller.placed,
+        **_fast_conditions(job, where, over_fast_limit, places_taken, caller))
     addressed_to = addressed(where.queue, sent, message.lane_clock)
     if level is not None:
         when = replace(when, fair=_fair(addressed_to.queue, job.account, where.lane, level))

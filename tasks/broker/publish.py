@@ -155,6 +155,8 @@ class Conditions:
     #: the level it enters a fast or standard lane at, raised by its account's jobs
     #: waiting there (``routing.fair.fair_level``): the message goes to that level's list
     fair: Fair | None = None
+    #: answer a pushed job with its place in its lane (``Pushed.position``)
+    placed: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,7 +190,10 @@ class Refusal(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Pushed:
-    """The message is in its list."""
+    """The message is in its list; asked (``Conditions.placed``), ``position``: how many
+    jobs of its lane entered before it (None where that is not kept)."""
+
+    position: int | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,7 @@ def publish(client: redis.Redis, message: Message, when: Conditions = Conditions
                   lane=lane_of(message.queue) if record.key else None,
                   limits=";".join(map(_limit, when.limits)) or None,
                   places=allowed or None, lapse=lapse_s if allowed else None,
-                  ttl=ttl_s if pointer else None,
+                  ttl=ttl_s if pointer else None, placed="1" if when.placed else None,
                   **dict(zip(_CLAIM_ARGS, claim)))
     return _verdict(scripts.run(client, "publish", keys, args))
 
@@ -305,7 +310,10 @@ def _limit(limit: DepthLimit) -> str:
 
 def _verdict(answer: Any) -> Verdict:
     if isinstance(answer, list):
-        return Answered(*(_text(part) for part in answer))
+        said, value = _text(answer[0]), answer[1]
+        if said == "pushed":  # with its place, as asked
+            return Pushed(None if int(value) < 0 else int(value))
+        return Answered(said, _text(value))
     answer = _text(answer)
     if answer == "pushed":
         return Pushed()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
@@ -18,6 +18,8 @@ _lock = threading.Lock()
 _cache: list[KeyCache] = []
 #: What a refused caller is told to send.
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="gpulanes"'}
+#: The OpenAPI ``security`` of a route that reads its key itself (:func:`request_key`).
+SECURITY = [{_bearer.scheme_name: []}]
 
 
 def key_cache() -> KeyCache:
@@ -50,3 +52,8 @@ async def caller(credentials: HTTPAuthorizationCredentials | None = Depends(_bea
     if record is None:
         raise Refused(401, "the API key is unknown or revoked", headers=CHALLENGE)
     return record
+
+
+async def request_key(request: Request) -> ApiKey:
+    """:func:`caller`, for a route that reads its request itself."""
+    return await caller(await _bearer(request))

@@ -1,19 +1,29 @@
 """What a create request carries: its JSON body, and the headers that shape it
 (``Idempotency-Key``, ``Cancel-After``, ``Prefer: wait=N``), each checked with the
-header named when it is bad."""
+header named when it is bad.
+
+The create route reads its request itself, without FastAPI's dependencies and
+parameters (its costliest per-request work): the body is read as FastAPI reads a
+model's JSON body, with FastAPI's own errors, and :data:`OPENAPI` documents it."""
 from __future__ import annotations
 
+import email.message
 import inspect
+import json
 import math
 import re
+from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
 
 from routing.names import FAST, RELAXED, STANDARD
 from tasks.api import CANCEL_AFTER_MAX_S, submit
 from tasks.broker.message import BOOKKEEPING, ROUTING
-from tasks.front.errors import Refused
+from tasks.front.errors import REFUSAL_SCHEMA, Refused
 
 #: Longest ``Prefer: wait=N`` honoured, in seconds (Replicate's too).
 MAX_WAIT_S = 60.0
@@ -49,6 +59,69 @@ class PredictionRequest(BaseModel):
             raise Refused(422, f"input.{clash[0]}: is not an input of any model (it is "
                           "set by the request or the API key)", f"input.{clash[0]}")
         return self.input
+
+
+async def body_json(request: Request) -> Any:
+    """The body, read as FastAPI reads a model's: parsed when its content type says JSON
+    (not JSON: a 422 at ``body``; unreadable: a 400); none, or one of another type, as
+    its bytes, for :func:`request_body` to refuse."""
+    try:
+        raw = await request.body()
+        if not raw or not _is_json(request.headers.get("content-type") or ""):
+            return raw
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise RequestValidationError([{
+            "type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error",
+            "input": {}, "ctx": {"error": exc.msg}}]) from exc
+    except HTTPException:
+        raise  # the body's limit (413)
+    except Exception as exc:  # noqa: BLE001  bytes no JSON decoder reads, a body cut off
+        raise HTTPException(400, "There was an error parsing the body") from exc
+
+
+def request_body(found: Any) -> PredictionRequest:
+    """The request a body (:func:`body_json`) asks, or a 422 naming the first bad field."""
+    if found == b"":
+        raise RequestValidationError([{"type": "missing", "loc": ("body",),
+                                       "msg": "Field required", "input": None}])
+    try:
+        return PredictionRequest.model_validate(found, from_attributes=True)
+    except ValidationError as exc:
+        raise RequestValidationError([{**error, "loc": ("body", *error["loc"])}
+                                      for error in exc.errors()]) from exc
+
+
+@lru_cache(maxsize=64)
+def _is_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` says JSON (``application/json``, ``.../x+json``)."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json"))
+
+
+def _header(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description,
+            "schema": {"type": "string", "title": name}}
+
+
+#: The create route's request in its OpenAPI operation: the body and the headers; and
+#: its refusal of a bad one.
+OPENAPI = {
+    "requestBody": {"required": True, "content": {"application/json": {
+        "schema": PredictionRequest.model_json_schema()}}},
+    "responses": {"422": {"description": "A bad body, input or header: `field` names it.",
+                          "content": {"application/json": {"schema": REFUSAL_SCHEMA}}}},
+    "parameters": [
+        _header("Idempotency-Key", "The same key of the same account within 24 h "
+                "answers the first prediction and makes none."),
+        _header("Cancel-After", "A prediction still queued after this long never runs: "
+                "`90`, `1.5`, `500ms`, `30s`, `5m`, `2h`, up to 7 days."),
+        _header("Prefer", f"`wait=N`: answer once done, within N s (at most {MAX_WAIT_S:g})")]}
 
 
 def cancel_after(raw: str | None) -> float | None:

@@ -29,6 +29,11 @@ UNAVAILABLE_RETRY_S = 5
 HEADER_FIELDS = {"idempotency_key": "Idempotency-Key", "cancel_after": "Cancel-After"}
 #: Fields of the request body itself; any other field ``submit()`` names is an input.
 BODY_FIELDS = frozenset({"model", "tier", "downgradable"})
+#: A refusal's JSON, as the OpenAPI document shows it.
+REFUSAL_SCHEMA = {"type": "object", "required": ["detail"], "properties": {
+    "detail": {"type": "string", "description": "What was wrong and what to do."},
+    "field": {"type": "string", "description": "The bad field: `input.text`, `model`, "
+                                                "`Cancel-After`..."}}}
 #: Redis errors met outside ``submit()`` (reading a prediction, a key): Redis is away.
 REDIS_OUTAGES = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
                  redis.exceptions.ReadOnlyError, OperationalError)

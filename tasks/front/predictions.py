@@ -9,16 +9,16 @@ from functools import partial
 from typing import Any
 
 from celery.states import READY_STATES
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from tasks.api import submit
+from tasks.api import submit_placed
 from tasks.broker.app import app as celery_app
 from tasks.broker.app import redis_client
 from tasks.broker.outage import OUTAGE
 from tasks.front import create, paging
-from tasks.front.auth import caller
+from tasks.front.auth import SECURITY, caller, request_key
 from tasks.front.errors import Refused
 from tasks.front.files import artifacts, served
 from tasks.front.views import FINAL, Seen, prediction_json, seen, status
@@ -52,44 +52,37 @@ def shown(prediction: Prediction, request: Request, placed: bool = True) -> dict
                            base_url(request))
 
 
-@router.post("/predictions", status_code=201)
-async def create_prediction(
-        body: create.PredictionRequest, request: Request, key: ApiKey = Depends(caller),
-        idempotency_key: str | None = Header(None, alias="Idempotency-Key"),
-        cancel_after: str | None = Header(None, alias="Cancel-After"),
-        prefer: str | None = Header(None, description="`wait=N`: answer once done, "
-                                    f"within N s (at most {create.MAX_WAIT_S:g})")
-) -> dict[str, Any]:
+@router.post("/predictions", status_code=201,
+             openapi_extra={**create.OPENAPI, "security": SECURITY})
+async def create_prediction(request: Request) -> dict[str, Any]:
     """Submit a prediction; 201 with it as it stands (``Prefer: wait=N``: once done,
     or after N s)."""
-    same, after_s = create.idempotency_key(idempotency_key), create.cancel_after(cancel_after)
-    call = partial(submit, tier=body.tier, account=key.account, model=body.model,
+    asked = request.headers
+    # the body is parsed before the key is checked (a body that is not JSON is a 422
+    # even without one), and checked after it, in FastAPI's order
+    found = await create.body_json(request)
+    key = await request_key(request)
+    body = create.request_body(found)
+    same = create.idempotency_key(asked.get("idempotency-key"))
+    after_s = create.cancel_after(asked.get("cancel-after"))
+    call = partial(submit_placed, tier=body.tier, account=key.account, model=body.model,
                    downgradable=body.downgradable, plan=plan(key.plan), idempotency_key=same,
                    cancel_after=after_s, **body.inputs())
-    wait_s = create.wait_s(prefer)
-    if same is None and not wait_s:  # a new prediction, just queued: one read shows it
-        view = await run_in_threadpool(_new, call, key.account, body, after_s, request)
-    else:
-        made = await run_in_threadpool(call)
+    wait_s = create.wait_s(asked.get("prefer"))
+    where, made = await run_in_threadpool(call)
+    if made is not None and not wait_s:  # just queued, as recorded: nothing to read
+        view = prediction_json(made, Seen("PENDING", position=where.position),
+                               base_url(request))
+    else:  # an idempotency key's earlier prediction, or one waited for
         if wait_s:
-            await settled(made.id, wait_s)
+            await settled(where.job_id, wait_s)
         view = await run_in_threadpool(
-            lambda: shown(_made(key.account, made.id, body, after_s), request))
+            lambda: shown(_made(key.account, where.job_id, body, after_s), request))
     # sent as it is: the view is plain JSON already (no encoder pass over it)
     headers = {"Location": view["urls"]["get"]}
     if wait_s:
         headers["Preference-Applied"] = f"wait={wait_s:g}"
     return JSONResponse(view, status_code=201, headers=headers)
-
-
-def _new(call: partial, account: str, body: create.PredictionRequest,
-         cancel_after_s: float | None, request: Request) -> dict[str, Any]:
-    """Submit, and show the new prediction from its record and its place in its lane,
-    read in one step: its job has not run yet, nor been cancelled."""
-    job_id = call().id
-    found, place = predictions.made(redis_client(), account, job_id)
-    return prediction_json(found or _sent(account, job_id, body, cancel_after_s),
-                           Seen("PENDING", position=place), base_url(request))
 
 
 def _sent(account: str, job_id: str, body: create.PredictionRequest,

@@ -3,7 +3,8 @@
 
 Each process keeps its own key cache and listens for revocations itself, so a revoked
 key is refused by all of them at once. Redis away at start is no reason not to serve:
-requests are answered 503 until it is back.
+requests are answered 503 until it is back. A line per request (uvicorn's access log)
+is written only when asked (``--access-log``): it costs every request a formatted write.
 """
 from __future__ import annotations
 
@@ -28,14 +29,16 @@ def redis_answers() -> bool:
         return False
 
 
-def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> None:
-    """Serve until SIGINT or SIGTERM (requests in flight are finished first)."""
+def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
+          access_log: bool = False) -> None:
+    """Serve until SIGINT or SIGTERM (requests in flight are finished first);
+    ``access_log``: log a line per request."""
     import uvicorn
 
     if not redis_answers():
         log.warning("Redis does not answer: requests are answered 503 until it does")
     uvicorn.run(APP, factory=True, host=host, port=port, workers=workers,
-                timeout_graceful_shutdown=GRACEFUL_S, log_level="info")
+                timeout_graceful_shutdown=GRACEFUL_S, log_level="info", access_log=access_log)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,9 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--access-log", action="store_true", help="log a line per request")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    serve(args.host, args.port, args.workers)
+    serve(args.host, args.port, args.workers, args.access_log)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,7 @@ from typing import Any, Mapping
 
 import redis
 
-from tasks.broker import scripts
-from tasks.broker.keys import DUE_PREFIX, due_key, prediction_key, predictions_key
+from tasks.broker.keys import due_key, prediction_key, predictions_key
 from tasks.broker.publish import Record
 from tasks.settings import settings
 
@@ -53,6 +52,12 @@ def record(job_id: str, account: str, model: str, tier: str, inputs: Mapping[str
                   int(settings.result_ttl_s), KEPT_PER_ACCOUNT)
 
 
+def recorded(written: Record, lane: str, parked: bool = False) -> Prediction:
+    """The prediction whose record (:func:`record`) a publish just wrote, to ``lane`` or
+    parked, as reading it back would find it."""
+    return Prediction(**json.loads(written.json), lane=lane, parked=parked)
+
+
 def owned(client: redis.Redis, account: str, job_id: str) -> Prediction | None:
     """The prediction ``job_id`` if ``account`` made it, else None (absent, or another
     account's: the caller cannot tell which)."""
@@ -73,18 +78,6 @@ def listed(client: redis.Redis, account: str, offset: int = 0, limit: int = 20
             pipe.hgetall(prediction_key(_text(job_id)))
         found = [_prediction(fields) for fields in pipe.execute()]
     return [p for p in found if p is not None and p.account == account]
-
-
-def made(client: redis.Redis, account: str, job_id: str) -> tuple[Prediction | None,
-                                                                   int | None]:
-    """A prediction just made and its place in its lane (:func:`position`), read in one
-    step (``lua/prediction_read.lua``); (None, None) unless ``account`` made it."""
-    *flat, place = scripts.run(client, "prediction_read", [prediction_key(job_id)],
-                               [DUE_PREFIX])
-    found = _prediction(dict(zip(flat[::2], flat[1::2])))
-    if found is None or found.account != account:
-        return None, None
-    return found, None if int(place) < 0 else int(place)
 
 
 def position(client: redis.Redis, prediction: Prediction) -> int | None:

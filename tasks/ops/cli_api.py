@@ -16,9 +16,11 @@ from tasks.ops.group import lanes
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Server processes sharing the port.")
-def api(host: str, port: int, workers: int) -> None:
+@click.option("--access-log/--no-access-log", default=False, show_default=True,
+              help="Log a line per request.")
+def api(host: str, port: int, workers: int, access_log: bool) -> None:
     """Serve the HTTP API (http://HOST:PORT/v1/predictions, its docs at /docs) until
     Ctrl-C. Callers send `Authorization: Bearer <key>` (`lanes keys create`)."""
     from tasks.front.serve import serve
 
-    serve(host, port, workers)
+    serve(host, port, workers, access_log)

@@ -1,6 +1,6 @@
 -- A new job's publish (tasks.broker.publish.publish): every condition its publisher
 -- set is checked, then its message is pushed, in one step. A refusal writes nothing
--- and is returned by name; else 'pushed'.
+-- and is returned by name; else 'pushed' (with the job's place, when asked).
 -- KEYS: the list, the lane's lists, depths per lane, depths per list, preemptible runs;
 -- then, '' where unused: the account's fast places, the result-cache run the job leads
 -- (its pointer, its hash), the fast-time balances, the cache's entry, LRU set, metrics;
@@ -34,6 +34,8 @@
 --              may fill (fair_room: one per level)
 --   period     "index period_s fast_s" of the plan's fast time: another period (a plan
 --              changed within one does not renew) renews the balance to its fast_s
+--   placed     answer a pushed job with its place: {'pushed', the jobs of its lane that
+--              entered before it} (-1: not kept, in relaxed's first level)
 -- include: named
 -- include: enter
 -- include: claim
@@ -100,4 +102,11 @@ if pointer ~= '' and redis.call('GET', pointer) == a.job then
 end
 if run ~= '' then rank_run(run, a.rank) end
 enter(k, a, false)
+if a.placed then
+  local ahead = -1
+  if tonumber(a.entered) > 0 then
+    ahead = redis.call('ZCOUNT', a.due .. lane_of(k[1]), '-inf', '(' .. a.entered)
+  end
+  return {'pushed', ahead}
+end
 return 'pushed'
