@@ -40,9 +40,10 @@ def api(data: dict[str, Any]) -> Page:
              "*Added by HTTP* is the POST's percentile less `submit()`'s (the median of the "
              f"per-sample differences: {num(added['paired_p50'], 2)} ms). `submit()` is "
              "timed until it returns, the POST until its 201 is read: it holds the "
-             "request's parsing and validation, the key, `submit()` itself, reading the "
-             "prediction back to answer it, and the client's own work (*caller CPU*: the "
-             "calling thread's CPU in a call, the client's share of it). The floor is the "
+             "request's parsing and validation, the key, the submit itself (its publish "
+             "also counts the job's place in its lane, for the answer), and the client's "
+             "own work (*caller CPU*: the calling thread's CPU in a call, the client's "
+             "share of it). The floor is the "
              "cheapest authenticated call: the key from the server's memory, one Redis "
              "read, a 404 of a few bytes; `GET /v1/models` reads no Redis but answers "
              f"{num(config.get('models_bytes'), 0)} bytes.")
