@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import SMALL
 
 from tasks import submit
@@ -86,3 +88,34 @@ def test_a_move_down_takes_its_count_and_index_entry_along(clean_redis):
     assert _depths(clean_redis) == ({"standard": 1}, {"standard": 1})
     assert not clean_redis.zcard(due_key("fast"))
     assert clean_redis.zrange(due_key("standard"), 0, -1) == [b"standard\n" + raw]
+
+
+def test_a_stopping_process_takes_no_more_work_and_its_wait_ends_at_once(
+        app, clean_redis, monkeypatch):
+    """A worker told to stop (its warm shutdown) takes nothing more from its lanes, and
+    a wait for work it is in ends as it is told: Celery's loop sees at once that it
+    stops, rather than after two more waits of up to 2 s each."""
+    import socket
+    import threading
+
+    from kombu import Consumer, Queue
+
+    from tasks.broker import outage
+
+    monkeypatch.setattr(outage, "_stopping", threading.Event())
+    monkeypatch.setattr(outage, "_wakers", [])
+    seen = []
+    with app.connection_for_read() as conn:
+        with Consumer(conn, [Queue("standard", no_declare=True)], accept=["json"],
+                      callbacks=[lambda body, message: seen.append(message)]):
+            threading.Timer(0.3, outage.stop_waiting).start()  # SIGTERM, mid-wait
+            began = time.monotonic()
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=30)
+            waited_s = time.monotonic() - began
+            submit("sent as the worker stops", tier="standard", **SMALL)
+            with pytest.raises(socket.timeout):
+                conn.drain_events(timeout=30)
+    assert waited_s < 10, f"the wait went on {waited_s:.1f} s after the stop"
+    assert not seen and clean_redis.llen(list_key("standard", 1)) == 1  # left in its lane
+    assert not _held(clean_redis)

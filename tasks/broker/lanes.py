@@ -42,7 +42,7 @@ from tasks.broker.holder import PENDING, TOKENS, give_back, settled
 from tasks.broker.holder import holder as process_holder
 from tasks.broker.keys import FANOUT_PREFIX, PRIORITY_SEP, WAKE_PREFIX
 from tasks.broker.moves import lane_clock_of
-from tasks.broker.outage import OUTAGE
+from tasks.broker.outage import OUTAGE, stopping, when_stopping
 from tasks.broker.publish import Message, publish
 from tasks.broker.store import bare, connect
 
@@ -296,6 +296,7 @@ class Transport(virtual.Transport):
             hearing.append((channel, queue))
         if self.bus is None:
             self.bus = Bus(self.commands)
+            when_stopping(self.bus.nudge)
         self.bus.subscribe(name, self._reconnected)
 
     def _reconnected(self, *_: Any) -> None:
@@ -311,6 +312,8 @@ class Transport(virtual.Transport):
         """Deliver one message, waiting for one at most ``timeout`` s (None: for ever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            if stopping():  # a worker told to stop takes no more work (and its
+                raise socket.timeout()  # loop, back at once, sees that it is stopping)
             if any(channel.deliver_next() for channel in list(self.channels)):
                 return
             left = IDLE_TAKE_S if deadline is None else deadline - time.monotonic()

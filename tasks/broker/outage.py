@@ -142,10 +142,23 @@ _stopping = threading.Event()
 _gave_up = threading.Event()
 
 
+#: Called once as the process starts stopping (:func:`when_stopping`).
+_wakers: list[Callable[[], Any]] = []
+
+
 def stop_waiting() -> None:
     """This process is stopping: :func:`persist` raises :class:`WorkerStopping` at its
-    next outage instead of waiting it out."""
+    next outage instead of waiting it out, and what waits for work is woken
+    (:func:`when_stopping`)."""
     _stopping.set()
+    for wake in list(_wakers):
+        wake()
+
+
+def when_stopping(wake: Callable[[], Any]) -> None:
+    """Call ``wake`` as this process starts stopping (e.g. a consumer's wait for work,
+    so that it ends at once)."""
+    _wakers.append(wake)
 
 
 def stopping() -> bool:
