@@ -33,9 +33,11 @@ def pair(tmp_path):
                    what="the replica to sync")
         yield primary, replica
     finally:
+        # throwaway servers: killed (a clean shutdown of the pair could wait out the
+        # stop's 10 s timeout)
         os.kill(replica.process.pid, signal.SIGCONT)
-        replica.stop()
-        primary.stop()
+        replica.kill()
+        primary.kill()
 
 
 def _lead(client, identity: str, replicas: int = 1):
