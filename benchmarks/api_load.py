@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from benchmarks.api_wire import BODY, MODELS_PATH, End, posted, sender
-from benchmarks.common import PROMPT
+from benchmarks.common import PROMPT, stop_processes
 
 #: The job both sides submit (``BODY``): a class model that needs no weights, standard.
 MODEL, TIER = BODY["model"], BODY["tier"]
@@ -126,15 +126,7 @@ class Processes:
         return answers
 
     def stop(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for process in self.processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
+        stop_processes(self.conns, self.processes)
 
 
 def merged(answers: list[dict[str, Any]]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tests.harness.private import ROOT, private_env, run_private, state_dir  # noqa: F401
 from tests.harness.tables import markdown_table, percentile, table_row  # noqa: F401
@@ -97,3 +97,17 @@ def check_size(script: str, size: JobSize, account: str) -> None:
                  steps=size.steps, width=size.size, height=size.size)
     except InvalidJob as exc:
         raise SystemExit(f"benchmarks/{script}: bad --steps/--size: {exc}") from exc
+
+
+def stop_processes(conns: Iterable[Any], processes: Iterable[Any]) -> None:
+    """Tell each benchmark process to stop (``None`` down its pipe), and wait for it
+    (10 s, then it is killed)."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    for process in processes:
+        process.join(10)
+        if process.is_alive():
+            process.kill()

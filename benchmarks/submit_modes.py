@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from benchmarks.common import PROMPT, TIERS, JobSize, plain_kwargs
+from benchmarks.common import PROMPT, TIERS, JobSize, plain_kwargs, stop_processes
 
 MODES = ("submit", "submit_seeded", "submit_echo", "plain")
 ACCOUNT = "bench"
@@ -116,12 +116,4 @@ class Publishers:
         return answer
 
     def stop(self) -> None:
-        for conn in self.conns.values():
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for process in self.processes:
-            process.join(10)
-            if process.is_alive():
-                process.kill()
+        stop_processes(self.conns.values(), self.processes)

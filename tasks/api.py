@@ -10,8 +10,9 @@ import hashlib
 import math
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 from celery.result import AsyncResult
 
@@ -82,7 +83,7 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
         job = replace(job, admitted=True)
     # a plan's job may wait in its account's line: no other caller joins its run
     shareable = settings.cache and plan is None and cacheable(job, inputs)
-    try:
+    with _outage_named(job_id):
         if not shareable:  # no extra round trip
             return enqueue(job, job_id, caller=caller)
         # one round trip: the publish claims the digest first, and is answered with a
@@ -105,10 +106,6 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
         except BaseException:
             release(found.run)  # refused (a full lane...): others need not wait for the lapse
             raise
-    except BrokerUnavailable:
-        raise
-    except OUTAGE as exc:
-        raise unavailable(exc, job_id) from exc
 
 
 def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standard",
@@ -125,15 +122,23 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
                    downgradable=downgradable, **inputs)
     job_id = str(uuid.uuid4())
     caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan), placed=True)
-    try:
+    with _outage_named(job_id):
         where = place(replace(job, admitted=True), job_id, caller=caller)
+    if where.job_id != job_id or caller.record is None:
+        return where, None
+    return where, predictions.recorded(caller.record, where.lane, where.parked)
+
+
+@contextmanager
+def _outage_named(job_id: str) -> Iterator[None]:
+    """Redis away or refusing within: :class:`BrokerUnavailable` (or
+    :class:`BrokerRefused`) naming the job (:func:`unavailable`)."""
+    try:
+        yield
     except BrokerUnavailable:
         raise
     except OUTAGE as exc:
         raise unavailable(exc, job_id) from exc
-    if where.job_id != job_id or caller.record is None:
-        return where, None
-    return where, predictions.recorded(caller.record, where.lane, where.parked)
 
 
 #: Seconds an idempotency key keeps the job it made.

@@ -140,8 +140,7 @@ def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
                queue: str | None = None, priority: int | None = None) -> Message:
     """The job's next copy (``message``), under the task's name, whichever it ran by: in
     ``queue`` (default: its route's shared lane) at ``priority`` (default: this
-    copy's), after ``countdown``. Its address is read from Redis (the queue's bindings):
-    made inside the write that ``persist`` tries again, never before it."""
+    copy's), after ``countdown``; addressed from Redis: made in the write ``persist`` tries."""
     request, queue = task.request, queue or lane_of(message.route.lane)
     if priority is None:
         priority = (request.delivery_info or {}).get("priority") or 0
