@@ -28,7 +28,7 @@ from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import lane_loads, next_policy
 from routing.compact import split
-from routing.names import FAST, HEARTBEAT_TASK, LANES
+from routing.names import FAST, HEARTBEAT_TASK, LANES, first_level
 from routing.placement import serving
 from routing.policy import (FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES, admission_waits,
                             relax_levels)
@@ -140,20 +140,27 @@ def list_lengths(client: redis.Redis) -> dict[str, dict[str, int]]:
 def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
                 lengths: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, int]:
     """Queued jobs per lane (from ``lengths``, else read); each worker record gets its
-    own ``queued`` count, and ``queued_fast``: those of its own fast queue."""
+    own ``queued`` count, ``queued_fast``: those of its own fast queue, and
+    ``queued_first``: those of its own standard queue's first level
+    (``routing.names.FIRST_STEPS``)."""
     workers = {} if workers is None else workers
     lengths = list_lengths(client) if lengths is None else lengths
     queued: dict[str, int] = {}
     queued_fast: dict[str, int] = {}
+    queued_first: dict[str, int] = {}
     for lane, per_list in lengths.items():
         for key, count in per_list.items():
-            _, _, node = key.split(PRIORITY_SEP, 1)[0].partition(".")
+            queue, _, step = key.partition(PRIORITY_SEP)
+            node = queue.partition(".")[2]
             queued[node] = queued.get(node, 0) + count
             if lane == FAST:
                 queued_fast[node] = queued_fast.get(node, 0) + count
+            elif node and first_level(lane, int(step or 0)):
+                queued_first[node] = queued_first.get(node, 0) + count
     for host, worker in workers.items():
         worker["queued"] = queued.get(host, 0)
         worker["queued_fast"] = queued_fast.get(host, 0)
+        worker["queued_first"] = queued_first.get(host, 0)
     return {lane: sum(per_list.values()) for lane, per_list in lengths.items()}
 
 

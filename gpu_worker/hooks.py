@@ -25,7 +25,7 @@ from gpu_worker.runtime import RUNTIME
 from gpu_worker.stats import StatsPush
 from gpu_worker.stopping import BoundedStop
 from gpu_worker.stuck import WATCHDOG
-from routing.names import JOB_TASK_NAMES, LANES, lane_of
+from routing.names import JOB_TASK_NAMES, LANES, first_level, lane_of
 from tasks.broker.holder import TOKENS, give_back, give_back_all_but, set_holder
 from tasks.broker.message import Job, JobMessage
 from tasks.broker.outage import OUTAGE
@@ -95,7 +95,7 @@ class JobStats(Hook):
     """
 
     def __init__(self) -> None:
-        self._began: dict[int, tuple[str, float, str, float]] = {}
+        self._began: dict[int, tuple[str, float, str, float, bool]] = {}
         #: (wall, perf_counter) times of job ends whose slot no job has taken since,
         #: oldest first: a start takes the slot that freed first.
         self._ended: deque[tuple[float, float]] = deque(maxlen=64)
@@ -114,18 +114,19 @@ class JobStats(Hook):
             waiting_since = JobMessage.lane_clock_of(task.request.kwargs)
             if ended is not None and waiting_since is not None and waiting_since <= ended[0]:
                 RUNTIME.between_jobs((now - ended[1]) * 1000)  # it waited in its lane then
-            self._began[threading.get_ident()] = (lane, now, model, cost)
-            RUNTIME.job_started(lane)
+            first = first_level(lane, task.request.delivery_info.get("priority"))
+            self._began[threading.get_ident()] = (lane, now, model, cost, first)
+            RUNTIME.job_started(lane, first)
 
     def on_postrun(self, state: str | None = None, **_: Any) -> None:
         began = self._began.pop(threading.get_ident(), None)
         if began is not None:
-            lane, at, model, cost = began
+            lane, at, model, cost, first = began
             now = time.perf_counter()
             with self._ended_lock:
                 self._ended.append((time.time(), now))
             ok = state == "SUCCESS"
-            RUNTIME.job_finished(lane, (now - at) * 1000 if ok else None, model, cost)
+            RUNTIME.job_finished(lane, (now - at) * 1000 if ok else None, model, cost, first)
 
 
 class HeldJobs(Hook):

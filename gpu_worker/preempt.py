@@ -1,13 +1,17 @@
 """Preemption: a running relaxed (then standard) job steps aside at a step boundary
-for a fast job that waits, and resumes after it.
+for a fast job that waits, and resumes after it; a relaxed run, or a standard one past
+the lane's first level, steps aside the same way for a first-level standard job
+(``routing.names.FIRST_STEPS``: an account of least recent usage), so that within
+standard too a light account waits a step, not a heavy account's whole job.
 
 How a worker hears of a waiting fast job within a step, with no poll: a worker that
 begins a preemptible run enters an index of such runs (relaxed ones ranked before
 standard ones, the latest begun first); the publish script tells each fast job
 pushed to ONE worker, on that worker's own pub/sub channel: the worker whose own
 queue it is in, else the best-ranked run of the index, which it takes off the index
-(``lua/fast_news.lua``). So a fast job costs one message to one subscriber, and wakes
-one worker, whatever the size of the fleet. A thread of each worker listens; a run's
+(``lua/fast_news.lua``). A first-level standard job is told the same way, only to a
+heavier run. So a job costs one message to one subscriber, and wakes one worker,
+whatever the size of the fleet. A thread of each worker listens; a run's
 step guard reads what it heard, in memory. Only once told does the run ask Redis
 (``lua/preempt_claim.lua``, one call) whether a fast job it could take still waits
 and is not spoken for by another preempting worker; if so it records its claim and
@@ -17,8 +21,9 @@ stops (``tasks.worker.generate``). A fast job is never preempted, and a job at m
 What stops, and how it comes back: a model that declares ``resumable`` hands its state
 at each step (the demo model: its latents after the step); the run keeps the last one
 here, in this worker's memory (:data:`SUSPENDED`), and its job's next copy goes to the
-front of this worker's own queue of its lane, so the worker runs the fast job and then
-picks its job up where it stopped: the same output, bit for bit. A model that is only
+front of this worker's own queue of its lane, at its own level, so the worker runs the
+job it stepped aside for (and any lighter ones) and then picks its job up where it
+stopped: the same output, bit for bit. A model that is only
 ``preemptible`` starts again from the front of its shared lane. Should the worker die
 meanwhile, beat puts its queue back in the shared lanes: the job runs again from the
 start elsewhere, and nothing is lost. Preemption applies to a worker that runs one job
@@ -34,13 +39,14 @@ from typing import Any
 
 import redis
 
-from routing.names import FAST, LANES, worker_queue
+from routing.names import FAST, FIRST_STEPS, RELAX_PRIORITIES, STANDARD, worker_queue
 from tasks.broker import scripts
 from tasks.broker.keys import (
     FAST_NEWS_PREFIX,
     PREEMPT_CLAIMS_KEY,
     PREEMPTIBLE_KEY,
     fast_news_channel,
+    preemptible_score,
     lane_keys,
 )
 from tasks.settings import settings
@@ -63,10 +69,12 @@ class Preempted(Exception):
 
 
 class Preemption:
-    """What this worker process heard of waiting fast jobs, and its claims."""
+    """What this worker process heard of waiting fast (and first-level standard) jobs,
+    and its claims."""
 
     def __init__(self) -> None:
         self.told_at = 0.0      #: monotonic time of the latest news
+        self.fast_told_at = 0.0  #: ... of a fast job
         self.own_told_at = 0.0  #: ... of a fast job pushed to this worker's own queue
         self.asked_for = 0.0    #: the news last asked about (a no is not asked again)
         self.claimed = False
@@ -74,6 +82,9 @@ class Preemption:
         self.identity, self.hostname = "", ""
         self._mine: frozenset[str] = frozenset()
         self._shared: frozenset[str] = frozenset()
+        # standard's first-level lists: the shared lane's, then its own queue's
+        self._first_shared: tuple[str, ...] = ()
+        self._first_own: tuple[str, ...] = ()
 
     def start(self, client: redis.Redis, hostname: str, identity: str) -> None:
         """Listen for fast jobs pushed where this worker takes them (a daemon thread);
@@ -81,8 +92,11 @@ class Preemption:
         self.hostname, self.identity = hostname, identity
         if not settings.preempt:
             return
-        self._shared = frozenset(lane_keys(FAST))
-        self._mine = self._shared | frozenset(lane_keys(worker_queue(FAST, hostname)))
+        self._first_shared, self._first_own = first_lists(STANDARD), \
+            first_lists(worker_queue(STANDARD, hostname))
+        self._shared = frozenset((*lane_keys(FAST), *self._first_shared))
+        self._mine = self._shared | frozenset((*lane_keys(worker_queue(FAST, hostname)),
+                                               *self._first_own))
         threading.Thread(target=self._listen, args=(client,), daemon=True,
                          name="fast-news").start()
 
@@ -96,27 +110,32 @@ class Preemption:
                     pubsub.check_health()  # a dead connection raises: listen anew
                     message = pubsub.get_message(timeout=1.0)
                     if message and (key := _text(message["data"])) in self._mine:
-                        self._told(own=key not in self._shared)
+                        self._told(own=key not in self._shared,
+                                   fast=key not in self._first_shared + self._first_own)
             except Exception as exc:  # noqa: BLE001  never a deaf worker: listen again
                 log.info("fast-job news interrupted (%s: %s); listening again",
                          type(exc).__name__, exc)
                 time.sleep(1.0)
 
-    def _told(self, own: bool) -> None:
+    def _told(self, own: bool, fast: bool = True) -> None:
         now = time.monotonic()
-        if own:  # first: a guard that sees the news sees whose it is
-            self.own_told_at = now
+        if fast:  # first: a guard that sees the news sees whose it is
+            self.fast_told_at = now
+            if own:
+                self.own_told_at = now
         self.told_at = now
 
     def wanted(self, lane: str, preempted: int, preemptible: bool = True,
-               left_s: float | None = None) -> bool:
+               left_s: float | None = None, heavier: bool = False) -> bool:
         """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far
         (expecting ``left_s`` still to run; None: unknown): whether it is to stop now for
-        a waiting fast job. A run that may not stop hands the fast jobs of this worker's
-        own queue to the shared lane, for another worker, unless it ends within the fast
-        lane's budget: they wait it out here, their model warm, where elsewhere a worker
-        that is free first, whatever it holds, would take them (a cold load, and a model
-        evicted) while this run's model sits unused once it ends."""
+        a waiting fast job, or (``heavier``: a relaxed run, or a standard one past the
+        first level) for a first-level standard job in this worker's own queue. A run
+        that may not stop hands the fast jobs of this worker's own queue to the shared
+        lane, for another worker, unless it ends within the fast lane's budget: they
+        wait it out here, their model warm, where elsewhere a worker that is free first,
+        whatever it holds, would take them (a cold load, and a model evicted) while this
+        run's model sits unused once it ends."""
         told, last = self.told_at, self.asked_for
         if told <= last:
             return False
@@ -127,8 +146,10 @@ class Preemption:
                 self._hand_over()
             return False
         self.asked_for = told
+        if not heavier and self.fast_told_at <= last:
+            return False  # first-level news only: not for a first-level run
         try:
-            self.claimed = bool(self._claim())
+            self.claimed = bool(self._claim(heavier))
         except redis.RedisError as exc:  # not knowing, run on: the fast job waits a job
             log.info("preemption not claimed (%s)", exc)
             return False
@@ -150,26 +171,29 @@ class Preemption:
         except redis.RedisError as exc:  # they wait for this worker's job to end
             log.info("fast jobs not handed over (%s)", exc)
 
-    def _claim(self) -> int:
+    def _claim(self, heavier: bool) -> int:
         from tasks.broker.app import redis_client
 
-        own = lane_keys(worker_queue(FAST, self.hostname))
+        shared, own = lane_keys(FAST), lane_keys(worker_queue(FAST, self.hostname))
+        if heavier:  # it steps aside for standard's first level too
+            shared, own = shared + list(self._first_shared), own + list(self._first_own)
         return int(scripts.run(redis_client(), "preempt_claim",
-                               [PREEMPT_CLAIMS_KEY, *lane_keys(FAST), *own],
+                               [PREEMPT_CLAIMS_KEY, *shared, *own],
                                [self.identity, CLAIM_S, len(own)]))
 
-    def offer(self, lane: str, preempted: int) -> None:
-        """A run that may step aside began here (in ``lane``, preempted ``preempted``
-        times so far): enter the index of preemptible runs, so that a fast job pushed to
-        the shared lane may be told to this worker (relaxed runs first, the latest begun
-        first: the least work set aside)."""
+    def offer(self, lane: str, preempted: int, step: int = 0) -> None:
+        """A run that may step aside began here (in ``lane`` at priority ``step``,
+        preempted ``preempted`` times so far): enter the index of preemptible runs, so
+        that a fast job pushed to the shared lane may be told to this worker (relaxed runs
+        first, then standard ones, the latest level first, the latest begun first: the
+        least work set aside, of the heaviest users)."""
         if lane == FAST or not settings.preempt or preempted >= settings.max_preemptions:
             return
         from tasks.broker.app import redis_client
 
         try:
-            redis_client().zadd(PREEMPTIBLE_KEY,
-                                {self.hostname: LANES.index(lane) + time.time() * 1e-10})
+            redis_client().zadd(PREEMPTIBLE_KEY, {self.hostname: preemptible_score(
+                lane, step, time.time())})
             self.offered = True
         except redis.RedisError as exc:  # told of nothing shared: its own queue still is
             log.info("not offered for preemption (%s)", exc)
@@ -222,6 +246,12 @@ class Suspended:
 
     def __len__(self) -> int:
         return len(self._states)
+
+
+def first_lists(queue: str) -> tuple[str, ...]:
+    """The lists of a standard ``queue``'s first level (``FIRST_STEPS``)."""
+    return tuple(key for key, step in zip(lane_keys(queue), RELAX_PRIORITIES)
+                 if step in FIRST_STEPS)
 
 
 def _text(data: Any) -> str:

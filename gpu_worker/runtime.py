@@ -42,6 +42,8 @@ class Runtime:
     #: Models being loaded ahead of traffic (prewarm) in a background thread.
     loading: set[str] = field(default_factory=set)
     in_flight: dict[str, int] = field(default_factory=dict)
+    #: Of them, standard jobs of its first level (``routing.names.FIRST_STEPS``).
+    in_flight_first: int = 0
     served: int = 0
     failed: int = 0
     #: Moving average of service time per lane (a lane's jobs differ in size): the time
@@ -136,9 +138,11 @@ class Runtime:
         log.info("model %s warm on %s in %.0f ms", name, self.device, load_ms)
         return load_ms
 
-    def job_started(self, lane: str) -> None:
+    def job_started(self, lane: str, first: bool = False) -> None:
+        """A job of ``lane`` began (``first``: of standard's first level)."""
         with self._lock:
             self._in_flight_by(lane, 1)
+            self.in_flight_first += first
 
     def _in_flight_by(self, lane: str, step: int) -> None:
         """Change ``lane``'s jobs in flight, its busy time counted up to now first (the
@@ -171,12 +175,13 @@ class Runtime:
         return median(self.between_ms) if len(self.between_ms) >= BETWEEN_FIRST else 0.0
 
     def job_finished(self, lane: str, service_ms: float | None, model: str = "",
-                     cost: float = 1.0) -> None:
+                     cost: float = 1.0, first: bool = False) -> None:
         """A job of ``model`` (of ``cost``) left ``lane``: its run took ``service_ms``, or
         it failed (None). A run that came through holds its slot for the time between
         jobs too: its service time and the lane's busy time count both."""
         with self._lock:
             self._in_flight_by(lane, -1)
+            self.in_flight_first -= first
             if service_ms is None:
                 self.failed += 1
                 return
@@ -198,7 +203,8 @@ class Runtime:
                 "device": self.device, "pid": os.getpid(), "at": now,
                 "busy_s": {lane: round(self._busy_until(lane, now), 3) for lane in self.busy_s},
                 "incarnation": self.incarnation, "started_at": self.started_at,
-                "in_flight": dict(self.in_flight), "served": self.served,
+                "in_flight": dict(self.in_flight), "in_flight_first": self.in_flight_first,
+                "served": self.served,
                 "failed": self.failed, "service_ms": dict(self.service_ms),
                 "between_ms": round(self._between(), 3),
                 "cost_ms": {model: [round(part, 3) for part in fit.line()]

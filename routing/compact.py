@@ -25,6 +25,10 @@ keys but ``workers`` (``at``, ``measured_at``, ``lanes``, ``policy``, ``exhauste
     "fast":   b64(zlib(uint16 little-endian per host)),  # what a fast job would wait for
                                            # there: fast jobs running or in its own
                                            # queue, a model loading (``fast_work``)
+    "first":  b64(zlib(uint16 little-endian per host)),  # what a first-level standard
+                                           # job would wait for there: the same, and such
+                                           # jobs running or in its own queue
+                                           # (``first_work``)
     "drain":  b64(zlib(uint8 per host)),   # seconds per queued job (service / concurrency):
                                            # 0 not measured, else 10 ** ((code - 121) / 40),
                                            # 1 ms .. 2,239 s, steps of 5.9 % (0.1 s, 1 s,
@@ -79,6 +83,16 @@ def fast_work(worker: Mapping[str, Any]) -> int:
     return running + worker.get("queued_fast", 0)
 
 
+def first_work(worker: Mapping[str, Any]) -> int:
+    """Jobs a first-level standard job sent to ``worker`` would wait for
+    (``routing.names.FIRST_STEPS``): its fast work (``fast_work``) and the first-level
+    standard jobs it runs or holds in its own queue; a heavier run steps aside for it."""
+    in_flight = worker.get("in_flight", {})
+    running = max(in_flight.get(FAST, 0) + worker.get("in_flight_first", 0),
+                  1 if worker.get("loading_models") else 0)
+    return running + worker.get("queued_fast", 0) + worker.get("queued_first", 0)
+
+
 def warm_of(worker: Mapping[str, Any]) -> tuple[str, ...]:
     """A worker's warm models then the ones it is loading, in its order, once each."""
     return tuple(dict.fromkeys([*worker.get("warm_models", ()),
@@ -111,6 +125,7 @@ def split(snapshot: dict) -> tuple[dict, dict]:
         "loads": pack_u16(sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
                           for w in records),
         "fast": pack_u16(fast_work(w) for w in records),
+        "first": pack_u16(first_work(w) for w in records),
         "drain": pack_u8(drain_code(drain_s_of(worker)) for worker in records),
         "order": pack_u16(ranks),
         "cold_s": cold_s_of(records),

@@ -89,6 +89,9 @@ class Measured:
     #: What a fast job would wait for on each worker (``routing.compact.fast_work``);
     #: None from a beat that does not measure it (fast jobs are then placed by ``loads``).
     fast: list[int] | None = None
+    #: What a first-level standard job would wait for on each worker
+    #: (``routing.compact.first_work``); None from a beat that does not measure it.
+    first: list[int] | None = None
 
 
 def measure(compact: Mapping[str, Any], fleet: Fleet) -> Measured:
@@ -104,7 +107,8 @@ def measure(compact: Mapping[str, Any], fleet: Fleet) -> Measured:
     return Measured(snapshot=compact, fleet=fleet, loads=unpack_u16(compact["loads"], count),
                     drain_s=drain, rates=tuple(1 / d for d in drain) if drain else (0.0,) * count,
                     ranks=ranks(compact, count), cold_s=dict(compact.get("cold_s", {})),
-                    fast=unpack_u16(compact["fast"], count) if "fast" in compact else None)
+                    fast=unpack_u16(compact["fast"], count) if "fast" in compact else None,
+                    first=unpack_u16(compact["first"], count) if "first" in compact else None)
 
 
 def policy_view(measured: Measured, epsilon: float) -> PolicyView:
@@ -121,6 +125,8 @@ def policy_view(measured: Measured, epsilon: float) -> PolicyView:
         loads=Loads(fleet.index, measured.loads, measured.drain_s),
         fast_loads=None if measured.fast is None else
         Loads(fleet.index, measured.fast, measured.drain_s),
+        first_loads=None if measured.first is None else
+        Loads(fleet.index, measured.first, measured.drain_s),
         load_sum=float(sum(measured.loads)),
         warm=Warm(fleet.index, fleet.warm, measured.ranks),
         holders=Holders(fleet.holders),

@@ -17,6 +17,11 @@ RELAX_LEVEL_PRIORITIES: tuple[int, ...] = (1, 3, 6, 9)
 #: serves ahead of theirs (a worker takes its own queue's jobs before the shared lane's
 #: of the same level).
 RELAX_PRIORITIES: tuple[int, ...] = (0, *RELAX_LEVEL_PRIORITIES)
+#: A standard lane's first level: its step 0 (the fast jobs the load moved there) and the
+#: level of the accounts of least recent usage. Such a job is placed by the work it would
+#: wait for (``routing.compact.first_work``), and a heavier run of its worker steps aside
+#: for it at its next step (``gpu_worker.preempt``), as for a fast job.
+FIRST_STEPS: tuple[int, ...] = (0, RELAX_LEVEL_PRIORITIES[0])
 #: Lanes whose new jobs enter at a level raised by their account's jobs already waiting
 #: there (``routing.fair.queued_level``), checked live by the publish; in relaxed, the
 #: level is by recent usage alone (its aging lifts the heaviest users' jobs in time).
@@ -58,3 +63,8 @@ CONSUME_COMMAND = "lanes_consume"
 def worker_hostname(index: int) -> str:
     """Celery node name of the worker pinned to device ``index``."""
     return f"gpu{index}@%h"
+
+
+def first_level(lane: str, priority: int | None) -> bool:
+    """Whether a job of ``lane`` at kombu ``priority`` is of standard's first level."""
+    return lane == STANDARD and (priority or 0) in FIRST_STEPS

@@ -103,7 +103,8 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
          first: str | None = None, key: str | None = None, *,
          holders: Mapping[str, AbstractSet[str]] | None = None,
          load_sum: float | None = None,
-         fast_loads: Mapping[str, float] | None = None) -> str | None:
+         fast_loads: Mapping[str, float] | None = None,
+         first_loads: Mapping[str, float] | None = None) -> str | None:
     """The worker for ``model``: consistent hashing with bounded loads.
 
     Walk the ring from the model's point over the workers whose load (jobs
@@ -135,6 +136,13 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
     holder has some, the delay rule above over the fast work alone. A fast job never
     waits behind another for want of looking.
 
+    ``first_loads`` (each worker's first-level standard and fast work, running or in its
+    own queue: ``routing.compact.first_work``): for a fast job, a warm holder with none
+    is preferred to one with fast work alone, so that a fast job steps aside a heavier
+    run, not a first-level one; for a first-level standard job (no ``fast_loads``), it
+    is the work the job waits for, as ``fast_loads`` is a fast job's: the job steps a
+    heavier run of its worker aside at its next step (``gpu_worker.preempt``).
+
     None (the shared lane) when every worker on the ring holds ``model`` warm and no
     ``key`` asks for one of them: any worker serves it warm, and the shared lane lets
     whichever is free first take it. A worker's own queue would only keep it there
@@ -152,14 +160,15 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
         load_sum = sum(loads.get(node, 0) for node in nodes)
     cap = max(MIN_CAP, math.ceil((1 + epsilon) * (load_sum + 1) / len(nodes)))
     front = first if first in held else None
+    tiers = tuple(t for t in (first_loads, fast_loads) if t is not None)
+    free = tiers[0] if tiers else None  # without the work this job would wait for
     if front is not None and loads.get(front, 0) < cap and \
-            (fast_loads is None or fast_loads.get(front, 0) < FAST_CAP):
+            (free is None or free.get(front, 0) < FAST_CAP):
         return front  # the model's home, warm and open: the common case
     ordered = _ring_ordered(hash_ring, model, held, point_key)
     warm_open = first_below(loads, ordered, cap, point_key)
-    if fast_loads is not None and (warm_open is None or
-                                   fast_loads.get(warm_open, 0) >= FAST_CAP):
-        return _fast_home(hash_ring, held, point_key, first, ordered, fast_loads, drain_s,
+    if free is not None and (warm_open is None or free.get(warm_open, 0) >= FAST_CAP):
+        return _fast_home(hash_ring, held, point_key, first, ordered, tiers, drain_s,
                           cold_s)
     if warm_open is not None:  # (a busy front is met again in ring order, and skipped)
         return warm_open
@@ -168,18 +177,22 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
 
 
 def _fast_home(hash_ring: HashRing, held: frozenset[str], key: str, first: str | None,
-               ordered: Iterable[str], fast_loads: Mapping[str, float],
+               ordered: Iterable[str], tiers: tuple[Mapping[str, float], ...],
                drain_s: Mapping[str, float] | None, cold_s: float) -> str | None:
-    """:func:`home` of a fast job whose bounded-loads choice has fast work (or that has
-    none): the first warm holder without, else by the fast work (``FAST_CAP``)."""
+    """:func:`home` of a fast or first-level standard job whose bounded-loads choice has
+    work it would wait for (or that has none): the first warm holder free of each of
+    ``tiers`` in turn (the work it would rather not preempt, then the work it would
+    wait for), else by the last (``FAST_CAP``)."""
     front = first if first in held else None
-    if not isinstance(ordered, (list, tuple)):  # a walk, read: walked again
-        ordered = _walked(hash_ring, held, key)
-    free = first_below(fast_loads, chain((front,) if front else (), ordered), FAST_CAP)
-    if free is not None:
-        return free
+    walked = not isinstance(ordered, (list, tuple))
+    for work in tiers:
+        if walked:  # a walk, read: walked again
+            ordered = _walked(hash_ring, held, key)
+        free = first_below(work, chain((front,) if front else (), ordered), FAST_CAP)
+        if free is not None:
+            return free
     return _spill(_holding_first(hash_ring, held, key, ordered, front),
-                  _walk(hash_ring, key, first), fast_loads, FAST_CAP, drain_s, cold_s)
+                  _walk(hash_ring, key, first), tiers[-1], FAST_CAP, drain_s, cold_s)
 
 
 def _holding_first(hash_ring: HashRing, held: frozenset[str], key: str,

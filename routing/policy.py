@@ -249,6 +249,10 @@ class PolicyView:
     #: What a fast job would wait for on each worker (``routing.compact.fast_work``), with
     #: this process's fast sends. None: fast jobs are placed by ``loads``.
     fast_loads: Mapping[str, float] | None = None
+    #: What a first-level standard job would wait for on each worker
+    #: (``routing.compact.first_work``), with this process's such sends and fast ones.
+    #: None: such jobs are placed by ``loads``.
+    first_loads: Mapping[str, float] | None = None
     epsilon: float = 0.25
     #: Models each healthy worker holds warm (or is loading), least recently used first.
     warm: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
@@ -325,14 +329,24 @@ def decide(tier: str, account: str, downgradable: bool, view: PolicyView,
     priority = _relaxed_step(route, account, view)
     node = None
     if model:
-        fast_loads = view.fast_loads if route.lane == FAST else None
+        fast = route.lane == FAST
         node = home(model, view.ring, view.loads, view.epsilon, view.warm, view.drain_s,
                     view.cold_load_s(model), None if route_key else view.homes.get(model),
                     f"{model}/{route_key}" if route_key else None, holders=view.holders,
-                    load_sum=view.load_sum, fast_loads=fast_loads)
+                    load_sum=view.load_sum, fast_loads=view.fast_loads if fast else None,
+                    first_loads=view.first_loads if fast or goes_first(route, account, view)
+                    else None)
     if priority or node:
         route = _placed(route, priority, node)
     return route
+
+
+def goes_first(route: Route, account: str, view: PolicyView) -> bool:
+    """Whether a job so routed enters standard's first level (``routing.names.
+    FIRST_STEPS``): moved there by the load, or of an account at level 0 by recent usage
+    (the publish may still raise its level: ``routing.fair.queued_level``)."""
+    return route.lane == STANDARD and (route.downgrade_reason in MOVED_BY_LOAD
+                                       or not view.levels.get(account, 0))
 
 
 def _shut(lane: str, view: PolicyView) -> bool:

@@ -101,11 +101,12 @@ class SnapshotCache:
         # they did to each worker: jobs added (and to the fleet's total, as it
         # drains), models made warm or evicted. The dicts are replaced whole (never
         # changed in place): views handed out read them unlocked.
-        self._log: deque[tuple[float, str, str | None, str]] = deque()
+        self._log: deque[tuple[float, str, str | None, str, bool]] = deque()
         self._sent: dict[str, int] = {}
         self._node_sent: dict[str, int] = {}
         self._sends = 0  # counted in _node_sent since the snapshot
         self._node_fast_sent: dict[str, int] = {}  # of them, fast jobs
+        self._node_first_sent: dict[str, int] = {}  # ... fast and first-level standard
         self._warm_after: dict[str, tuple[str, ...]] = {}
         self._holders_after: dict[str, frozenset[str]] = {}
         self._fluid = DrainingSum((), ())
@@ -130,7 +131,7 @@ class SnapshotCache:
         flushed test Redis)."""
         with self._lock:
             self._state, self._sent, self._node_sent = None, {}, {}
-            self._node_fast_sent = {}
+            self._node_fast_sent, self._node_first_sent = {}, {}
             self._warm_after, self._holders_after = {}, {}
             self._demand, self._refused, self._shut = {}, {}, {}
             self._log.clear()
@@ -239,10 +240,10 @@ class SnapshotCache:
         """The new snapshot's workers, with the sends it did not see applied again."""
         measured, before = self._state.measured, self._holders_after
         self._node_sent, self._warm_after, self._holders_after = {}, {}, {}
-        self._node_fast_sent = {}
+        self._node_fast_sent, self._node_first_sent = {}, {}
         self._sends, self._fluid = 0, DrainingSum(measured.loads, measured.rates)
-        for _, lane, node, model in self._log:
-            self._count(lane, node, model)
+        for _, lane, node, model, first in self._log:
+            self._count(lane, node, model, first)
         self._link(before)
 
     def _link(self, before: Mapping[str, frozenset[str]]) -> None:
@@ -259,9 +260,10 @@ class SnapshotCache:
                 linked[model] = changed_set(old, frozenset(toggled)) if toggled else old
         self._holders_after = linked
 
-    def _count(self, lane: str, node: str | None, model: str) -> None:
-        """A send to ``node``'s own queue of ``lane``, of ``model``: its load (and its
-        fast load), and the model warm there."""
+    def _count(self, lane: str, node: str | None, model: str, first: bool = False) -> None:
+        """A send to ``node``'s own queue of ``lane``, of ``model`` (``first``: a
+        first-level standard job): its load (and its fast and first-level loads), and
+        the model warm there."""
         held = self._state
         i = None if node is None else held.measured.fleet.index.get(node)
         if i is None:
@@ -271,6 +273,9 @@ class SnapshotCache:
         if lane == FAST:
             self._node_fast_sent = {**self._node_fast_sent,
                                     node: self._node_fast_sent.get(node, 0) + 1}
+        if lane == FAST or first:
+            self._node_first_sent = {**self._node_first_sent,
+                                     node: self._node_first_sent.get(node, 0) + 1}
         self._fluid.add(i)
         before = self._warm_after.get(node) or held.base.warm[node]
         after = touched(before, model, held.measured.fleet.slots[i])
@@ -287,19 +292,20 @@ class SnapshotCache:
             changed[model] = changed_set(held, frozenset((node,)))
         return changed
 
-    def note_sent(self, lane: str, node: str | None = None, model: str = "") -> None:
-        """Count a job sent to ``lane`` (``node``'s own queue of it, for ``model``)
-        until a snapshot measured after it: the lane's depth, the worker's load,
-        and the model it will make warm there."""
+    def note_sent(self, lane: str, node: str | None = None, model: str = "",
+                  first: bool = False) -> None:
+        """Count a job sent to ``lane`` (``node``'s own queue of it, for ``model``;
+        ``first``: a first-level standard job) until a snapshot measured after it: the
+        lane's depth, the worker's load, and the model it will make warm there."""
         with self._lock:
             now = self.clock()
             # a send older than stale_s predates any snapshot this router may still
             # route from: drop it now, or with beat down the log grows without end
             self._forget_sent_before(now - self.stale_s)
-            self._log.append((now, lane, node, model))
+            self._log.append((now, lane, node, model, first))
             self._sent[lane] = self._sent.get(lane, 0) + 1
             if self._state is not None:
-                self._count(lane, node, model)
+                self._count(lane, node, model, first)
             self._recent.append(model)
             self._demand[model] = self._demand.get(model, 0) + 1
             if len(self._recent) > DEMAND_WINDOW:
@@ -347,7 +353,7 @@ class SnapshotCache:
                 elapsed_s = max(0.0, now - snapshot.get("measured_at", snapshot["at"]))
                 load_sum = self._fluid.at(elapsed_s)
                 sent, node_sent, sends = self._sent, self._node_sent, self._sends
-                fast_sent = self._node_fast_sent
+                fast_sent, first_sent = self._node_fast_sent, self._node_first_sent
                 warm_after, holders_after = self._warm_after, self._holders_after
         if age_s is None or age_s > self.stale_s:
             if not self._warned:
@@ -356,10 +362,11 @@ class SnapshotCache:
                 self._warned = True
             return None
         self._warned = False
-        base, fast = held.base, held.base.fast_loads
+        base, fast, first = held.base, held.base.fast_loads, held.base.first_loads
         return base.but(full=full_lanes(snapshot, sent, self.max_depth),
                         loads=base.loads.at(node_sent, elapsed_s, sends), load_sum=load_sum,
                         fast_loads=None if fast is None else
                         fast.at(fast_sent, elapsed_s),  # read without a key: no sends count
+                        first_loads=None if first is None else first.at(first_sent, elapsed_s),
                         warm=base.warm.sent(warm_after),
                         holders=base.holders.sent(holders_after))

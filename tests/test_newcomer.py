@@ -260,7 +260,7 @@ def test_a_resumable_model_is_preemptible_unless_it_says_not(monkeypatch, cls, p
 
     offered: list[str] = []
     monkeypatch.setattr(RUNTIME, "model", lambda name: (cls(), None))
-    monkeypatch.setattr(PREEMPTION, "offer", lambda lane, preempted: offered.append(lane))
+    monkeypatch.setattr(PREEMPTION, "offer", lambda lane, preempted, step: offered.append(lane))
     monkeypatch.setattr(PREEMPTION, "withdraw", lambda: None)
     job = Job(tier="relaxed", account="a", model="echo", downgradable=True,
               inputs={"text": "hi", "repeat": 1})

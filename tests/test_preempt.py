@@ -136,6 +136,27 @@ def test_a_fast_job_preempts_a_relaxed_one_which_resumes_bit_for_bit(cluster, cl
     assert int(clean_redis.hget(METRICS_KEY, metric_field("preemptions", "relaxed"))) == 1
 
 
+def test_a_relaxed_run_steps_aside_for_a_first_level_standard_job_and_resumes(
+        cluster, clean_redis):
+    """A light account's standard job waits a few steps, not a relaxed job's run: one of
+    the relaxed runs steps aside for it, its copy at its own level in its worker's own
+    queue, and picks up where it stopped once the standard job is done."""
+    victims = [submit("make way", tier="relaxed", seed=seed, **LONG) for seed in (71, 72)]
+    for victim in victims:  # both workers busy with relaxed work
+        at_step(victim, 10)
+    light = submit("a light account's", tier="standard", account="newcomer", seed=73,
+                   **QUICK).get(timeout=60)
+    outs = [victim.get(timeout=120) for victim in victims]
+    assert light["lane"] == "standard" and light["preempted"] == 0
+    assert sorted(out["preempted"] for out in outs) == [0, 1]  # one stepped aside
+    resumed = next(out for out in outs if out["preempted"])
+    assert resumed["worker"] == light["worker"] and resumed["attempts"] == 2
+    assert f"job {resumed['job_id']} resumes at step " in _log(cluster)
+    step_s = min(out["run_ms"] for out in outs) / 1000 / LONG["steps"]
+    assert light["queued_ms"] / 1000 < 40 * step_s  # a few steps, never a relaxed job
+    assert int(clean_redis.hget(METRICS_KEY, metric_field("preemptions", "relaxed"))) == 1
+
+
 def test_a_job_is_preempted_at_most_the_set_times(cluster):
     """GPULANES_MAX_PREEMPTIONS=1: once both relaxed jobs stepped aside, a third fast job
     waits for one to end."""

@@ -16,14 +16,19 @@ def news(monkeypatch):
     """A Preemption whose claim answers ``claims`` in turn; what it asked and handed."""
     found = Preemption()
     found.calls, found.handed, found.answers = [], [], []
-    monkeypatch.setattr(found, "_claim", lambda: found.calls.append(1) or found.answers.pop(0))
+    monkeypatch.setattr(found, "_claim",
+                        lambda heavier: found.calls.append(heavier) or found.answers.pop(0))
     monkeypatch.setattr(found, "_hand_over", lambda: found.handed.append(1))
     return found
 
 
-def tell(news, own: bool = False) -> None:
+def tell(news, own: bool = False, fast: bool = True) -> None:
+    """News of a fast job (``own``: in this worker's own queue), or (not ``fast``) of a
+    first-level standard job in its own queue."""
     news.told_at = time.monotonic() + len(news.calls) + len(news.handed) + 1e-3
-    if own:
+    if fast:
+        news.fast_told_at = news.told_at
+    if own and fast:
         news.own_told_at = news.told_at
 
 
@@ -35,7 +40,7 @@ def test_a_relaxed_run_asks_once_per_news_and_stops_when_it_wins_the_claim(news)
     tell(news)
     news.answers = [1]
     assert news.wanted("relaxed", 0) and news.claimed
-    assert not news.wanted("relaxed", 0) and news.calls == [1]  # the same news: asked once
+    assert not news.wanted("relaxed", 0) and news.calls == [False]  # the same news: once
     tell(news)
     news.answers = [0]  # another worker claimed the job: run on
     assert not news.wanted("relaxed", 0) and not news.claimed
@@ -44,7 +49,22 @@ def test_a_relaxed_run_asks_once_per_news_and_stops_when_it_wins_the_claim(news)
 def test_a_standard_run_told_of_a_fast_job_claims_at_its_next_boundary(news):
     tell(news)  # told: no relaxed run was there to take it (fast_news picks those first)
     news.answers = [1]
-    assert news.wanted("standard", 0) and news.calls == [1]
+    assert news.wanted("standard", 0) and news.calls == [False]
+
+
+def test_a_heavier_run_told_of_a_first_level_job_asks_for_its_own_queue_too(news):
+    tell(news, own=True, fast=False)
+    news.answers = [1]
+    assert news.wanted("standard", 0, heavier=True) and news.calls == [True]
+    assert news.handed == []  # not a fast job: nothing to hand over
+
+
+def test_a_first_level_run_does_not_ask_for_first_level_news(news):
+    tell(news, own=True, fast=False)
+    assert not news.wanted("standard", 0, heavier=False) and news.calls == []
+    tell(news)  # a fast job: asked, for the fast lists alone
+    news.answers = [0]
+    assert not news.wanted("standard", 0, heavier=False) and news.calls == [False]
 
 
 def test_fast_runs_capped_runs_and_unpreemptible_runs_never_stop(news, monkeypatch):

@@ -27,7 +27,7 @@ def _guard(monkeypatch, pace_s: float, from_step: int = 0) -> tuple[StepGuard, l
     """A guard of a preemptible relaxed run that went ``pace_s`` per step so far, with
     a fast job waiting; the claims it makes."""
     claims: list[int] = []
-    monkeypatch.setattr(PREEMPTION, "_claim", lambda: claims.append(1) or 1)
+    monkeypatch.setattr(PREEMPTION, "_claim", lambda heavier: claims.append(1) or 1)
     monkeypatch.setattr(PREEMPTION, "told_at", time.monotonic() + 1)
     monkeypatch.setattr(PREEMPTION, "asked_for", 0.0)
     guard = StepGuard("j1", Lease("j1", 1, "h#1#t", time.monotonic()), "relaxed", 0,

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
 from gpu_worker.runtime import Runtime
-from routing.names import FAST, LANES
+from routing.names import FAST, LANES, first_level
 from routing.snapshot import touched
 from tasks.broker.keys import PRIORITY_SEP
 
 from benchmarks.simulate.engine import Clock
-from benchmarks.simulate.queues import Lists, SimJob, node_of_key, read_order
+from benchmarks.simulate.queues import Lists, SimJob, list_key, node_of_key, read_order, step_of
 from benchmarks.simulate.workload import ModelSpec
 
 
@@ -127,7 +127,8 @@ class Cluster:
                 self.take(self.workers[node])
         elif self.idle:
             self.take(self.workers[next(iter(self.idle))])
-        if self.preemptor is not None and job.lane == FAST and job.key is not None:
+        if self.preemptor is not None and job.key is not None and (
+                job.lane == FAST or first_level(job.lane, step_of(key))):
             self.preemptor.pushed(key)  # still waiting: one worker is told of it
 
     def take(self, worker: SimWorker, ended_at: float | None = None) -> None:
@@ -150,7 +151,7 @@ class Cluster:
         now, spec = self.clock.now + pickup_s, self.specs[job.arrival.model]
         job.token += 1
         job.attempts += 1
-        job.started_at, job.worker = now, worker.host
+        job.started_at, job.worker, job.priority = now, worker.host, step_of(key)
         job.cold = job.arrival.model not in worker.warm
         load_s = spec.load_s if job.cold else 0.0
         self.cold_loads += job.cold
@@ -158,7 +159,7 @@ class Cluster:
         if load_s:  # reported as loading until it is warm (``Runtime.model``)
             worker.runtime.loading = {job.arrival.model}
             self.clock.at(now + load_s, self._loaded, worker, job, job.token)
-        worker.runtime.job_started(job.lane)
+        worker.runtime.job_started(job.lane, first_level(job.lane, job.priority))
         worker.changed()
         worker.running = job
         self.held[job.id] = (job, worker.incarnation, now, key)
@@ -183,7 +184,8 @@ class Cluster:
             return  # that run died with its worker or stepped aside: the job runs again
         job.finished_at, job.served = self.clock.now, job.served + 1
         worker.runtime.job_finished(job.lane, max(0.0, busy_s) * 1000,
-                                    job.arrival.model, job.arrival.cost)
+                                    job.arrival.model, job.arrival.cost,
+                                    first_level(job.lane, job.priority))
         worker.changed()
         del self.held[job.id]
         worker.running = None
@@ -196,13 +198,14 @@ class Cluster:
 
     def step_aside(self, worker: SimWorker, job: SimJob, own_queue: str) -> None:
         """The run stops at a step boundary (preempted): its job to the front of
-        ``own_queue`` (the worker's own queue of its lane), the worker takes the next."""
+        ``own_queue`` (the worker's own queue of its lane) at its own level, the worker
+        takes the next."""
         job.token += 1  # the run's finish event is void
-        worker.runtime.job_finished(job.lane, None)
+        worker.runtime.job_finished(job.lane, None, first=first_level(job.lane, job.priority))
         worker.changed()
         del self.held[job.id]
         worker.running = None
-        self.push(job, own_queue, front=True)
+        self.push(job, list_key(own_queue, job.priority), front=True)
         self.clock.after(self.overhead_s, self._next, worker, worker.incarnation)
 
     def _next(self, worker: SimWorker, incarnation: str, ended_at: float | None = None) -> None:

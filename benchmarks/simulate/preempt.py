@@ -2,16 +2,18 @@
 
 A fast job pushed to a list tells ONE worker (``lua/fast_news.lua``): the worker whose
 own queue it is, else the best preemptible run of the index (relaxed runs before
-standard ones, the latest begun first: ``ZPOPMAX``), taken off the index. The told
-run looks at its next step boundary (``Preemption.wanted``): a fast run, or one
+standard ones, later levels first, the latest begun first: ``ZPOPMAX``), taken off the
+index; a first-level standard job pushed to a worker's own queue tells that worker. The
+told run looks at its next step boundary (``Preemption.wanted``): a fast run, or one
 preempted ``max_preemptions`` times, may not stop (and one expecting less than
 ``preempt_min_left_s`` still to run does not look at all), and hands the fast jobs of its
 worker's own queue to the front of the shared fast lane, telling another, unless it ends
-within the fast lane's budget (they wait for it); else, if a
-fast job it could take still waits (``lua/preempt_claim.lua``), it stops, its job's
-next copy goes to the front of its worker's own queue of its lane (a resumable model:
-it resumes at that step) and the worker takes the fast job. The decisions live in
-Redis scripts and the worker's threads: none is a pure function to call.
+within the fast lane's budget (they wait for it); else, if a fast job it could take still
+waits (``lua/preempt_claim.lua``), or, for a run heavier than standard's first level, a
+first-level job of its worker's own queue, it stops: its job's next copy goes to the front
+of its worker's own queue of its lane, at its level (a resumable model: it resumes at
+that step), and the worker takes the job that waits. The decisions live in Redis
+scripts and the worker's threads: none is a pure function to call.
 """
 from __future__ import annotations
 
@@ -19,10 +21,10 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from routing.names import FAST, LANES, worker_queue
-from tasks.broker.keys import lane_keys
+from routing.names import FAST, FIRST_STEPS, STANDARD, first_level, worker_queue
+from tasks.broker.keys import HEAVIER_SCORE, lane_keys, preemptible_score
 
-from benchmarks.simulate.queues import SimJob, node_of_key
+from benchmarks.simulate.queues import SimJob, list_key, node_of_key
 
 if TYPE_CHECKING:
     from benchmarks.simulate.cluster import Cluster, SimWorker
@@ -35,7 +37,8 @@ class Preemptor:
                  hand_over_left_s: float = 0.0) -> None:
         self.cluster, self.max_preemptions = cluster, max_preemptions
         self.min_left_s, self.hand_over_left_s = min_left_s, hand_over_left_s
-        # (-lane rank, -begun, host, job token): ZPOPMAX order; stale entries skipped
+        # (-its score but for time, -begun, host, job token): ZPOPMAX order
+        # (``gpu_worker.preempt.preemptible_score``); stale entries skipped
         self._index: list[tuple[int, float, str, int]] = []
         self.preempted = 0
         self.handed_over = 0
@@ -46,18 +49,20 @@ class Preemptor:
     def offer(self, worker: SimWorker, job: SimJob) -> None:
         """A run began: index it if it may step aside (``Preemption.offer``)."""
         if self.may_stop(job):
-            heapq.heappush(self._index, (-LANES.index(job.lane), -self.cluster.clock.now,
-                                         worker.host, job.token))
+            heapq.heappush(self._index, (-preemptible_score(job.lane, job.priority, 0.0),
+                                         -self.cluster.clock.now, worker.host, job.token))
 
     def pushed(self, key: str) -> None:
-        """A fast job was pushed to ``key``: tell one worker."""
+        """A fast job was pushed to ``key``, or a first-level standard one to a worker's
+        own queue: tell one worker."""
         node = node_of_key(key)
         if node is not None:
             self._tell(self.cluster.workers[node], own=True)
             return
-        workers = self.cluster.workers
-        while self._index:
-            _, _, host, token = heapq.heappop(self._index)
+        least = -math.inf if key.startswith(FAST) else HEAVIER_SCORE
+        workers, index = self.cluster.workers, self._index
+        while index and -index[0][0] >= least:
+            _, _, host, token = heapq.heappop(index)
             worker = workers[host]
             if worker.alive and worker.running is not None and worker.running.token == token:
                 self._tell(worker, own=False)
@@ -95,8 +100,11 @@ class Preemptor:
             if own and self._left_s(job) >= self.hand_over_left_s:
                 self._hand_over(worker)  # a run ending within the fast budget keeps them
             return
-        fast_keys = (*lane_keys(worker_queue(FAST, worker.host)), *lane_keys(FAST))
-        if any(key in self.cluster.lists.list_depth for key in fast_keys):
+        keys = (*lane_keys(worker_queue(FAST, worker.host)), *lane_keys(FAST))
+        if _heavier(job):  # it steps aside for standard's first-level jobs too
+            keys += tuple(list_key(queue, step) for step in FIRST_STEPS
+                          for queue in (worker_queue(STANDARD, worker.host), STANDARD))
+        if any(key in self.cluster.lists.list_depth for key in keys):
             self._stop(worker, job)
 
     def _left_s(self, job: SimJob) -> float:
@@ -123,3 +131,9 @@ class Preemptor:
         job.preemptions += 1
         self.preempted += 1
         self.cluster.step_aside(worker, job, worker_queue(job.lane, worker.host))
+
+
+def _heavier(job: SimJob) -> bool:
+    """Whether ``job``'s run steps aside for a first-level standard job of its worker's
+    own queue (``gpu_worker.preempt``): a relaxed run, or a standard one of a later level."""
+    return job.lane != FAST and not first_level(job.lane, job.priority)

@@ -73,6 +73,11 @@ def read_order(node: str, queues: Iterable[str] | None = None) -> list[str]:
             for q in queues if lane_of(q) == lane]
 
 
+def step_of(key: str) -> int:
+    """The kombu priority step of list ``key`` (``list_key``'s inverse)."""
+    return int(key.rpartition(PRIORITY_SEP)[2]) if PRIORITY_SEP in key else 0
+
+
 def node_of_key(key: str) -> str | None:
     """The worker whose own queue ``key`` is; None for a shared lane."""
     _, _, node = key.split(PRIORITY_SEP, 1)[0].partition(".")

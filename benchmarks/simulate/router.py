@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Callable
 
 from routing.lanes import Route
-from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD
+from routing.names import FAST, RELAX_LEVEL_PRIORITIES, STANDARD, first_level
 from routing.fair import at_level, depths_ahead, fair_level, queued_level
 from routing.policy import Admission, PolicyView, decide, publish_limits
 from routing.snapshot import SnapshotCache
@@ -128,7 +128,8 @@ class Router:
         self.cluster.push(job, list_key(where.queue, priority))
         if level is not None and job.key is not None:  # (not taken at once)
             self.lists.count(job)
-        self.cache.note_sent(where.lane, where.node, job.arrival.model)
+        self.cache.note_sent(where.lane, where.node, job.arrival.model,
+                             first_level(where.lane, priority))
 
 
 class PlainRouter:

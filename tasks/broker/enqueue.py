@@ -23,6 +23,7 @@ from routing.policy import (
     Admission,
     PolicyView,
     decide,
+    goes_first,
     publish_limits,
 )
 from routing.snapshot import SnapshotCache
@@ -217,7 +218,8 @@ def place(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
                            level=level)
         match verdict:
             case Pushed(position):
-                cache.note_sent(where.lane, where.node, job.model)
+                cache.note_sent(where.lane, where.node, job.model,
+                                goes_first(where, job.account, view))
                 return Placed(job_id, where.lane, position)
             case Parked():  # in its account's own line, entering its lane in turn
                 return Placed(job_id, where.lane, parked=True)

@@ -1,7 +1,8 @@
 """Every Redis key gpulanes uses, and kombu's naming of a lane's lists, in one place."""
 from __future__ import annotations
 
-from routing.names import RELAX_PRIORITIES, RELAXED, lane_of
+from routing.names import (LANES, RELAX_LEVEL_PRIORITIES, RELAX_PRIORITIES, RELAXED, STANDARD,
+                           lane_of)
 
 
 #: kombu's separator between a queue's name and a priority level in a list's name.
@@ -200,9 +201,21 @@ BEAT_PROBE_KEY = f"{PREFIX}:beat:probe"
 REPLICATED_KEY = f"{PREFIX}:replicated"
 #: Pub/sub channels (``fast_news_channel``) start with this.
 FAST_NEWS_PREFIX = f"{PREFIX}:fast-waiting:"
-#: Sorted set: worker hostname -> its preemptible run's rank (2 + when it began for a
-#: relaxed run, 1 + ... for a standard one): the run told first of a waiting fast job.
+#: Sorted set: worker hostname -> its preemptible run's rank (``preemptible_score``):
+#: the run told first of a waiting fast job.
 PREEMPTIBLE_KEY = f"{PREFIX}:preemptible"
+
+
+def preemptible_score(lane: str, step: int, began: float) -> float:
+    """A run's score in ``PREEMPTIBLE_KEY`` (``ZPOPMAX`` takes the best): its lane
+    (relaxed first), then its priority step (the latest level first), then when it began
+    (the latest first: the least work set aside)."""
+    return LANES.index(lane) * 10 + step + began * 1e-10
+
+
+#: The least score of a run told of a first-level standard job in the shared lane (one
+#: of standard's later levels, or relaxed): a first-level run does not step aside for it.
+HEAVIER_SCORE = preemptible_score(STANDARD, RELAX_LEVEL_PRIORITIES[1], 0.0)
 
 
 def fast_news_channel(host: str) -> str:

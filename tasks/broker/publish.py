@@ -58,6 +58,7 @@ from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
     DUE_PREFIX,
     FAST_NEWS_PREFIX,
+    HEAVIER_SCORE,
     LANE_DEPTHS_KEY,
     LIST_DEPTHS_KEY,
     PREEMPTIBLE_KEY,
@@ -293,7 +294,7 @@ def _entering(message: Message) -> tuple[list[str], list[Any]]:
             [dumps(message.envelope),
              *named(job=message.job_id, entered=repr(due_clock(message.key, message.entered_at)),
                     rank=LANES.index(lane), due=DUE_PREFIX, wake=WAKE_PREFIX,
-                    news=FAST_NEWS_PREFIX)])
+                    news=FAST_NEWS_PREFIX, heavier=HEAVIER_SCORE)])
 
 
 #: The position in the publish's KEYS of the hash a depth limit counts (depths per lane).

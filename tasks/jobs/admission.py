@@ -27,6 +27,7 @@ from tasks.broker.keys import (
     DEAD_KEY,
     DUE_PREFIX,
     FAST_NEWS_PREFIX,
+    HEAVIER_SCORE,
     LANE_DEPTHS_KEY,
     LIST_DEPTHS_KEY,
     PARKED_ACCOUNTS_KEY,
@@ -64,7 +65,7 @@ def over(client: redis.Redis, account: str, *job_ids: str) -> int:
         client, "promote",
         [admitted_key(account), admitted_fast_key(account), parked_key(account),
          PARKED_ACCOUNTS_KEY, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, PREEMPTIBLE_KEY],
-        [account, DUE_PREFIX, WAKE_PREFIX, FAST_NEWS_PREFIX, *job_ids]))
+        [account, DUE_PREFIX, WAKE_PREFIX, FAST_NEWS_PREFIX, HEAVIER_SCORE, *job_ids]))
 
 
 def ended(client: redis.Redis, job_ids: list[str]) -> list[str]:

@@ -43,7 +43,7 @@ def run_job(job: Job, lane: str, guard: StepGuard,
     guard.began = time.monotonic()  # a cold load is nobody's fast time
     guard.preemptible = is_preemptible(model)
     if guard.preemptible and _may_run_long(job):
-        PREEMPTION.offer(lane, guard.preempted)
+        PREEMPTION.offer(lane, guard.preempted, guard.step)
         try:
             return _run_alone(model, load_ms, job, guard, resume)
         finally:

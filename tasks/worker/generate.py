@@ -137,19 +137,21 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
 
 
 def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
-               queue: str | None = None, priority: int | None = None) -> Message:
+               queue: str | None = None) -> Message:
     """The job's next copy (``message``), under the task's name, whichever it ran by: in
-    ``queue`` (default: its route's shared lane) at ``priority`` (default: this
-    copy's), after ``countdown``; addressed from Redis: made in the write ``persist`` tries."""
+    ``queue`` (default: its route's shared lane) at this copy's priority, after
+    ``countdown``; addressed from Redis: made in the write ``persist`` tries."""
     request, queue = task.request, queue or lane_of(message.route.lane)
-    if priority is None:
-        priority = (request.delivery_info or {}).get("priority") or 0
-    sent = envelope_of(app, request.id, request.task, message.kwargs(), queue, priority,
-                       countdown=countdown, retries=retries, root_id=request.root_id,
+    sent = envelope_of(app, request.id, request.task, message.kwargs(), queue,
+                       _priority(task), countdown=countdown, retries=retries, root_id=request.root_id,
                        parent_id=request.parent_id,
                        argsrepr=getattr(request, "argsrepr", None),
                        kwargsrepr=getattr(request, "kwargsrepr", None))
     return addressed(queue, sent, message.lane_clock)
+
+
+def _priority(task: Any) -> int:  # the priority step this run's message was taken at
+    return (task.request.delivery_info or {}).get("priority") or 0
 
 
 def _fence(task: Any, lease: Lease) -> Fence:
@@ -261,11 +263,11 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
 
 def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Preempted,
              progress: Progress) -> NoReturn:
-    """Step aside for a waiting fast job: the job's next copy goes to the front of its
-    lane, fenced like a retry (and, like a worker's fault, no try of the job). A model
-    that resumes leaves its state here, and its copy at the front of this worker's own
-    queue of the lane, at the lane's first level: the worker runs the fast job, then
-    picks this one up where it stopped."""
+    """Step aside for a waiting fast (or lighter) job: the job's next copy goes to the
+    front of its lane, at its own level, fenced like a retry (and, like a worker's fault,
+    no try of the job). A model that resumes leaves its state here, and its copy at the
+    front of this worker's own queue of the lane: the worker runs the job it stepped
+    aside for, then the lighter ones, then picks this one up where it stopped."""
     job_id, resumes = task.request.id, stop.state is not None
     queue = worker_queue(lane, RUNTIME.hostname) if resumes else lane
     if resumes:
@@ -273,7 +275,7 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
     progress.paused(stop.step, stop.steps)  # before the copy exists: never after its end
     verdict = persist(lambda: publish_copy(redis_client(), _next_copy(
         task, message.with_route(message.route.preempted_copy()), 0, task.request.retries,
-        queue=queue, priority=0 if resumes else None), _fence(task, lease), front=True),
+        queue=queue), _fence(task, lease), front=True),
         f"the preempted copy of job {job_id}")
     if verdict != Pushed():
         SUSPENDED.take(job_id)
@@ -366,7 +368,7 @@ def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
                  resume[0])
     guard = StepGuard(self.request.id, lease, lane, route.preempted,
                       Progress(self, lane, route.preempted, resume[0] if resume else 0),
-                      message.job.leads_run)
+                      message.job.leads_run, _priority(self))
     try:
         ran = run_job(message.job, lane, guard, resume)
         lease.check()  # a stale run writes no artifact

@@ -2,11 +2,12 @@
 
 At every step boundary the run's :class:`StepGuard` stops it (raises) past
 ``GPULANES_MAX_JOB_S``, once its job is revoked, once a newer run took its job over,
-or, for a preemptible run, once a fast job waits for its worker
-(``gpu_worker.preempt``); else it reports the step (``tasks.worker.progress``). A
-model that can resume hands its state with each step (``keep``): the state of the
-boundary it stopped at travels with :class:`~gpu_worker.preempt.Preempted`. A
-revoked job that leads a coalesced run others still wait for runs on for them.
+or, for a preemptible run, once a fast job waits for its worker, or a first-level
+standard job for a heavier run (``gpu_worker.preempt``); else it reports the step
+(``tasks.worker.progress``). A model that can resume hands its state with each step
+(``keep``): the state of the boundary it stopped at travels with
+:class:`~gpu_worker.preempt.Preempted`. A revoked job that leads a coalesced run others
+still wait for runs on for them.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from celery.worker.state import revoked as revoked_ids
 
 from gpu_worker.lease import Lease
 from gpu_worker.preempt import PREEMPTION, Preempted
+from routing.names import FAST, first_level
 from tasks.errors import JobRevoked, JobTimeout
 from tasks.settings import settings
 from tasks.worker.coalesce import wanted_by_followers
@@ -27,8 +29,12 @@ class StepGuard:
     """``guard(step, steps)`` between steps of one run; see the module docstring."""
 
     def __init__(self, job_id: str, lease: Lease, lane: str, preempted: int,
-                 report: Progress, leads_run: bool = False) -> None:
+                 report: Progress, leads_run: bool = False, step: int = 0) -> None:
         self.job_id, self.lease, self.lane, self.preempted = job_id, lease, lane, preempted
+        #: The priority step the run was taken at; a run past standard's first level (or
+        #: a relaxed one) steps aside for a first-level job of its worker's own queue too.
+        self.step = step
+        self.heavier = lane != FAST and not first_level(lane, step)
         self.report, self.leads_run = report, leads_run
         #: Revoked by its own caller while it ran, it runs on for its run's followers.
         self.for_followers = False
@@ -58,7 +64,8 @@ class StepGuard:
         if steps is None or step < steps:
             left_s = self._left_s(step, steps)
             if (left_s is None or left_s >= settings.preempt_min_left_s) and \
-                    PREEMPTION.wanted(self.lane, self.preempted, self.preemptible, left_s):
+                    PREEMPTION.wanted(self.lane, self.preempted, self.preemptible, left_s,
+                                      self.heavier):
                 kept = self.state if self.state and self.state[0] == step else None
                 raise Preempted(step, steps, kept)
         self.report(step, steps)

@@ -1,13 +1,14 @@
 -- KEYS: the account's admitted jobs, its admitted fast jobs, its parked jobs, the
 -- accounts with parked jobs, depths per lane, depths per list, preemptible runs.
--- ARGV: the account, the due, wake and fast-news prefixes, then its jobs that are over.
+-- ARGV: the account, the due, wake and fast-news prefixes, the least score of a run a
+-- first-level standard job is told to (lua/fast_news.lua), then its jobs that are over.
 -- An account's jobs are over (tasks.jobs.admission): they leave the admitted sets, and
 -- the account's parked jobs enter their lists, first parked first, while its plan has
 -- room for them. Returns how many entered.
 -- include: enter
 -- include: admit
 local held = {KEYS[1], KEYS[2]}
-for i = 5, #ARGV do
+for i = 6, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])
   redis.call('ZREM', KEYS[2], ARGV[i])
 end
@@ -28,7 +29,8 @@ while true do
   -- it enters its lane now: its wait there counts from now, not from when it was parked
   enter({p.list, p.lists, KEYS[5], KEYS[6], KEYS[7]},
         {message = p.message, entered = tonumber(p.entered) > 0 and now or 0,
-         rank = p.rank, due = ARGV[2], wake = ARGV[3], news = ARGV[4]}, false)
+         rank = p.rank, due = ARGV[2], wake = ARGV[3], news = ARGV[4], heavier = ARGV[5]},
+        false)
   entered = entered + 1
 end
 return entered
