@@ -46,8 +46,8 @@ from tasks.broker.keys import (
     PREEMPT_CLAIMS_KEY,
     PREEMPTIBLE_KEY,
     fast_news_channel,
-    preemptible_score,
     lane_keys,
+    preemptible_score,
 )
 from tasks.settings import settings
 
@@ -82,9 +82,10 @@ class Preemption:
         self.identity, self.hostname = "", ""
         self._mine: frozenset[str] = frozenset()
         self._shared: frozenset[str] = frozenset()
-        # standard's first-level lists: the shared lane's, then its own queue's
+        # standard's first-level lists: the shared lane's, its own queue's, both
         self._first_shared: tuple[str, ...] = ()
         self._first_own: tuple[str, ...] = ()
+        self._first: frozenset[str] = frozenset()
 
     def start(self, client: redis.Redis, hostname: str, identity: str) -> None:
         """Listen for fast jobs pushed where this worker takes them (a daemon thread);
@@ -94,6 +95,7 @@ class Preemption:
             return
         self._first_shared, self._first_own = first_lists(STANDARD), \
             first_lists(worker_queue(STANDARD, hostname))
+        self._first = frozenset((*self._first_shared, *self._first_own))
         self._shared = frozenset((*lane_keys(FAST), *self._first_shared))
         self._mine = self._shared | frozenset((*lane_keys(worker_queue(FAST, hostname)),
                                                *self._first_own))
@@ -110,8 +112,7 @@ class Preemption:
                     pubsub.check_health()  # a dead connection raises: listen anew
                     message = pubsub.get_message(timeout=1.0)
                     if message and (key := _text(message["data"])) in self._mine:
-                        self._told(own=key not in self._shared,
-                                   fast=key not in self._first_shared + self._first_own)
+                        self._told(own=key not in self._shared, fast=key not in self._first)
             except Exception as exc:  # noqa: BLE001  never a deaf worker: listen again
                 log.info("fast-job news interrupted (%s: %s); listening again",
                          type(exc).__name__, exc)
@@ -130,7 +131,7 @@ class Preemption:
         """At a step boundary of a run in ``lane`` preempted ``preempted`` times so far
         (expecting ``left_s`` still to run; None: unknown): whether it is to stop now for
         a waiting fast job, or (``heavier``: a relaxed run, or a standard one past the
-        first level) for a first-level standard job in this worker's own queue. A run
+        first level) for a waiting first-level standard job. A run
         that may not stop hands the fast jobs of this worker's own queue to the shared
         lane, for another worker, unless it ends within the fast lane's budget: they
         wait it out here, their model warm, where elsewhere a worker that is free first,

@@ -78,19 +78,23 @@ def cold_s_of(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 def fast_work(worker: Mapping[str, Any]) -> int:
     """Jobs a fast job sent to ``worker`` would wait for: the fast jobs it runs, or a
     model it is loading (a load is not preempted), and the fast jobs in its own queue."""
-    running = max(worker.get("in_flight", {}).get(FAST, 0),
-                  1 if worker.get("loading_models") else 0)
-    return running + worker.get("queued_fast", 0)
+    return _waited_for(worker, worker.get("in_flight", {}).get(FAST, 0),
+                       worker.get("queued_fast", 0))
 
 
 def first_work(worker: Mapping[str, Any]) -> int:
     """Jobs a first-level standard job sent to ``worker`` would wait for
     (``routing.names.FIRST_STEPS``): its fast work (``fast_work``) and the first-level
     standard jobs it runs or holds in its own queue; a heavier run steps aside for it."""
-    in_flight = worker.get("in_flight", {})
-    running = max(in_flight.get(FAST, 0) + worker.get("in_flight_first", 0),
-                  1 if worker.get("loading_models") else 0)
-    return running + worker.get("queued_fast", 0) + worker.get("queued_first", 0)
+    return _waited_for(
+        worker, worker.get("in_flight", {}).get(FAST, 0) + worker.get("in_flight_first", 0),
+        worker.get("queued_fast", 0) + worker.get("queued_first", 0))
+
+
+def _waited_for(worker: Mapping[str, Any], running: int, queued: int) -> int:
+    """``running`` jobs of ``worker`` a new job would wait for (at least one while it
+    loads a model: a load is not preempted), then ``queued`` ones of its own queue."""
+    return max(running, 1 if worker.get("loading_models") else 0) + queued
 
 
 def warm_of(worker: Mapping[str, Any]) -> tuple[str, ...]:

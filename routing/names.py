@@ -68,3 +68,9 @@ def worker_hostname(index: int) -> str:
 def first_level(lane: str, priority: int | None) -> bool:
     """Whether a job of ``lane`` at kombu ``priority`` is of standard's first level."""
     return lane == STANDARD and (priority or 0) in FIRST_STEPS
+
+
+def heavier(lane: str, priority: int | None) -> bool:
+    """Whether a run of ``lane`` at ``priority`` steps aside for a first-level standard
+    job (``gpu_worker.preempt``): a relaxed run, or a standard one of a later level."""
+    return lane != FAST and not first_level(lane, priority)

@@ -21,7 +21,7 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
-from routing.names import FAST, FIRST_STEPS, STANDARD, first_level, worker_queue
+from routing.names import FAST, FIRST_STEPS, STANDARD, heavier, worker_queue
 from tasks.broker.keys import HEAVIER_SCORE, lane_keys, preemptible_score
 
 from benchmarks.simulate.queues import SimJob, list_key, node_of_key
@@ -101,7 +101,7 @@ class Preemptor:
                 self._hand_over(worker)  # a run ending within the fast budget keeps them
             return
         keys = (*lane_keys(worker_queue(FAST, worker.host)), *lane_keys(FAST))
-        if _heavier(job):  # it steps aside for standard's first-level jobs too
+        if heavier(job.lane, job.priority):  # it steps aside for first-level jobs too
             keys += tuple(list_key(queue, step) for step in FIRST_STEPS
                           for queue in (worker_queue(STANDARD, worker.host), STANDARD))
         if any(key in self.cluster.lists.list_depth for key in keys):
@@ -132,8 +132,3 @@ class Preemptor:
         self.preempted += 1
         self.cluster.step_aside(worker, job, worker_queue(job.lane, worker.host))
 
-
-def _heavier(job: SimJob) -> bool:
-    """Whether ``job``'s run steps aside for a first-level standard job of its worker's
-    own queue (``gpu_worker.preempt``): a relaxed run, or a standard one of a later level."""
-    return job.lane != FAST and not first_level(job.lane, job.priority)

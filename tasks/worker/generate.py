@@ -138,13 +138,13 @@ def _defer(task: Any, message: JobMessage) -> NoReturn:
 
 def _next_copy(task: Any, message: JobMessage, countdown: float, retries: int,
                queue: str | None = None) -> Message:
-    """The job's next copy (``message``), under the task's name, whichever it ran by: in
-    ``queue`` (default: its route's shared lane) at this copy's priority, after
-    ``countdown``; addressed from Redis: made in the write ``persist`` tries."""
+    """The job's next copy (``message``) under the name it ran by, in ``queue`` (default: its
+    route's shared lane) at this copy's priority, after ``countdown``; addressed from
+    Redis: made in the write ``persist`` tries."""
     request, queue = task.request, queue or lane_of(message.route.lane)
     sent = envelope_of(app, request.id, request.task, message.kwargs(), queue,
-                       _priority(task), countdown=countdown, retries=retries, root_id=request.root_id,
-                       parent_id=request.parent_id,
+                       _priority(task), countdown=countdown, retries=retries,
+                       root_id=request.root_id, parent_id=request.parent_id,
                        argsrepr=getattr(request, "argsrepr", None),
                        kwargsrepr=getattr(request, "kwargsrepr", None))
     return addressed(queue, sent, message.lane_clock)
@@ -263,11 +263,10 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
 
 def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Preempted,
              progress: Progress) -> NoReturn:
-    """Step aside for a waiting fast (or lighter) job: the job's next copy goes to the
-    front of its lane, at its own level, fenced like a retry (and, like a worker's fault,
-    no try of the job). A model that resumes leaves its state here, and its copy at the
-    front of this worker's own queue of the lane: the worker runs the job it stepped
-    aside for, then the lighter ones, then picks this one up where it stopped."""
+    """Step aside for a waiting fast (or lighter) job: its next copy goes to the front of
+    its lane at its own level, fenced like a retry (and no try of the job). A model that
+    resumes leaves its state here and its copy in this worker's own queue: the worker
+    runs the lighter jobs, then picks this one up where it stopped."""
     job_id, resumes = task.request.id, stop.state is not None
     queue = worker_queue(lane, RUNTIME.hostname) if resumes else lane
     if resumes:

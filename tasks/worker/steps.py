@@ -18,7 +18,7 @@ from celery.worker.state import revoked as revoked_ids
 
 from gpu_worker.lease import Lease
 from gpu_worker.preempt import PREEMPTION, Preempted
-from routing.names import FAST, first_level
+from routing.names import heavier
 from tasks.errors import JobRevoked, JobTimeout
 from tasks.settings import settings
 from tasks.worker.coalesce import wanted_by_followers
@@ -34,7 +34,7 @@ class StepGuard:
         #: The priority step the run was taken at; a run past standard's first level (or
         #: a relaxed one) steps aside for a first-level job of its worker's own queue too.
         self.step = step
-        self.heavier = lane != FAST and not first_level(lane, step)
+        self.heavier = heavier(lane, step)
         self.report, self.leads_run = report, leads_run
         #: Revoked by its own caller while it ran, it runs on for its run's followers.
         self.for_followers = False
