@@ -21,7 +21,7 @@ from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
 from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
-from tasks.jobs import admission, predictions
+from tasks.jobs import admission, predictions, webhooks
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.plans import Plan
 from tasks.jobs.predictions import Prediction
@@ -111,17 +111,21 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
 def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standard",
                   account: str = "anonymous", model: str = "demo",
                   downgradable: bool | None = None, idempotency_key: str | None = None,
-                  cancel_after: float | None = None, **inputs: Any
+                  cancel_after: float | None = None, webhook: str | None = None,
+                  webhook_events_filter: list[str] | None = None, **inputs: Any
                   ) -> tuple[Placed, Prediction | None]:
     """:func:`submit` of a plan's job (the HTTP front door's), answered with where its
     publish put it and the prediction it recorded, so that the caller can show the
     prediction without reading it back. The prediction is None when an idempotency key
     answered a job made earlier (``Placed.job_id``: that one), which was not recorded
-    now. Raises as :func:`submit` does."""
+    now. ``webhook``: the URL its events are sent to, those ``webhook_events_filter``
+    names (``tasks.jobs.webhooks``). Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
+    hook = None if webhook is None else webhooks.checked(webhook, webhook_events_filter)
     job_id = str(uuid.uuid4())
-    caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan), placed=True)
+    caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan, hook),
+                     placed=True)
     with _outage_named(job_id):
         where = place(replace(job, admitted=True), job_id, caller=caller)
     if where.job_id != job_id or caller.record is None:
@@ -148,7 +152,7 @@ CANCEL_AFTER_MAX_S = 7 * 24 * 3600.0
 
 
 def _caller(job: Any, job_id: str, idempotency_key: Any, cancel_after: Any,
-            plan: Any) -> Caller:
+            plan: Any, hook: tuple[str, tuple[str, ...]] | None = None) -> Caller:
     """What the caller's keywords add to the publish, each checked (:class:`InvalidJob`)."""
     same = None
     if idempotency_key is not None:
@@ -168,7 +172,7 @@ def _caller(job: Any, job_id: str, idempotency_key: Any, cancel_after: Any,
     period = int(time.time() // plan.period_s)
     return Caller(same=same, expires_s=cancel_after,
                   record=predictions.record(job_id, job.account, job.model, job.tier,
-                                            job.inputs, cancel_after),
+                                            job.inputs, cancel_after, hook),
                   plan=admission.plan_args(job.account, plan),
                   period=f"{period} {plan.period_s} {plan.fast_seconds!r}",
                   relax=plan.relax, renews_at=float((period + 1) * plan.period_s))

@@ -185,6 +185,27 @@ def clean_redis(redis_server):
     drop_keys(client)
 
 
+@pytest.fixture
+def http(api):
+    """An httpx client of the module's own ``api`` fixture (a ``tests.harness.http``
+    ``ApiServer``)."""
+    import httpx
+
+    with httpx.Client(base_url=api.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture
+def key(clean_redis):
+    """``key(account, plan)``: the headers of a new API key."""
+    from tasks.jobs import apikeys
+
+    def make(account: str = "studio", plan: str = "standard") -> dict[str, str]:
+        made, _ = apikeys.create(clean_redis, account, plan)
+        return {"Authorization": f"Bearer {made}"}
+    return make
+
+
 @pytest.fixture(scope="session")
 def app(redis_server):
     from tasks import app

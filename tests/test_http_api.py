@@ -39,21 +39,6 @@ def api(redis_server):
         yield server
 
 
-@pytest.fixture
-def http(api):
-    with httpx.Client(base_url=api.url, timeout=30) as client:
-        yield client
-
-
-@pytest.fixture
-def key(clean_redis):
-    """``key(account, plan)``: the headers of a new API key."""
-    def make(account: str = "studio", plan: str = "standard") -> dict[str, str]:
-        made, _ = apikeys.create(clean_redis, account, plan)
-        return {"Authorization": f"Bearer {made}"}
-    return make
-
-
 def create(http: httpx.Client, auth: dict, model: str = "echo", headers: dict | None = None,
            **body) -> httpx.Response:
     """POST a prediction of ``model`` (``body``: its input, tier...) with key ``auth``."""
@@ -106,7 +91,7 @@ def test_the_docs_show_a_creates_body_headers_and_refusal(http):
     create = http.get("/openapi.json").json()["paths"]["/v1/predictions"]["post"]
     body = create["requestBody"]["content"]["application/json"]["schema"]
     assert body["required"] == ["model"] and set(body["properties"]) == {
-        "model", "input", "tier", "downgradable"}
+        "model", "input", "tier", "downgradable", "webhook", "webhook_events_filter"}
     assert [p["name"] for p in create["parameters"]] == ["Idempotency-Key", "Cancel-After",
                                                        "Prefer"]
     assert {"201", "422"} <= set(create["responses"]) and create["security"]

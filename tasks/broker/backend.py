@@ -8,6 +8,7 @@ publish is the only round trip of an unseeded submit.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
 
 from celery import states
@@ -16,6 +17,7 @@ from kombu.utils.objects import cached_property
 from redis.sentinel import SentinelManagedConnection
 
 from tasks.broker import failover
+from tasks.broker.keys import prediction_key
 from tasks.broker.outage import refusal_parser, stopping
 from tasks.broker.store import app_redis_url, following, result_url
 
@@ -29,6 +31,11 @@ class Entry(NamedTuple):
 #: Jobs whose SUCCESS entry their run's own script stored (``lua/run_finish.lua``):
 #: Celery's store after the task returns would only read it back to leave it.
 _stored: set[str] = set()
+
+
+#: The states a prediction's event log tells, by the event each is (``lua/events.lua``).
+LOGGED = {states.STARTED: "started", states.SUCCESS: "completed",
+          states.FAILURE: "completed", states.REVOKED: "completed"}
 
 
 class ResultBackend(RedisBackend):
@@ -47,6 +54,26 @@ class ResultBackend(RedisBackend):
         if stopping():
             return fn(*args)
         return super().ensure(fn, args, **policy)
+
+    def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
+        """Celery's store of a job's state, a prediction's event logged with it
+        (``lua/result_store.lua``) when the state is one it tells."""
+        name, prefix = (v.decode() if isinstance(v, bytes) else str(v)
+                        for v in (key, self.task_keyprefix))
+        if state not in LOGGED or not name.startswith(prefix):
+            return super()._set_with_state(key, value, state)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            return super()._set_with_state(key, value, state)  # Celery refuses it
+        expires = self.failure_expires if state == states.FAILURE else self.expires
+        job_id = name[len(prefix):]
+        return self.ensure(self._set_logged, (name, value, int(expires or 0), job_id, state))
+
+    def _set_logged(self, key: str, value: Any, expires_s: int, job_id: str,
+                    state: str) -> Any:
+        from tasks.broker import scripts
+
+        return scripts.run(self.client, "result_store", [key, prediction_key(job_id)],
+                           [value, expires_s, LOGGED[state], json.dumps({"state": state})])
 
     def mark_as_done(self, task_id: str, result: Any, request: Any = None,
                      store_result: bool = True, state: str = states.SUCCESS) -> None:
@@ -116,7 +143,7 @@ _progress_clients: dict[int, Any] = {}
 
 def store_progress(app: Any, job_id: str, info: dict[str, Any]) -> bool:
     """Store ``info`` as job ``job_id``'s state ``PROGRESS`` unless a final state is
-    stored (``lua/progress_store.lua``), on a client of the backend's Redis that gives
+    stored (``lua/progress_store.lua``; its prediction's event log gets it too), on a client of the backend's Redis that gives
     up within ``PROGRESS_TIMEOUT_S``; whether it was written. Not Redis: the backend's
     own store."""
     backend = app.backend
@@ -128,8 +155,9 @@ def store_progress(app: Any, job_id: str, info: dict[str, Any]) -> bool:
     from tasks.broker import scripts
 
     return bool(scripts.run(_progress_client(backend), "progress_store",
-                            [backend.get_key_for_task(job_id)],
-                            [backend.encode(meta), int(backend.expires or 86400)]))
+                            [backend.get_key_for_task(job_id), prediction_key(job_id)],
+                            [backend.encode(meta), int(backend.expires or 86400),
+                             json.dumps(info)]))
 
 
 def _progress_client(backend: RedisBackend) -> Any:

@@ -275,6 +275,21 @@ def prediction_key(job_id: str) -> str:
     return PREDICTION_PREFIX + job_id
 
 
+def events_key(job_id: str) -> str:
+    """A prediction's event log (a stream; ``lua/events.lua`` names it so), which is
+    also the channel its new events are announced on."""
+    return f"{PREDICTION_PREFIX}{job_id}:events"
+
+
+#: The webhook deliveries due, each "<record> <event id> <kind>" scored by when it is
+#: due (unix s); one being sent is scored past its delivery's deadline meanwhile.
+WEBHOOKS_DUE_KEY = f"{PREFIX}:webhooks:due"
+#: Per delivery ("<job id> <event id>"), the attempts made so far.
+WEBHOOK_ATTEMPTS_KEY = f"{PREFIX}:webhooks:attempts"
+#: Per account, the secret its webhooks are signed with.
+WEBHOOK_SECRETS_KEY = f"{PREFIX}:webhooks:secrets"
+
+
 def predictions_key(account: str) -> str:
     return PREDICTIONS_PREFIX + account
 

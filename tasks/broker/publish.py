@@ -102,6 +102,8 @@ class Record(NamedTuple):
     json: str      #: what it holds: model, tier, input, when...
     kept_s: int    #: how long both are kept
     kept: int      #: how many of the account's latest stay listed
+    #: its webhook's "outbox kinds gap_ms" ('': none; ``tasks.jobs.events``)
+    hook: str = ""
 
 
 class PlanArgs(NamedTuple):
@@ -241,7 +243,7 @@ def publish(client: redis.Redis, message: Message, when: Conditions = Conditions
                   fair_steps=" ".join(map(str, RELAX_LEVEL_PRIORITIES)) if fair.spec else None,
                   fair_room=" ".join(map(repr, LEVEL_ROOM)) if fair.spec else None,
                   record=record.json or None, record_s=record.kept_s or None,
-                  kept=record.kept or None,
+                  kept=record.kept or None, hook=record.hook or None,
                   lane=lane_of(message.queue) if record.key else None,
                   limits=";".join(map(_limit, when.limits)) or None,
                   places=allowed or None, lapse=lapse_s if allowed else None,

@@ -38,6 +38,7 @@ from tasks.broker.keys import (
     waiting_accounts_key,
     held_key,
     lease_key,
+    prediction_key,
     revoked_key,
 )
 from tasks.broker.publish import RELEASED
@@ -63,8 +64,9 @@ def begin(job_id: str, holder: str, taken: str, account: str | None,
 
     The job leaves ``account``'s jobs waiting in the fast and standard lanes here (its
     fast place, ``tasks.jobs.fastlimit``; its weight on the level of the account's next
-    jobs, ``routing.fair.queued_level``); a run that begins stores ``started`` (its STARTED entry in the result backend) in the
-    same step."""
+    jobs, ``routing.fair.queued_level``); a run that begins stores ``started`` (its
+    STARTED entry in the result backend) and logs its prediction's ``started`` event in
+    the same step."""
     key, entry = started or (done_key(job_id), "")  # no entry: a key unused
     keys = [done_key(job_id), lease_key(job_id), attempts_key(job_id), revoked_key(job_id),
             DEAD_KEY, key]
@@ -74,7 +76,7 @@ def begin(job_id: str, holder: str, taken: str, account: str | None,
     return tuple(_run("run_begin", keys, [holder, settings.lease_ttl_s, settings.runs_kept_s,
                                           job_id, taken, "1" if deferred else "", RELEASED,
                                           entry, settings.result_ttl_s, HELD_PREFIX,
-                                          account or ""]))
+                                          account or "", prediction_key(job_id)]))
 
 
 class Finished(NamedTuple):
@@ -99,7 +101,7 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
     in that step too unless the run is stale, before its entry is announced."""
     key, entry = stored or (done_key(job_id), "")
     keys = [lease_key(job_id), attempts_key(job_id), done_key(job_id), key, FAST_BALANCE_KEY,
-            FAST_EXHAUSTED_KEY, held_key(process_holder())]
+            FAST_EXHAUSTED_KEY, held_key(process_holder()), prediction_key(job_id)]
     args = [token, attempt, json.dumps(result), settings.result_ttl_s, account,
             repr(result["run_ms"] / 1000),
             repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
@@ -123,7 +125,8 @@ def give_up(job_id: str, token: str, attempt: int, entry: str, failures_field: s
             failed: Entry | None = None) -> bool:
     """Dead-letter the job (``entry``) if the run still holds it, storing ``failed`` (its
     FAILURE entry in the result backend) in the same step; False: stale."""
-    keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY]
+    keys = [lease_key(job_id), attempts_key(job_id), DEAD_KEY, METRICS_KEY, DEAD_INDEX_KEY,
+            prediction_key(job_id)]
     args = [token, attempt, job_id, entry, failures_field, repr(failed_at(entry)),
             max(DEAD_TTL_S, settings.runs_kept_s)]
     if failed is not None:

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tasks.front import catalog, errors, predictions
+from tasks.front import catalog, errors, events, predictions, signing
 from tasks.front.auth import close_key_cache, key_cache
 from tasks.settings import settings
 
@@ -63,6 +63,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     cache = await run_in_threadpool(key_cache)
     await run_in_threadpool(cache.listening.wait, settings.redis_timeout_s)
     yield
+    events.close_hubs()
     close_key_cache()
 
 
@@ -74,6 +75,8 @@ def create_app() -> FastAPI:
                   docs_url="/docs", redoc_url=None, lifespan=lifespan)
     errors.install(app)
     app.include_router(predictions.router)
+    app.include_router(events.router)
+    app.include_router(signing.router)
     app.include_router(catalog.router)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes())
     return app

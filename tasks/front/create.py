@@ -52,6 +52,13 @@ class PredictionRequest(BaseModel):
     downgradable: bool | None = Field(
         None, description="Whether the job may move down a lane under load (default: "
                           "yes for standard, no for fast).")
+    webhook: str | None = Field(
+        None, max_length=2048, description="A URL each of its events is POSTed to (the "
+        "prediction, signed the Standard Webhooks way); refused if it points into the "
+        "cluster's own network.")
+    webhook_events_filter: list[Literal["start", "progress", "output", "completed"]] | \
+        None = Field(None, min_length=1, description="The events sent to `webhook` "
+                     "(default: all; progress at most every 500 ms).")
 
     def inputs(self) -> dict[str, Any]:
         """The input as ``submit()``'s keywords; a name it keeps for itself is refused."""

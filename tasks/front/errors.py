@@ -28,7 +28,7 @@ UNAVAILABLE_RETRY_S = 5
 #: ``submit()``'s names of what came from a header, as the caller wrote them.
 HEADER_FIELDS = {"idempotency_key": "Idempotency-Key", "cancel_after": "Cancel-After"}
 #: Fields of the request body itself; any other field ``submit()`` names is an input.
-BODY_FIELDS = frozenset({"model", "tier", "downgradable"})
+BODY_FIELDS = frozenset({"model", "tier", "downgradable", "webhook", "webhook_events_filter"})
 #: A refusal's JSON, as the OpenAPI document shows it.
 REFUSAL_SCHEMA = {"type": "object", "required": ["detail"], "properties": {
     "detail": {"type": "string", "description": "What was wrong and what to do."},

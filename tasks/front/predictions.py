@@ -22,7 +22,7 @@ from tasks.front.auth import SECURITY, caller, request_key
 from tasks.front.errors import Refused
 from tasks.front.files import artifacts, served
 from tasks.front.views import FINAL, Seen, prediction_json, seen, status
-from tasks.jobs import predictions
+from tasks.jobs import events, predictions
 from tasks.jobs.apikeys import ApiKey
 from tasks.jobs.plans import plan
 from tasks.jobs.predictions import Prediction
@@ -67,7 +67,8 @@ async def create_prediction(request: Request) -> dict[str, Any]:
     after_s = create.cancel_after(asked.get("cancel-after"))
     call = partial(submit_placed, tier=body.tier, account=key.account, model=body.model,
                    downgradable=body.downgradable, plan=plan(key.plan), idempotency_key=same,
-                   cancel_after=after_s, **body.inputs())
+                   cancel_after=after_s, webhook=body.webhook,
+                   webhook_events_filter=body.webhook_events_filter, **body.inputs())
     wait_s = create.wait_s(asked.get("prefer"))
     where, made = await run_in_threadpool(call)
     if made is not None and not wait_s:  # just queued, as recorded: nothing to read
@@ -133,6 +134,8 @@ def cancel_prediction(prediction_id: str, request: Request,
     prediction = owned(key.account, prediction_id)
     if status(prediction, seen(celery_app, redis_client(), prediction, False)) not in FINAL:
         celery_app.AsyncResult(prediction.id).revoke()
+        # its event log ends now if its job never began (a run logs its own end)
+        events.end(redis_client(), prediction.id, "REVOKED", unless_began=True)
     return shown(prediction, request)
 
 

@@ -73,9 +73,12 @@ def prediction_json(prediction: Prediction, found: Seen, base_url: str) -> dict[
         "id": prediction.id, "model": prediction.model, "tier": prediction.tier,
         "input": prediction.input, "status": status(prediction, found),
         "created_at": iso(prediction.created_at), "output": None, "error": None,
-        "urls": {"get": url, "cancel": f"{url}/cancel"}}
+        "urls": {"get": url, "cancel": f"{url}/cancel", "stream": f"{url}/events"}}
     if prediction.cancel_after_at is not None:
         body["cancel_after_at"] = iso(prediction.cancel_after_at)
+    if prediction.webhook is not None:
+        body["webhook"] = prediction.webhook
+        body["webhook_events_filter"] = list(prediction.webhook_events_filter or ())
     if body["status"] == "starting" and (found.position is not None or prediction.parked):
         body["queue"] = {"lane": prediction.lane or prediction.tier,
                          "position": found.position, "parked": prediction.parked}

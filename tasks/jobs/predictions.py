@@ -16,6 +16,7 @@ import redis
 
 from tasks.broker.keys import due_key, prediction_key, predictions_key
 from tasks.broker.publish import Record
+from tasks.jobs import events
 from tasks.settings import settings
 
 #: Predictions an account's list keeps (its oldest drop out).
@@ -37,25 +38,40 @@ class Prediction:
     lane: str = ""
     #: Waiting in its account's own line for the plan to let it in.
     parked: bool = False
+    #: Where its events are sent (a URL), and which (``tasks.jobs.events``).
+    webhook: str | None = None
+    webhook_events_filter: tuple[str, ...] | None = None
     #: When it entered its lane (its lane clock, 0: not indexed).
     entered: float = 0.0
 
 
 def record(job_id: str, account: str, model: str, tier: str, inputs: Mapping[str, Any],
-           cancel_after_s: float | None = None) -> Record:
-    """The record the publish writes for a new job."""
+           cancel_after_s: float | None = None,
+           hook: tuple[str, tuple[str, ...]] | None = None) -> Record:
+    """The record the publish writes for a new job (``hook``: its webhook's URL and
+    events, checked)."""
     now = time.time()
     body = {"id": job_id, "account": account, "model": model, "tier": tier,
             "input": dict(inputs), "created_at": round(now, 3),
             "cancel_after_at": None if cancel_after_s is None else round(now + cancel_after_s, 3)}
+    if hook is not None:
+        body.update(webhook=hook[0], webhook_events_filter=list(hook[1]))
     return Record(prediction_key(job_id), predictions_key(account), json.dumps(body),
-                  int(settings.result_ttl_s), KEPT_PER_ACCOUNT)
+                  int(settings.result_ttl_s), KEPT_PER_ACCOUNT,
+                  events.hook(hook[1]) if hook is not None else "")
 
 
 def recorded(written: Record, lane: str, parked: bool = False) -> Prediction:
     """The prediction whose record (:func:`record`) a publish just wrote, to ``lane`` or
     parked, as reading it back would find it."""
-    return Prediction(**json.loads(written.json), lane=lane, parked=parked)
+    return _made(json.loads(written.json), lane=lane, parked=parked)
+
+
+def _made(body: dict[str, Any], **fields: Any) -> Prediction:
+    """The prediction a record's JSON ``body`` and its other ``fields`` say."""
+    if body.get("webhook_events_filter") is not None:
+        body["webhook_events_filter"] = tuple(body["webhook_events_filter"])
+    return Prediction(**body, **fields)
 
 
 def owned(client: redis.Redis, account: str, job_id: str) -> Prediction | None:
@@ -63,8 +79,13 @@ def owned(client: redis.Redis, account: str, job_id: str) -> Prediction | None:
     account's: the caller cannot tell which)."""
     if not isinstance(job_id, str) or not 0 < len(job_id) <= 200:
         return None
-    found = _prediction(client.hgetall(prediction_key(job_id)))
+    found = read(client, job_id)
     return found if found is not None and found.account == account else None
+
+
+def read(client: redis.Redis, job_id: str) -> Prediction | None:
+    """The prediction ``job_id``, whoever made it; None when there is no record."""
+    return _prediction(client.hgetall(prediction_key(job_id)))
 
 
 def listed(client: redis.Redis, account: str, offset: int = 0, limit: int = 20
@@ -95,9 +116,8 @@ def _prediction(fields: Mapping[Any, Any]) -> Prediction | None:
     fields = {_text(k): _text(v) for k, v in fields.items()}
     try:
         body = json.loads(fields["json"])
-        return Prediction(**body, lane=fields.get("lane", ""),
-                          parked=fields.get("parked") == "1",
-                          entered=float(fields.get("entered") or 0))
+        return _made(body, lane=fields.get("lane", ""), parked=fields.get("parked") == "1",
+                     entered=float(fields.get("entered") or 0))
     except (KeyError, TypeError, ValueError):
         return None
 

@@ -1,4 +1,5 @@
-"""``celery -A tasks lanes api``: serve the HTTP API (``tasks.front``).
+"""``celery -A tasks lanes api``: serve the HTTP API (``tasks.front``);
+``celery -A tasks lanes webhooks``: send its webhooks.
 
 Registered on the ``lanes`` group by ``tasks.ops.cli``; uvicorn and the app load only
 when the command runs.
@@ -24,3 +25,16 @@ def api(host: str, port: int, workers: int, access_log: bool) -> None:
     from tasks.front.serve import serve
 
     serve(host, port, workers, access_log)
+
+
+@lanes.command("webhooks")
+def webhooks() -> None:
+    """Send the predictions' webhooks (signed, retried with backoff) until Ctrl-C. Run
+    one or more beside the API: a delivery a stopped sender held is sent by another."""
+    import logging
+
+    from tasks.front.hooks import serve
+
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve()

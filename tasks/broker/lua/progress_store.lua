@@ -1,8 +1,11 @@
--- KEYS: a job's result key (Celery's result backend).
--- ARGV: its PROGRESS entry (JSON, as the backend encodes it), how long it is kept (s).
+-- KEYS: a job's result key (Celery's result backend), its prediction's record.
+-- ARGV: its PROGRESS entry (JSON, as the backend encodes it), how long it is kept (s),
+-- the progress itself (JSON: step, steps, eta_s, lane...).
 -- Writes the progress unless a final state (SUCCESS, FAILURE, REVOKED) is stored: a
 -- report of a run that was taken over, or that lost a race with its own end, never
--- hides a job's outcome. Returns 1 when written.
+-- hides a job's outcome. The prediction's event log gets it too (lua/events.lua).
+-- Returns 1 when written.
+-- include: events
 local now = redis.call('GET', KEYS[1])
 if now then
   local ok, meta = pcall(cjson.decode, now)
@@ -12,4 +15,5 @@ if now then
   end
 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+add_event(KEYS[2], 'progress', ARGV[3])
 return 1

@@ -24,6 +24,7 @@
 --   record, record_s, kept   the prediction's record (JSON), kept record_s, and its
 --              place in the account's predictions, of which the latest ``kept`` stay
 --   lane       the lane the job goes to (written into the record)
+--   hook       "outbox kinds gap_ms" of the prediction's webhook (lua/record.lua)
 --   plan       "concurrent concurrent_fast queued lapse_s" (lua/admit.lua): over the
 --              first two the job is parked ('parked'); more than queued parked: refused
 --              ('queued_jobs')

@@ -7,7 +7,8 @@
 -- copy: that copy exists; not from one released as a held copy was put back, which may
 -- have been this very copy), the prefix of a
 -- released lease, the STARTED entry to store for a run that begins ('': none), how long
--- entries are kept, the holders' records' key prefix, the job's account.
+-- entries are kept, the holders' records' key prefix, the job's account, its prediction's
+-- record (its event log says it started: lua/events.lua).
 -- The lease is "<holder>#<run number>#<take token>"; one marked released is free.
 -- A call retried after a lost reply finds its own lease and carries on as that run.
 -- A lease held by another run: 'busy' while that run's own message is recorded as
@@ -15,6 +16,7 @@
 -- A job with no run counter never ran, so has no dead letter of a run (a refused
 -- message's letter has no valid copy): only a later run reads the letters.
 -- include: leave
+-- include: events
 for i = 7, #KEYS, 2 do leave_fair(KEYS[i], KEYS[i + 1], ARGV[11], ARGV[4]) end
 local found = redis.call('MGET', KEYS[1], KEYS[2], KEYS[4], KEYS[3])
 local done, lease, ran = found[1], found[2], found[4]
@@ -50,4 +52,5 @@ else
 end
 redis.call('SET', KEYS[2], ARGV[1] .. '#' .. n .. '#' .. ARGV[5], 'EX', ARGV[2])
 if ARGV[8] ~= '' then redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[9]) end
+add_event(ARGV[12], 'started', '{}')
 return {'run', tostring(n)}

@@ -1,6 +1,7 @@
 -- KEYS: lease, run counter, done, the job's result entry (Celery's backend), fast
--- balances, exhausted, the holding process's records[, the coalesced run the job leads,
--- the cache's LRU set]. ARGV: token, run number, result, result ttl, account, run s,
+-- balances, exhausted, the holding process's records, the job's prediction's record (its
+-- event log says it completed: lua/events.lua)[, the coalesced run the job leads, the
+-- cache's LRU set]. ARGV: token, run number, result, result ttl, account, run s,
 -- starting fast balance ('': no fast time to charge), the SUCCESS entry to store and
 -- announce ('': none), the take token of the run's message to ack here ('': acked
 -- apart), lease ttl[, then the settle's: leader id, cache ttl, max entries, now, seconds
@@ -13,6 +14,7 @@
 -- verdict and its value, for the worker to serve.
 -- include: add_fast
 -- include: settle
+-- include: events
 local lease = redis.call('GETDEL', KEYS[1])
 if lease then
   if lease ~= ARGV[1] then  -- a newer run's: it stays
@@ -27,13 +29,14 @@ local answer = {'stored', ''}
 if not redis.call('SET', KEYS[3], ARGV[3], 'EX', ARGV[4], 'NX') then
   answer = {'earlier', redis.call('GET', KEYS[3])}
 end
-if KEYS[8] then  -- settled once: a retried call (or a later run) gets what it got
+if KEYS[9] then  -- settled once: a retried call (or a later run) gets what it got
   local result = answer[1] == 'stored' and ARGV[3] or answer[2]
-  local followers = settle(KEYS[8], KEYS[9], ARGV[11], result, ARGV[12], ARGV[13],
+  local followers = settle(KEYS[9], KEYS[10], ARGV[11], result, ARGV[12], ARGV[13],
                            ARGV[14], ARGV[15], ARGV[16])
   for i = 1, #followers do answer[#answer + 1] = followers[i] end
 end
 if answer[1] == 'earlier' then return answer end
+add_event(KEYS[8], 'completed', '{"state":"SUCCESS"}')
 if ARGV[8] ~= '' then
   redis.call('SET', KEYS[4], ARGV[8], 'EX', ARGV[4])
   redis.call('PUBLISH', KEYS[4], ARGV[8])
