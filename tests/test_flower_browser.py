@@ -18,7 +18,8 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pytest
 from conftest import STATE_DIR, free_port, wait_until
@@ -51,8 +52,10 @@ def _browser_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator["webdriver.Chrome"]:
+@contextmanager
+def chromium(logs: dict[str, str], page_wait_s: float = PAGE_WAIT_S) -> Iterator[Any]:
+    """Headless Chromium driven by chromedriver, keeping the browser logs ``logs`` names;
+    the test skips (fails, under GPULANES_REQUIRE_BROWSER) without them."""
     reason = _browser_missing()
     if reason and os.environ.get("GPULANES_REQUIRE_BROWSER"):
         pytest.fail(f"GPULANES_REQUIRE_BROWSER is set but {reason}")
@@ -66,15 +69,21 @@ def browser() -> Iterator["webdriver.Chrome"]:
     options.binary_location = CHROMIUM
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
         options.add_argument(flag)
-    # The performance log carries each response's status, which WebDriver hides.
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    options.set_capability("goog:loggingPrefs", logs)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(PAGE_WAIT_S)
+    driver.set_page_load_timeout(page_wait_s)
     try:
         yield driver
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    # The performance log carries each response's status, which WebDriver hides.
+    with chromium({"performance": "ALL"}) as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tasks.front import catalog, errors, events, predictions, signing
+from tasks.front import account, catalog, errors, events, page, predictions, signing
 from tasks.front.auth import close_key_cache, key_cache
 from tasks.settings import settings
 
@@ -78,5 +78,7 @@ def create_app() -> FastAPI:
     app.include_router(events.router)
     app.include_router(signing.router)
     app.include_router(catalog.router)
+    app.include_router(page.router)
+    app.include_router(account.router)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes())
     return app
