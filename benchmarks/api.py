@@ -54,6 +54,7 @@ from typing import Any
 
 if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import api_events  # noqa: E402
 from benchmarks.api_figures import (  # noqa: E402
     KINDS, LATENCY_HEADERS, MODES, THROUGHPUT_HEADERS, latency_figures, latency_rows,
     mode_name, throughput_figures, throughput_rows, verdict_lines, verdicts)
@@ -217,6 +218,9 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         ms, cpu_ms, models_bytes = latency(client, servers[0].url, accounts, keys,
                                            args.samples)
         rounds = throughput(client, load, servers, args, accounts)
+        streamed = None if not args.streams else api_events.measure(
+            client, servers, state, args, lambda side, n: one_round(
+                client, load, servers, side, n, args.seconds / args.rounds, accounts))
     finally:
         if load is not None:
             load.stop()
@@ -227,7 +231,8 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     figures = {"latency": latency_figures(ms, cpu_ms),
                "throughput": throughput_figures(rounds)}
     return {"config": {**config(args), "models_bytes": models_bytes}, **figures,
-            "goals": verdicts(figures["latency"], figures["throughput"]), "rounds": rounds}
+            "goals": verdicts(figures["latency"], figures["throughput"]), "rounds": rounds,
+            "events": streamed}
 
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,7 +240,8 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     return {"seconds_per_mode": args.seconds, "rounds": args.rounds, "samples": args.samples,
             "accounts": args.accounts, "clients": args.clients,
             "concurrency": args.concurrency, "client": args.client, "model": MODEL,
-            "tier": TIER, "plan": PLAN}
+            "tier": TIER, "plan": PLAN, "streams": args.streams, "hooks": args.hooks,
+            "outage_s": args.outage}
 
 
 def report(figures: dict[str, Any]) -> None:
@@ -249,6 +255,8 @@ def report(figures: dict[str, Any]) -> None:
                if m["errors"] or m["parked"]}:
         print(f"WARNING: submits refused or parked: {bad}; see the rounds' errors "
               "(more --accounts?)")
+    if figures.get("events"):
+        print("\n".join(api_events.report_lines(figures["events"])))
     print(f"total wall time {figures['wall_s']:.1f}s")
 
 
@@ -270,6 +278,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--client", choices=SENDERS, default="raw",
         help="how the client processes send: raw (hand-written HTTP/1.1 on keep-alive "
              "connections, the least CPU) or httpx (its AsyncClient); default: raw")
+    add("--streams", type=int, default=1000,
+        help="event streams held open in the rounds with streams (0: no events part; "
+             "default: 1000)")
+    add("--hooks", type=int, default=100,
+        help="webhooks sent through the receiver's outage (default: 100)")
+    add("--outage", type=float, default=30.0,
+        help="seconds the webhooks' receiver is down (default: 30)")
     json_option(parser, "api")
     args = parser.parse_args(argv)
     if min(args.rounds, args.samples, args.accounts, args.clients, args.concurrency) < 1 \
@@ -285,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     figures = run_private("gl-api-", lambda state: benchmark(args, state),
                           "Redis and the API servers are stopped", HEARTBEAT_S=HEARTBEAT_S,
-                          MAX_DEPTH=DEPTHS)
+                          MAX_DEPTH=DEPTHS, WEBHOOK_ALLOW_PRIVATE="1")
     return finish(figures, report, args.json)
 
 

@@ -57,8 +57,43 @@ def api(data: dict[str, Any]) -> Page:
     page.add("## What the API asks Redis more than `submit()` does",
              "Per submit, one process each, the commands its scripts run included:",
              redis_table(rate["redis_by_command"]))
+    if data.get("events"):
+        events_section(page, data["events"], config)
     return page.add("## Goals", "\n".join(f"- {line}" for line in
                                           verdict_lines(data["goals"])))
+
+
+def events_section(page: Page, found: Mapping[str, Any], config: Mapping[str, Any]) -> None:
+    """Open event streams against submits, progress to event, webhooks through an
+    outage."""
+    rate, hooks = found["submits_s"], found["webhooks"]
+    latency = found["progress_to_event_ms"]
+    page.add("## Event streams and webhooks",
+             f"Submits per second of one API process (the rounds above's client load), "
+             f"in {config['rounds']} interleaved pairs of rounds without and with "
+             f"{found['streams_open']} Server-Sent Event streams open on it (predictions "
+             "of other accounts, queued, held by a client in the benchmark's process):",
+             table(["open streams", "submits/s (median)", "paired ratio"], [
+                 ["0", num(rate["without"], 0), ""],
+                 [str(found["streams_open"]), num(rate["with"], 0),
+                  ratio(found["rate_ratio_paired"])]]),
+             "From a worker's progress report (`store_progress`, as a running job calls it "
+             f"every {num(found['progress_interval_ms'], 0)} ms) to the event parsed by "
+             "a client reading the prediction's stream:",
+             table(["other streams open", "p50 ms", "p95 ms", "max ms", "reports"], [
+                 [n, num(ms["p50"], 1), num(ms["p95"], 1), num(ms["max"], 1),
+                  str(ms["samples"])] for n, ms in latency.items()]),
+             f"Webhooks: {hooks['count']} predictions' `completed` events to a receiver "
+             f"that answered 503 for {num(hooks['outage_s'], 0)} s "
+             f"({hooks['attempts_while_down']} attempts refused meanwhile): "
+             f"{hooks['delivered']} delivered once it was back "
+             f"({num(100 * hooks['delivered'] / hooks['count'], 0)} %), each once "
+             f"({hooks['repeats']} repeats), the last "
+             f"{num(hooks['last_delivered_after_back_s'], 1)} s after its return (the "
+             "retries' backoff, at most 60 s apart, with full jitter).",
+             "\n".join(f"- {name.replace('_', ' ')}: {goal['value']} (goal {goal['goal']})"
+                       f": {'met' if goal['met'] else 'NOT met'}"
+                       for name, goal in found["goals"].items()))
 
 
 def redis_table(found: Mapping[str, Mapping[str, float]]) -> str:

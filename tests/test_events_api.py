@@ -2,6 +2,7 @@
 lanes api`` in its own processes, httpx reading the stream."""
 from __future__ import annotations
 
+import threading
 import uuid
 
 import httpx
@@ -124,3 +125,27 @@ def test_a_stream_needs_the_owners_key_and_a_valid_last_event_id(http, owner, wo
     bad = http.get(path, headers={**owner, "Last-Event-ID": "not-an-id"})
     assert bad.status_code == 422 and bad.json()["field"] == "Last-Event-ID"
     assert kinds(sse.read(http, path, owner))[-1] == "completed"
+
+
+def test_a_waiting_predictions_place_is_sent_again_as_it_moves_up(http, owner, worker):
+    gates = [uuid.uuid4().hex[:12] for _ in range(2)]
+    first = create(http, owner, input={"prompt": f"gate:{gates[0]}", **SMALL})
+    try:
+        wait_until(lambda: at_gate(gates[0]), 30, what="the first job at its gate")
+        create(http, owner, input={"prompt": f"gate:{gates[1]}", **SMALL})
+        last = create(http, owner, model="echo", input={"text": "last"})
+        got: list[dict] = []
+        reader = threading.Thread(target=lambda: sse.read(
+            http, last["urls"]["stream"], owner, into=got), daemon=True)
+        reader.start()
+        wait_until(lambda: got, 30, what="the queued event")
+        assert got[0]["data"]["queue"]["position"] == 1 and "id" in got[0]
+        open_gate(gates[0])  # the second job runs: the last is next
+        wait_until(lambda: len(got) > 1, 30, what="its new place")
+        assert got[1]["event"] == "queued" and "id" not in got[1]
+        assert got[1]["data"]["queue"]["position"] == 0
+    finally:
+        for gate in gates:
+            open_gate(gate)
+    reader.join(60)
+    assert kinds(got)[-3:] == ["started", "output", "completed"] and first["id"]

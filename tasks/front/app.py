@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tasks.front import account, catalog, errors, events, page, predictions, signing
+from tasks.front import account, catalog, errors, events, hub, page, predictions, signing
 from tasks.front.auth import close_key_cache, key_cache
 from tasks.settings import settings
 
@@ -63,7 +63,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     cache = await run_in_threadpool(key_cache)
     await run_in_threadpool(cache.listening.wait, settings.redis_timeout_s)
     yield
-    events.close_hubs()
+    hub.close_hubs()
     close_key_cache()
 
 

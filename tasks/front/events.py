@@ -7,18 +7,14 @@ reconnects with ``Last-Event-ID`` gets the events after that one, each once, fro
 API process. While the job waits, its place is sent again (a ``queued`` event with no
 id) when it changes.
 
-One :class:`Hub` per process wakes the streams: it subscribes to the channel of each
-log being read, and a new event wakes that log's readers at once. A stream that hears
-nothing looks again every :data:`IDLE_S`: at its place, its ``Cancel-After``, and at a
-job whose end its log lacks.
+A stream reads its log when a new event is announced, and hears of its job's place,
+or of an end its log lacks, from its process's hub (``tasks.front.hub``): idle, it
+costs no read of its own.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import queue
-import threading
 from typing import Any, AsyncIterator, NamedTuple
 
 import redis
@@ -28,10 +24,10 @@ from starlette.concurrency import run_in_threadpool
 
 from tasks.broker.app import app as celery_app
 from tasks.broker.app import redis_client
-from tasks.broker.keys import events_key
 from tasks.broker.outage import OUTAGE
 from tasks.front.auth import caller
 from tasks.front.errors import Refused, iso
+from tasks.front.hub import hub
 from tasks.front.predictions import base_url, owned
 from tasks.front.views import FINAL, PROGRESS_FIELDS, finished, prediction_json, seen, status
 from tasks.jobs import events, predictions
@@ -41,133 +37,18 @@ from tasks.jobs.predictions import Prediction
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["predictions"])
-#: Seconds a stream that heard nothing waits before it looks again itself.
-IDLE_S = 2.0
 #: Seconds between two comments that keep an idle connection open through proxies.
 PING_S = 15
-#: Seconds the hub's thread waits for a message before it looks at its requests.
-LISTEN_S = 0.05
-#: Seconds a stream waits for its subscription before it reads its log anyway.
-SUBSCRIBE_WAIT_S = 2.0
-
-
-class Hub:
-    """This process's subscriptions to the logs its streams read. A thread owns the
-    subscriber connection (it listens, and subscribes and unsubscribes as streams ask);
-    each message sets the :class:`asyncio.Event` of every stream reading that log."""
-
-    def __init__(self, client: redis.Redis, loop: asyncio.AbstractEventLoop) -> None:
-        self.client, self.loop = client, loop
-        self.readers: dict[str, set[asyncio.Event]] = {}
-        self.asked: queue.SimpleQueue[tuple[str, str, asyncio.Future | None]] = \
-            queue.SimpleQueue()
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._listen, name="event-hub", daemon=True)
-        self.thread.start()
-
-    async def watch(self, channel: str) -> asyncio.Event:
-        """An event set whenever ``channel``'s log grows, once the hub listens there (or
-        after :data:`SUBSCRIBE_WAIT_S`: the stream reads its log itself meanwhile)."""
-        woken = asyncio.Event()
-        readers = self.readers.setdefault(channel, set())
-        readers.add(woken)
-        if len(readers) == 1:
-            subscribed = self.loop.create_future()
-            self.asked.put(("subscribe", channel, subscribed))
-            try:
-                await asyncio.wait_for(asyncio.shield(subscribed), SUBSCRIBE_WAIT_S)
-            except asyncio.TimeoutError:
-                pass
-        return woken
-
-    def unwatch(self, channel: str, woken: asyncio.Event) -> None:
-        readers = self.readers.get(channel)
-        if readers is None:
-            return
-        readers.discard(woken)
-        if not readers:
-            del self.readers[channel]
-            self.asked.put(("unsubscribe", channel, None))
-
-    def close(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
-
-    def _wake(self, channel: str | None) -> None:
-        """Wake the readers of ``channel`` (None: every reader, after a lost connection)."""
-        chosen = self.readers.values() if channel is None else [self.readers.get(channel, ())]
-        for readers in chosen:
-            for woken in readers:
-                woken.set()
-
-    def _listen(self) -> None:
-        pubsub = self.client.pubsub()
-        waiting: dict[str, list[asyncio.Future]] = {}
-        while not self.stopped.is_set():
-            try:
-                while not self.asked.empty():
-                    verb, channel, done = self.asked.get_nowait()
-                    getattr(pubsub, verb)(channel)
-                    if done is not None:
-                        waiting.setdefault(channel, []).append(done)
-                message = pubsub.get_message(timeout=LISTEN_S) if pubsub.subscribed \
-                    else self.stopped.wait(LISTEN_S)
-            except OUTAGE as exc:
-                log.info("event hub: Redis away (%s); listening again", exc)
-                self.loop.call_soon_threadsafe(self._wake, None)
-                pubsub.close()  # resubscribed below, from what the streams read
-                pubsub = self.client.pubsub()
-                for channel in list(self.readers):
-                    self.asked.put(("subscribe", channel, None))
-                self.stopped.wait(0.5)
-                continue
-            if not isinstance(message, dict):
-                continue
-            channel = _text(message.get("channel"))
-            if message.get("type") == "message":
-                self.loop.call_soon_threadsafe(self._wake, channel)
-            elif message.get("type") == "subscribe":
-                for done in waiting.pop(channel, []):
-                    self.loop.call_soon_threadsafe(_resolve, done)
-        pubsub.close()
-
-
-def _resolve(done: asyncio.Future) -> None:
-    if not done.done():
-        done.set_result(None)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-_hubs: dict[int, Hub] = {}
-
-
-def hub() -> Hub:
-    """This event loop's hub, made on first use."""
-    loop = asyncio.get_running_loop()
-    found = _hubs.get(id(loop))
-    if found is None or found.loop is not loop:
-        found = _hubs[id(loop)] = Hub(redis_client(), loop)
-    return found
-
-
-def close_hubs() -> None:
-    while _hubs:
-        _hubs.popitem()[1].close()
 
 
 class Read(NamedTuple):
-    """What one look at a prediction found: the events to send, the last logged one's
-    id, whether its log ended, and whether to read again at once."""
+    """What one read of a prediction's log found: the events to send, the last one's
+    id, whether the log ended, and whether more are to be read at once."""
 
     sent: list[dict[str, Any]]
     last: str | None
     ended: bool = False
     again: bool = False
-    #: the prediction's record read again (a parked job may have entered its lane)
-    prediction: Prediction | None = None
 
 
 @router.get("/predictions/{prediction_id}/events", response_class=EventSourceResponse,
@@ -190,63 +71,56 @@ async def prediction_events(prediction_id: str, request: Request,
 async def _stream(prediction: Prediction, last: str | None, base: str
                   ) -> AsyncIterator[dict[str, Any]]:
     """The events of ``prediction`` after ``last``, until its log ends."""
-    channel, the_hub = events_key(prediction.id), hub()
-    woken = await the_hub.watch(channel)
-    look, place = True, None
+    the_hub = hub()
+    watch = await the_hub.watch(prediction)
+    place, looked = None, None
     try:
         while True:
-            woken.clear()
-            try:
-                found = await run_in_threadpool(_read, prediction, last, base, look)
-            except OUTAGE as exc:  # Redis away: the stream waits for it, as a caller would
-                log.info("events of %s: Redis away (%s)", prediction.id, exc)
-                found = Read([], last)
-            for item in found.sent:
-                if "id" not in item:  # its place now: sent when it changed
-                    if item["data"] == place:
-                        continue
-                    place = item["data"]
-                yield item
-            last, prediction = found.last, found.prediction or prediction
-            if found.ended:
-                return
-            if found.again:
-                continue
-            try:
-                await asyncio.wait_for(woken.wait(), IDLE_S)
-                look = False
-            except asyncio.TimeoutError:
-                look = True
+            watch.woken.clear()
+            if watch.logged:
+                watch.logged = False
+                try:
+                    found = await run_in_threadpool(_read, prediction, last, base)
+                except OUTAGE as exc:  # Redis away: the stream waits for it
+                    log.info("events of %s: Redis away (%s)", prediction.id, exc)
+                    found = Read([], last)
+                for item in found.sent:
+                    yield item
+                last = found.last
+                if found.ended:
+                    return
+                if found.again:
+                    watch.logged = True
+                    continue
+            if watch.look is not None and watch.look is not looked:
+                looked = watch.look
+                now, seen_now = looked
+                said = status(now, seen_now)
+                if said in FINAL:  # ended, its end not logged: a cancel while it waited
+                    state = seen_now.state if seen_now.state != "PENDING" else "REVOKED"
+                    await run_in_threadpool(events.end, redis_client(), prediction.id,
+                                            state, seen_now.state == "PENDING")
+                    watch.logged = True
+                    continue
+                if said == "starting" and seen_now.position is not None and \
+                        seen_now.position != place:
+                    place = seen_now.position
+                    yield _place(now, place)
+            await watch.woken.wait()
     finally:
-        the_hub.unwatch(channel, woken)
+        the_hub.unwatch(watch)
 
 
-def _read(prediction: Prediction, last: str | None, base: str, look: bool) -> Read:
-    """The events logged after ``last``; when none and ``look``, the job itself: its
-    place while it waits, or an end its log lacks, logged now (blocks on Redis)."""
+def _read(prediction: Prediction, last: str | None, base: str) -> Read:
+    """The events logged after ``last``, as they are sent (blocks on Redis)."""
     client = redis_client()
     logged = events.after(client, prediction.id, last)
-    if logged:
-        sent = []
-        for event in logged:
-            sent.append(_shown(event, prediction, base, client, last=event is logged[-1]))
-            if event.kind == "completed":
-                return Read(sent, event.id, ended=True)
-        return Read(sent, logged[-1].id, again=len(logged) >= events.PAGE)
-    if not look:
-        return Read([], last)
-    found = seen(celery_app, client, prediction, placed=False)
-    now = status(prediction, found)
-    if now in FINAL:  # ended with no end logged: a cancel while it waited, a state
-        ended = found.state if found.state != "PENDING" else "REVOKED"  # stored apart
-        return Read([], last, again=events.end(client, prediction.id, ended,
-                                               unless_began=found.state == "PENDING"))
-    if now != "starting":
-        return Read([], last)
-    prediction = predictions.owned(client, prediction.account, prediction.id) or prediction
-    where = predictions.position(client, prediction)
-    return Read([] if where is None else [_place(prediction, where)], last,
-                prediction=prediction)
+    sent = []
+    for event in logged:
+        sent.append(_shown(event, prediction, base, client, last=event is logged[-1]))
+        if event.kind == "completed":
+            return Read(sent, event.id, ended=True)
+    return Read(sent, logged[-1].id if logged else last, again=len(logged) >= events.PAGE)
 
 
 def _shown(event: Event, prediction: Prediction, base: str, client: redis.Redis,

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from tasks.broker.keys import revoked_key
+from tasks.broker.keys import prediction_key, revoked_key
 from tasks.front.errors import iso
 from tasks.front.files import artifacts, shown
 from tasks.jobs import predictions
@@ -54,6 +54,32 @@ def seen(celery_app: Any, client: redis.Redis, prediction: Prediction,
         return Seen(state, meta.get("result"))
     position = predictions.position(client, prediction) if placed else None
     return Seen(state, None, position, bool(client.exists(revoked_key(prediction.id))))
+
+
+def seen_many(celery_app: Any, client: redis.Redis, made: list[Prediction]
+              ) -> list[tuple[Prediction, Seen]]:
+    """:func:`seen` of many predictions at once, each record read again (a parked job
+    may have entered its lane since): three round trips for them all."""
+    backend = celery_app.backend
+    with backend.client.pipeline(transaction=False) as pipe:
+        for prediction in made:
+            pipe.get(backend.get_key_for_task(prediction.id))
+        metas = pipe.execute()
+    with client.pipeline(transaction=False) as pipe:
+        for prediction in made:
+            pipe.hgetall(prediction_key(prediction.id))
+            pipe.exists(revoked_key(prediction.id))
+        read = pipe.execute()
+    now = [predictions.from_fields(fields) or prediction
+           for prediction, fields in zip(made, read[::2])]
+    ahead = predictions.positions(client, now)
+    found = []
+    for prediction, meta, revoked, places in zip(now, metas, read[1::2], ahead):
+        decoded = backend.decode_result(meta) if meta else {}
+        state = decoded.get("status") or "PENDING"
+        found.append((prediction, Seen(state, decoded.get("result")) if state != "PENDING"
+                      else Seen(state, None, places, bool(revoked))))
+    return found
 
 
 def status(prediction: Prediction, found: Seen, now: float | None = None) -> str:

@@ -104,10 +104,24 @@ def listed(client: redis.Redis, account: str, offset: int = 0, limit: int = 20
 def position(client: redis.Redis, prediction: Prediction) -> int | None:
     """How many jobs of its lane entered before it (0: it is next), while it waits
     there; None where that is not kept (parked, or the relaxed lane's first level)."""
-    if prediction.parked or not prediction.lane or prediction.entered <= 0:
-        return None
-    ahead = client.zcount(due_key(prediction.lane), "-inf", f"({prediction.entered!r}")
-    return int(ahead)
+    return positions(client, [prediction])[0]
+
+
+def positions(client: redis.Redis, made: list[Prediction]) -> list[int | None]:
+    """:func:`position` of each of ``made``, in one round trip."""
+    placed = [p for p in made if not p.parked and p.lane and p.entered > 0]
+    if not placed:
+        return [None] * len(made)
+    with client.pipeline(transaction=False) as pipe:
+        for prediction in placed:
+            pipe.zcount(due_key(prediction.lane), "-inf", f"({prediction.entered!r}")
+        counts = dict(zip(map(id, placed), pipe.execute()))
+    return [None if id(p) not in counts else int(counts[id(p)]) for p in made]
+
+
+def from_fields(fields: Mapping[Any, Any]) -> Prediction | None:
+    """The prediction a record's fields (``HGETALL``) say; None: no record."""
+    return _prediction(fields)
 
 
 def _prediction(fields: Mapping[Any, Any]) -> Prediction | None:

@@ -29,11 +29,12 @@ def parsed(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
 
 
 def read(http: httpx.Client, url: str, headers: dict[str, str], last_id: str | None = None,
-         stop: int | None = None, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+         stop: int | None = None, timeout_s: float = 60.0,
+         into: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The events of the stream at ``url`` until it ends (or after ``stop`` of them),
-    from after ``last_id``."""
+    from after ``last_id``; each appended to ``into`` as it comes, when given."""
     asked = {**headers, **({"Last-Event-ID": last_id} if last_id else {})}
-    got: list[dict[str, Any]] = []
+    got: list[dict[str, Any]] = [] if into is None else into
     with http.stream("GET", url, headers=asked, timeout=timeout_s) as response:
         response.raise_for_status()
         assert response.headers["content-type"].startswith("text/event-stream")
