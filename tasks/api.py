@@ -112,17 +112,20 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
                   account: str = "anonymous", model: str = "demo",
                   downgradable: bool | None = None, idempotency_key: str | None = None,
                   cancel_after: float | None = None, webhook: str | None = None,
-                  webhook_events_filter: list[str] | None = None, **inputs: Any
+                  webhook_events_filter: list[str] | None = None, api_url: str | None = None,
+                  **inputs: Any
                   ) -> tuple[Placed, Prediction | None]:
     """:func:`submit` of a plan's job (the HTTP front door's), answered with where its
     publish put it and the prediction it recorded, so that the caller can show the
     prediction without reading it back. The prediction is None when an idempotency key
     answered a job made earlier (``Placed.job_id``: that one), which was not recorded
     now. ``webhook``: the URL its events are sent to, those ``webhook_events_filter``
-    names (``tasks.jobs.webhooks``). Raises as :func:`submit` does."""
+    names (``tasks.jobs.webhooks``); ``api_url``: the API's address as the caller
+    reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    hook = None if webhook is None else webhooks.checked(webhook, webhook_events_filter)
+    hook = None if webhook is None else (
+        *webhooks.checked(webhook, webhook_events_filter), api_url)
     job_id = str(uuid.uuid4())
     caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan, hook),
                      placed=True)
@@ -152,7 +155,8 @@ CANCEL_AFTER_MAX_S = 7 * 24 * 3600.0
 
 
 def _caller(job: Any, job_id: str, idempotency_key: Any, cancel_after: Any,
-            plan: Any, hook: tuple[str, tuple[str, ...]] | None = None) -> Caller:
+            plan: Any, hook: tuple[str, tuple[str, ...], str | None] | None = None
+            ) -> Caller:
     """What the caller's keywords add to the publish, each checked (:class:`InvalidJob`)."""
     same = None
     if idempotency_key is not None:

@@ -119,16 +119,9 @@ class Settings(BaseSettings):
     lower (down to relaxed)."""
 
     # --- the HTTP API's webhooks (tasks.front.hooks) -----------------------------
-    api_url: str = "http://127.0.0.1:8000"
-    """The HTTP API's address as its callers reach it: the URLs a webhook's body holds."""
     webhook_allow_private: bool = False
     """Let a webhook point into the cluster's own network (loopback, link-local and
     private addresses), refused otherwise."""
-    webhook_timeout_s: Positive = 10.0
-    """Longest one webhook delivery may take; a slower receiver's is tried again."""
-    webhook_retry_for_s: Positive = 3600.0
-    """How long a webhook delivery is retried (exponential backoff with jitter, at most a
-    minute apart) before it is dropped."""
 
     # --- preemption (gpu_worker.preempt) -----------------------------------------
     preempt: bool = True

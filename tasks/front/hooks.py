@@ -12,9 +12,9 @@ Each delivery is the prediction as ``GET /v1/predictions/{id}`` shows it at the 
 sending, signed the Standard Webhooks way with its account's secret
 (``tasks.jobs.webhooks.secret``): ``webhook-id`` (the same for every attempt of one
 event), ``webhook-timestamp`` and ``webhook-signature``. Any answer but a 2xx, or none
-within ``GPULANES_WEBHOOK_TIMEOUT_S``, is tried again after an exponential backoff
-with full jitter (:data:`BACKOFF_BASE_S` doubling, at most :data:`BACKOFF_CAP_S`) until
-``GPULANES_WEBHOOK_RETRY_FOR_S`` after the event. Deliveries run side by side, at most
+within :data:`TIMEOUT_S`, is tried again after an exponential backoff with full
+jitter (:data:`BACKOFF_BASE_S` doubling, at most :data:`BACKOFF_CAP_S`) until
+:data:`RETRY_FOR_S` after the event. Deliveries run side by side, at most
 :data:`PER_HOST` at once to one receiver (host and port): a receiver that is slow, or
 never answers, holds only its own. Redirects are not followed, and a host that resolves
 into the cluster's own network is refused at each delivery, as at submit.
@@ -44,13 +44,19 @@ from tasks.broker.keys import PREDICTION_PREFIX, WEBHOOK_ATTEMPTS_KEY, WEBHOOKS_
 from tasks.broker.outage import OUTAGE
 from tasks.front.views import prediction_json, seen
 from tasks.jobs import predictions, webhooks
-from tasks.settings import settings
 
 log = logging.getLogger(__name__)
 #: Deliveries in flight in one sender, and to one receiver (a host and port).
 MAX_IN_FLIGHT, PER_HOST = 256, 8
+#: Longest one delivery may take; a slower receiver's is tried again.
+TIMEOUT_S = 10.0
+#: How long after its event a delivery is retried before it is dropped.
+RETRY_FOR_S = 3600.0
 #: A retry's backoff: uniform in [0, min(BACKOFF_CAP_S, BACKOFF_BASE_S x 2^attempts)].
 BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 60.0
+#: The API's address in a body's URLs when its prediction did not say how its caller
+#: reached the API (one made by ``submit_placed`` in Python).
+DEFAULT_API_URL = "http://127.0.0.1:8000"
 #: Seconds a taken delivery's lease outlasts its longest attempt.
 LEASE_MARGIN_S = 5.0
 #: Seconds between two looks at the outbox when nothing was due.
@@ -92,7 +98,7 @@ class Delivery:
 def take(client: redis.Redis, most: int, now: float | None = None) -> list[Delivery]:
     """Up to ``most`` deliveries due now, each leased until its longest attempt ends."""
     now = time.time() if now is None else now
-    lease = now + settings.webhook_timeout_s + LEASE_MARGIN_S
+    lease = now + TIMEOUT_S + LEASE_MARGIN_S
     flat = scripts.run(client, "webhook_take", [WEBHOOKS_DUE_KEY, WEBHOOK_ATTEMPTS_KEY],
                        [repr(now), repr(lease), most])
     return [Delivery(_text(member), lease, int(made))
@@ -127,7 +133,7 @@ def prepare(client: redis.Redis, delivery: Delivery) -> Prepared | None:
     if found is None or not found.webhook:
         return None
     body = prediction_json(found, seen(celery_app, client, found, placed=True),
-                           settings.api_url.rstrip("/"))
+                           found.api_url or DEFAULT_API_URL)
     return Prepared(found.webhook, json.dumps(body), webhooks.secret(client, found.account))
 
 
@@ -139,7 +145,7 @@ class Sender:
         self.stopping = asyncio.Event()
         self.in_flight: set[asyncio.Task] = set()
         self.per_host: dict[str, int] = defaultdict(int)
-        self.http = httpx.AsyncClient(timeout=settings.webhook_timeout_s,
+        self.http = httpx.AsyncClient(timeout=TIMEOUT_S,
                                       follow_redirects=False, trust_env=False,
                                       limits=httpx.Limits(max_connections=MAX_IN_FLIGHT))
 
@@ -167,7 +173,7 @@ class Sender:
                     except asyncio.TimeoutError:
                         pass
             if self.in_flight:
-                await asyncio.wait(self.in_flight, timeout=settings.webhook_timeout_s)
+                await asyncio.wait(self.in_flight, timeout=TIMEOUT_S)
         finally:
             await self.http.aclose()
 
@@ -217,7 +223,7 @@ class Sender:
             settle(self.client, delivery, "done")
             return
         due = time.time() + backoff_s(delivery.attempts + 1)
-        if why.startswith("refused") or due > delivery.event_at + settings.webhook_retry_for_s:
+        if why.startswith("refused") or due > delivery.event_at + RETRY_FOR_S:
             log.warning("webhook %s to its receiver dropped after %d attempts: %s",
                         delivery.webhook_id, delivery.attempts + 1, why)
             settle(self.client, delivery, "done")

@@ -68,7 +68,8 @@ async def create_prediction(request: Request) -> dict[str, Any]:
     call = partial(submit_placed, tier=body.tier, account=key.account, model=body.model,
                    downgradable=body.downgradable, plan=plan(key.plan), idempotency_key=same,
                    cancel_after=after_s, webhook=body.webhook,
-                   webhook_events_filter=body.webhook_events_filter, **body.inputs())
+                   webhook_events_filter=body.webhook_events_filter,
+                   api_url=base_url(request), **body.inputs())
     wait_s = create.wait_s(asked.get("prefer"))
     where, made = await run_in_threadpool(call)
     if made is not None and not wait_s:  # just queued, as recorded: nothing to read

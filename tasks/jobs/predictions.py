@@ -41,21 +41,23 @@ class Prediction:
     #: Where its events are sent (a URL), and which (``tasks.jobs.events``).
     webhook: str | None = None
     webhook_events_filter: tuple[str, ...] | None = None
+    #: The API's address as its caller reached it: the URLs of its webhook's bodies.
+    api_url: str | None = None
     #: When it entered its lane (its lane clock, 0: not indexed).
     entered: float = 0.0
 
 
 def record(job_id: str, account: str, model: str, tier: str, inputs: Mapping[str, Any],
            cancel_after_s: float | None = None,
-           hook: tuple[str, tuple[str, ...]] | None = None) -> Record:
+           hook: tuple[str, tuple[str, ...], str | None] | None = None) -> Record:
     """The record the publish writes for a new job (``hook``: its webhook's URL and
-    events, checked)."""
+    events, checked, and the API's address as its caller reached it)."""
     now = time.time()
     body = {"id": job_id, "account": account, "model": model, "tier": tier,
             "input": dict(inputs), "created_at": round(now, 3),
             "cancel_after_at": None if cancel_after_s is None else round(now + cancel_after_s, 3)}
     if hook is not None:
-        body.update(webhook=hook[0], webhook_events_filter=list(hook[1]))
+        body.update(webhook=hook[0], webhook_events_filter=list(hook[1]), api_url=hook[2])
     return Record(prediction_key(job_id), predictions_key(account), json.dumps(body),
                   int(settings.result_ttl_s), KEPT_PER_ACCOUNT,
                   events.hook(hook[1]) if hook is not None else "")
