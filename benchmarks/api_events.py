@@ -64,7 +64,7 @@ class Streams:
 
     def __init__(self, url: str, made: list[tuple[str, str]]) -> None:
         self.host, self.port = url.removeprefix("http://").split(":")
-        self.made, self.open = made, 0
+        self.made, self.open, self.begun = made, 0, 0
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -85,6 +85,10 @@ class Streams:
         status = await reader.readline()
         if b" 200 " in status:
             self.open += 1
+        while (await reader.readline()).strip():  # the headers
+            pass
+        await reader.readuntil(b"\r\n\r\n")  # its first event: the stream has begun
+        self.begun += 1
         asyncio.ensure_future(self._drain(reader))
         return writer
 
@@ -94,8 +98,12 @@ class Streams:
             pass
 
     def wait(self, timeout_s: float = 120.0) -> int:
-        """Once every stream is open: how many answered 200."""
+        """Once every stream has sent its first event, and the server's looks at them
+        are under way: how many answered 200."""
+        from tasks.front.hub import LOOK_S
+
         self.ready.wait(timeout_s)
+        time.sleep(LOOK_S + 0.5)  # the hub's first look at them, which comes once
         return self.open
 
     def close(self) -> None:
@@ -103,6 +111,7 @@ class Streams:
             for writer in getattr(self, "writers", []):
                 writer.close()
         asyncio.run_coroutine_threadsafe(closing(), self.loop).result(30)
+        self.tasks.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
