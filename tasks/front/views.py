@@ -58,8 +58,8 @@ def seen(celery_app: Any, client: redis.Redis, prediction: Prediction,
 
 def seen_many(celery_app: Any, client: redis.Redis, made: list[Prediction]
               ) -> list[tuple[Prediction, Seen]]:
-    """:func:`seen` of many predictions at once, each record read again (a parked job
-    may have entered its lane since): three round trips for them all."""
+    """:func:`seen` of many predictions at once, where each waits read again (a parked
+    job may have entered its lane since): three round trips for them all."""
     backend = celery_app.backend
     with backend.client.pipeline(transaction=False) as pipe:
         for prediction in made:
@@ -67,10 +67,10 @@ def seen_many(celery_app: Any, client: redis.Redis, made: list[Prediction]
         metas = pipe.execute()
     with client.pipeline(transaction=False) as pipe:
         for prediction in made:
-            pipe.hgetall(prediction_key(prediction.id))
+            pipe.hmget(prediction_key(prediction.id), *predictions.WHERE_FIELDS)
             pipe.exists(revoked_key(prediction.id))
         read = pipe.execute()
-    now = [predictions.from_fields(fields) or prediction
+    now = [predictions.placed_now(prediction, fields)
            for prediction, fields in zip(made, read[::2])]
     ahead = predictions.positions(client, now)
     found = []

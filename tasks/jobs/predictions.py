@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 import redis
@@ -121,9 +121,17 @@ def positions(client: redis.Redis, made: list[Prediction]) -> list[int | None]:
     return [None if id(p) not in counts else int(counts[id(p)]) for p in made]
 
 
-def from_fields(fields: Mapping[Any, Any]) -> Prediction | None:
-    """The prediction a record's fields (``HGETALL``) say; None: no record."""
-    return _prediction(fields)
+#: The fields of a record that say where its job waits, as :func:`placed_now` reads them.
+WHERE_FIELDS = ("lane", "parked", "entered")
+
+
+def placed_now(prediction: Prediction, fields: list[Any]) -> Prediction:
+    """``prediction`` where its record's :data:`WHERE_FIELDS` (``HMGET``) say it waits
+    now; as it was when the record is gone."""
+    lane, parked, entered = (None if v is None else _text(v) for v in fields)
+    if lane is None:
+        return prediction
+    return replace(prediction, lane=lane, parked=parked == "1", entered=float(entered or 0))
 
 
 def _prediction(fields: Mapping[Any, Any]) -> Prediction | None:
