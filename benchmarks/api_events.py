@@ -3,8 +3,9 @@ soon a progress report reaches a stream's client, and webhooks through a receive
 outage.
 
 1. **Submits with open streams.** ``--streams`` Server-Sent Event streams are opened to
-   the first API process (predictions queued by other accounts, a client in this
-   process holding them), and the API's submit rate in one process is measured in
+   the first API process (predictions queued in the fast lane by other accounts, a
+   client in this process holding them; the submits measured go to standard, so the
+   streams' places stay as they are, as those of jobs ahead of new ones do), and the API's submit rate in one process is measured in
    rounds without and with them, interleaved. The ratio is with over without.
 2. **Progress to event.** With the streams open, the worker's own progress report
    (``tasks.broker.backend.store_progress``, as a running job calls it every
@@ -41,7 +42,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def queued_predictions(client: Any, count: int, prefix: str) -> list[tuple[str, str]]:
-    """``count`` predictions queued by accounts of their own: (its id, its key)."""
+    """``count`` predictions queued in the fast lane by accounts of their own: (its id,
+    its key)."""
     from benchmarks.api_load import PLAN
     from tasks.api import submit_placed
     from tasks.jobs import apikeys
@@ -53,7 +55,7 @@ def queued_predictions(client: Any, count: int, prefix: str) -> list[tuple[str, 
         key = apikeys.create(client, account, PLAN)[0]
         for n in range(min(PER_ACCOUNT, count - i)):
             where, _ = submit_placed(model="echo", account=account, plan=plan(PLAN),
-                                     text=f"held {n}")
+                                     tier="fast", text=f"held {n}")
             made.append((where.job_id, key))
     return made
 

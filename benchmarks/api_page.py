@@ -72,7 +72,8 @@ def events_section(page: Page, found: Mapping[str, Any], config: Mapping[str, An
              f"Submits per second of one API process (the rounds above's client load), "
              f"in {config['rounds']} interleaved pairs of rounds without and with "
              f"{found['streams_open']} Server-Sent Event streams open on it (predictions "
-             "of other accounts, queued, held by a client in the benchmark's process):",
+             "of other accounts queued in the fast lane, held by a client in the "
+             "benchmark's process; the submits go to standard):",
              table(["open streams", "submits/s (median)", "paired ratio"], [
                  ["0", num(rate["without"], 0), ""],
                  [str(found["streams_open"]), num(rate["with"], 0),
