@@ -31,7 +31,7 @@ from tasks.jobs.predictions import Prediction
 
 log = logging.getLogger(__name__)
 #: Seconds between two looks at every stream's prediction.
-LOOK_S = 2.0
+LOOK_S = 5.0
 #: Seconds the hub's thread waits for a message before it looks at its requests.
 LISTEN_S = 0.05
 #: Seconds a stream waits for its subscription before it reads its log anyway.
