@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import redis
+from kombu.utils.encoding import bytes_to_str
 from standardwebhooks.webhooks import Webhook
 
 from tasks.broker import scripts
@@ -82,10 +83,6 @@ class Delivery:
         return self.member.split(" ")[1]
 
     @property
-    def kind(self) -> str:
-        return self.member.split(" ")[2]
-
-    @property
     def webhook_id(self) -> str:
         """The same for every attempt at this event (Standard Webhooks' ``webhook-id``)."""
         return f"msg_{self.job_id}_{self.event_id}"
@@ -101,7 +98,7 @@ def take(client: redis.Redis, most: int, now: float | None = None) -> list[Deliv
     lease = now + TIMEOUT_S + LEASE_MARGIN_S
     flat = scripts.run(client, "webhook_take", [WEBHOOKS_DUE_KEY, WEBHOOK_ATTEMPTS_KEY],
                        [repr(now), repr(lease), most])
-    return [Delivery(_text(member), lease, int(made))
+    return [Delivery(bytes_to_str(member), lease, int(made))
             for member, made in zip(flat[::2], flat[1::2])]
 
 
@@ -200,9 +197,7 @@ class Sender:
 
     async def attempt(self, delivery: Delivery, prepared: Prepared) -> str:
         """Send it once: '' when the receiver took it, else why not."""
-        parts = urlsplit(prepared.url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        refusal = await asyncio.to_thread(webhooks.refused, parts.hostname or "", port)
+        refusal = await asyncio.to_thread(webhooks.refused, prepared.url)
         if refusal:
             return f"refused: {refusal}"
         now = datetime.now(timezone.utc)
@@ -231,10 +226,6 @@ class Sender:
         log.info("webhook %s: attempt %d failed (%s); again in %.1f s", delivery.webhook_id,
                  delivery.attempts + 1, why, due - time.time())
         settle(self.client, delivery, "again", due)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def serve() -> None:

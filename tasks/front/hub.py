@@ -17,9 +17,9 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import redis
+from kombu.utils.encoding import bytes_to_str
 from starlette.concurrency import run_in_threadpool
 
 from tasks.broker.app import app as celery_app
@@ -144,7 +144,7 @@ class Hub:
                 continue
             if not isinstance(message, dict):
                 continue
-            channel = _text(message.get("channel"))
+            channel = bytes_to_str(message.get("channel"))
             if message.get("type") == "message":
                 self.loop.call_soon_threadsafe(self._logged, channel)
             elif message.get("type") == "subscribe":
@@ -156,10 +156,6 @@ class Hub:
 def _resolve(done: asyncio.Future) -> None:
     if not done.done():
         done.set_result(None)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 _hubs: dict[int, Hub] = {}

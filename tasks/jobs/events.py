@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 import redis
+from kombu.utils.encoding import bytes_to_str
 
 from tasks.broker import scripts
 from tasks.broker.keys import WEBHOOKS_DUE_KEY, events_key, prediction_key
@@ -84,13 +85,9 @@ def end(client: redis.Redis, job_id: str, state: str, unless_began: bool) -> boo
 
 
 def _event(entry_id: Any, fields: dict[Any, Any]) -> Event:
-    text = {_text(k): _text(v) for k, v in fields.items()}
+    text = {bytes_to_str(k): bytes_to_str(v) for k, v in fields.items()}
     try:
         data = json.loads(text.get("data") or "{}")
     except ValueError:
         data = {}
-    return Event(_text(entry_id), text.get("kind", ""), data if isinstance(data, dict) else {})
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return Event(bytes_to_str(entry_id), text.get("kind", ""), data if isinstance(data, dict) else {})

@@ -39,19 +39,22 @@ def checked(url: Any, events: Any) -> tuple[str, tuple[str, ...]]:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidJob("webhook", f"must be an http or https URL with a host, got "
                                     f"{url[:100]!r}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        raise InvalidJob("webhook", f"has a bad port: {exc}") from None
-    why = refused(parts.hostname, port)
+    why = refused(url)
     if why:
         raise InvalidJob("webhook", why)
     return url, _events(events)
 
 
-def refused(host: str, port: int) -> str | None:
-    """Why a delivery to ``host`` must not be made, or None: it does not resolve, or one
-    of its addresses is in the cluster's own network (unless the settings allow it)."""
+def refused(url: str) -> str | None:
+    """Why a delivery to ``url`` must not be made, or None: its port is bad, its host
+    does not resolve, or one of its addresses is in the cluster's own network (unless
+    the settings allow it)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        return f"has a bad port: {exc}"
     try:
         found = {info[4][0] for info in socket.getaddrinfo(host, port,
                                                           proto=socket.IPPROTO_TCP)}

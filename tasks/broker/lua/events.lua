@@ -9,9 +9,7 @@
 -- at most every 'hook_gap' ms, and output only if completed (which shows it) is not
 -- taken. Returns the event's id, or false.
 local function log_event(log, kind, data)
-  local id = redis.call('XADD', log, 'MAXLEN', '~', 1024, '*', 'kind', kind, 'data', data)
-  redis.call('PUBLISH', log, id)
-  return id
+  return redis.call('XADD', log, 'MAXLEN', '~', 1024, '*', 'kind', kind, 'data', data)
 end
 
 -- when an event is due in the outbox: at once, its log time (unix s)
@@ -25,13 +23,14 @@ local function add_event(record, kind, data)
   if not f[1] or f[2] or (kind == 'started' and f[3]) then return false end
   local log = record .. ':events'
   if kind == 'completed' and string.find(data, '"SUCCESS"', 1, true) then
-    local out = log_event(log, 'output', '{}')
+    local out = log_event(log, 'output', '{}')  -- announced with completed, next
     if f[4] and string.find(f[5], 'output', 1, true)
         and not string.find(f[5], 'completed', 1, true) then
       redis.call('ZADD', f[4], due(out), record .. ' ' .. out .. ' output')
     end
   end
   local id = log_event(log, kind, data)
+  redis.call('PUBLISH', log, id)
   local ttl = redis.call('TTL', record)
   if ttl > 0 then redis.call('EXPIRE', log, ttl) end
   if kind == 'completed' then redis.call('HSET', record, 'ended', id)

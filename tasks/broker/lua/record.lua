@@ -15,5 +15,8 @@ local function record(keys, a, parked, now)
   redis.call('ZADD', keys[2], now, a.job)
   redis.call('ZREMRANGEBYRANK', keys[2], 0, -tonumber(a.kept) - 1)
   redis.call('EXPIRE', keys[2], a.record_s)
-  add_event(keys[1], 'queued', cjson.encode({lane = a.lane, parked = parked}))
+  -- a new log: nothing to check first, no reader to wake, no webhook takes 'queued'
+  local log = keys[1] .. ':events'
+  log_event(log, 'queued', cjson.encode({lane = a.lane, parked = parked}))
+  redis.call('EXPIRE', log, a.record_s)
 end
