@@ -159,12 +159,14 @@ class Load:
 
 
 def one_round(client: Any, load: Load, servers: list[Any], side: str, n: int,
-              seconds: float, accounts: list[str]) -> dict[str, Any]:
-    """One mode for ``seconds`` on an emptied Redis: what the load answers, the API
-    servers' CPU, Redis' commands and CPU, and the jobs parked."""
+              seconds: float, accounts: list[str], fresh: bool = True) -> dict[str, Any]:
+    """One mode for ``seconds`` on an emptied Redis (``fresh``; else the caller emptied it):
+    what the load answers, the API servers' CPU, Redis' commands and CPU, and the jobs
+    parked."""
     from benchmarks.perjob import window
 
-    reset(client)
+    if fresh:
+        reset(client)
     urls, pids = [s.url for s in servers[:n]], [s.proc.pid for s in servers[:n]]
     load.ask("ready", side, n, urls, seconds)
     answers, before = [], cpu_s(pids) if side == "api" else 0.0
@@ -219,8 +221,8 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
                                            args.samples)
         rounds = throughput(client, load, servers, args, accounts)
         streamed = None if not args.streams else api_events.measure(
-            client, servers, state, args, lambda side, n: one_round(
-                client, load, servers, side, n, args.seconds / args.rounds, accounts))
+            client, servers, state, args, lambda fresh: one_round(
+                client, load, servers, "api", 1, args.stream_seconds, accounts, fresh))
     finally:
         if load is not None:
             load.stop()
@@ -241,7 +243,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
             "accounts": args.accounts, "clients": args.clients,
             "concurrency": args.concurrency, "client": args.client, "model": MODEL,
             "tier": TIER, "plan": PLAN, "streams": args.streams, "hooks": args.hooks,
-            "outage_s": args.outage}
+            "outage_s": args.outage, "stream_seconds": args.stream_seconds}
 
 
 def report(figures: dict[str, Any]) -> None:
@@ -281,6 +283,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--streams", type=int, default=1000,
         help="event streams held open in the rounds with streams (0: no events part; "
              "default: 1000)")
+    add("--stream-seconds", type=float, default=6.0,
+        help="seconds of each round of submits with and without the streams (default: 6)")
     add("--hooks", type=int, default=100,
         help="webhooks sent through the receiver's outage (default: 100)")
     add("--outage", type=float, default=30.0,

@@ -5,8 +5,10 @@ outage.
 1. **Submits with open streams.** ``--streams`` Server-Sent Event streams are opened to
    the first API process (predictions queued in the fast lane by other accounts, a
    client in this process holding them; the submits measured go to standard, so the
-   streams' places stay as they are, as those of jobs ahead of new ones do), and the API's submit rate in one process is measured in
-   rounds without and with them, interleaved. The ratio is with over without.
+   streams' places stay as they are, as those of jobs ahead of new ones do), and the
+   API's submit rate in one process is measured in rounds of ``--stream-seconds``
+   without and with them, interleaved, each on a Redis emptied before the streams'
+   predictions are made. The ratio is with over without, paired by round.
 2. **Progress to event.** With the streams open, the worker's own progress report
    (``tasks.broker.backend.store_progress``, as a running job calls it every
    ``PROGRESS_S``) is made for a prediction whose stream an httpx client reads; the
@@ -74,10 +76,13 @@ class Streams:
         self.tasks = asyncio.run_coroutine_threadsafe(self._open_all(), self.loop)
 
     async def _open_all(self) -> None:
+        self.closing, self.drains = asyncio.Event(), []
         writers = await asyncio.gather(*(self._one(job, key) for job, key in self.made))
         self.ready.set()
-        self.writers = writers
-        await asyncio.Event().wait()  # held until the loop stops
+        await self.closing.wait()  # held until closed
+        for writer in writers:
+            writer.close()
+        await asyncio.gather(*self.drains, return_exceptions=True)
 
     async def _one(self, job_id: str, key: str) -> Any:
         reader, writer = await asyncio.open_connection(self.host, int(self.port))
@@ -91,7 +96,7 @@ class Streams:
             pass
         await reader.readuntil(b"\r\n\r\n")  # its first event: the stream has begun
         self.begun += 1
-        asyncio.ensure_future(self._drain(reader))
+        self.drains.append(asyncio.ensure_future(self._drain(reader)))
         return writer
 
     @staticmethod
@@ -109,11 +114,11 @@ class Streams:
         return self.open
 
     def close(self) -> None:
-        async def closing() -> None:
-            for writer in getattr(self, "writers", []):
-                writer.close()
-        asyncio.run_coroutine_threadsafe(closing(), self.loop).result(30)
-        self.tasks.cancel()
+        if self.ready.is_set():
+            self.loop.call_soon_threadsafe(self.closing.set)
+            self.tasks.result(30)
+        else:
+            self.tasks.cancel()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
 
@@ -198,14 +203,18 @@ def webhook_outage(client: Any, logs: Path, count: int, outage_s: float) -> dict
 
 def measure(client: Any, servers: list[Any], state: Path, args: Any,
             one_round: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """The three measurements (``one_round``: benchmarks/api.py's round of one mode)."""
+    """The three measurements (``one_round(fresh)``: benchmarks/api.py's round of submits
+    to one API process, on a Redis it empties first if ``fresh``)."""
     url = servers[0].url
     print(f"  submits with {args.streams} open streams...", file=sys.stderr, flush=True)
+    from benchmarks.api_load import reset
+
     rounds = []
     for r in range(args.rounds):
         for streamed in ((False, True) if r % 2 == 0 else (True, False)):
+            reset(client)  # before the streams' predictions are made: the round keeps them
             with _held(client, url, args.streams if streamed else 0, f"s{r}") as opened:
-                rounds.append({"round": r, "streams": opened, **one_round("api", 1)})
+                rounds.append({"round": r, "streams": opened, **one_round(False)})
     latency = {}
     for streamed in (0, args.streams):
         with _held(client, url, streamed, f"l{streamed}"):
