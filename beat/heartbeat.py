@@ -21,12 +21,13 @@ from typing import Any, Mapping
 
 import redis
 
+from beat import scaling
 from beat.balance import give_idle_work
 from beat.costs import queued_sample
 from beat.health import MISSES_ALLOWED, requeue_dead, unheard_holders
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
-from beat.snapshot import lane_loads, next_policy
+from beat.snapshot import QueuedJob, lane_loads, next_policy
 from routing.compact import split
 from routing.names import FAST, HEARTBEAT_TASK, LANES, first_level
 from routing.placement import serving
@@ -197,14 +198,19 @@ def _log_changes(previous: dict, policy: dict, loads: dict) -> None:
 
 
 def build_snapshot(client: redis.Redis, workers: dict, now: float,
-                   lengths: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, Any]:
+                   lengths: Mapping[str, Mapping[str, int]] | None = None,
+                   sample: dict[str, list[QueuedJob]] | None = None) -> dict[str, Any]:
     """Measure lanes, step the policy, gather accounts: the snapshot for routers
-    (``lengths``: the lists' lengths, read here if not given)."""
+    (``lengths``: the lists' lengths, read here if not given; ``sample``: a dict that
+    receives the sample of the queued jobs)."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
     lengths = list_lengths(client) if lengths is None else lengths
+    queued = queued_sample(client, lengths)
+    if sample is not None:
+        sample.update(queued)
     loads = lane_loads(workers, lane_depths(client, workers, lengths),
-                       DEFAULT_SERVICE_S, queued_sample(client, lengths),
+                       DEFAULT_SERVICE_S, queued,
                        admission_waits(settings.max_wait_s, RELEASE_RATIO))
     policy = next_policy(previous, loads, settings.max_wait_s, RELEASE_RATIO, RELEASE_SAMPLES)
     _log_changes(previous, policy, loads)
@@ -291,10 +297,12 @@ def heartbeat() -> str:
     steady = last is not None and now - last <= ROUND_GAP_HEARTBEATS * settings.heartbeat_s
     workers = merge(previous, replies, now, MISSES_ALLOWED, count_misses=steady)
     workers.update(unheard_holders(holding, workers, now))
-    lengths = list_lengths(client)
-    snapshot = build_snapshot(client, workers, now, lengths)
+    lengths, sample = list_lengths(client), {}
+    snapshot = build_snapshot(client, workers, now, lengths, sample)
     if not write_round(client, snapshot, workers):
         return "another beat leads: nothing written"
+    scaling.write(client, scaling.plan(scaling.read(client), workers, snapshot["lanes"],
+                                       sample, settings.max_wait_s, now), now)
     _last_round_at[0] = now
     requeue_dead(client, workers, holding, MISSES_ALLOWED)
     for host, worker in workers.items():

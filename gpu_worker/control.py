@@ -10,10 +10,11 @@ from gpu_worker.health import HEALTH
 from gpu_worker.runtime import RUNTIME
 from gpu_worker.stuck import WATCHDOG
 from routing.names import CONSUME_COMMAND, PREWARM_COMMAND, STATS_COMMAND, lane_of
+from tasks.settings import settings
 
 
 def stats_of(consumer: Any) -> dict[str, Any]:
-    """gpulanes load figures: device, in-flight jobs, service time, warm models,
+    """gpulanes load figures: device, pool, in-flight jobs, service time, warm models,
     ``sick`` (why this worker stepped aside, or None) and ``stuck`` (why its own
     bookkeeping is wedged, or None): what it pushes every heartbeat
     (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
@@ -22,6 +23,7 @@ def stats_of(consumer: Any) -> dict[str, Any]:
     reply["queues"] = queues
     reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
     reply["concurrency"] = consumer.controller.concurrency
+    reply["pool"] = settings.pool
     reply["batching"] = BATCHER.stats()
     reply.update(HEALTH.stats())
     reply.update(WATCHDOG.stats())

@@ -2,8 +2,8 @@
 
 Used when ``GPULANES_BROKER_URL`` is unset, and by tests and the demo, which
 need a Redis of their own that they can kill and restart. AOF is on, fsynced before
-Redis answers (``appendfsync always``, ``GPULANES_REDIS_FSYNC``), so a job it accepted survives a
-crash of Redis or of the machine (``benchmarks/durability.py`` measures what that costs
+Redis answers (``appendfsync always``), so a job it accepted survives a crash of Redis
+or of the machine (``benchmarks/durability.py`` measures what that costs
 a submit);
 ``noeviction``, so a full Redis refuses writes rather than dropping keys
 (``tasks.broker.eviction``).
@@ -63,7 +63,7 @@ class EmbeddedRedis:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--unixsocket", str(self.socket), "--unixsocketperm", "700",
                 "--dir", str(self.data_dir), "--appendonly", "yes",
-                "--appendfsync", settings.redis_fsync, "--save", "", "--daemonize", "no",
+                "--appendfsync", "always", "--save", "", "--daemonize", "no",
                 # full: refuse writes, never drop lanes, results or epochs in silence
                 "--maxmemory-policy", "noeviction",
                 "--logfile", "redis.log", *self.extra_args]

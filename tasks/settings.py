@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     """The master's name when the URLs are ``sentinel://h1:26379;sentinel://h2:26379``."""
 
     # --- devices and models ------------------------------------------------------
+    pool: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """The pool this worker belongs to: workers that serve the same models, which beat
+    scales together (``lanes status``, ``/scaling``). A DNS label, as Kubernetes names."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where models run: ``cuda`` when a GPU is present (``auto``), or as named."""
     models: Pairs = Field(default_factory=lambda: dict(BUILT_IN_MODELS))
@@ -165,10 +168,6 @@ class Settings(BaseSettings):
     """Longest one Redis command or connect may take, on every client (ours, kombu's,
     Celery's backend): ``submit()`` raises ``BrokerUnavailable`` within about this long.
     A write waits a third of it for its replicas (REDIS_REPLICAS)."""
-    redis_fsync: Literal["always", "everysec"] = "always"
-    """When the embedded Redis fsyncs its AOF: ``always`` before it answers (an accepted
-    job survives a crash of Redis or of the machine), or ``everysec`` (faster; a crash
-    may lose the last second's writes)."""
     redis_replicas: int = Field(default=0, ge=0)
     """Replicas that must hold a write before it counts (Redis ``WAIT``): a job
     accepted, a run begun or settled, beat's lead. 0: the primary's word is enough (one

@@ -109,6 +109,12 @@ def test_the_exporter_reports_what_the_cluster_did(cluster_factory, clean_redis,
     assert m[("gpulanes_model_cold_start_seconds", (("model", "demo"), ("worker", host)))] > 0
     assert ("gpulanes_lane_expected_wait_seconds", (("lane", "relaxed"),)) in m
     assert m[("gpulanes_fast_seconds_balance", (("account", "anonymous"),))] < 3600
+    # beat's scaling signal for the one (default) pool, as Prometheus and KEDA read it
+    assert m[("gpulanes_pool_workers_current", (("pool", "default"),))] == 1
+    assert ("gpulanes_pool_workers_wanted", (("pool", "default"),)) in m
+    pools = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{exporter}/scaling",
+                                              timeout=5).read())["pools"]
+    assert pools["default"]["current"] == 1 and pools["default"]["wanted"] >= 0
 
 
 def test_the_exporter_asks_for_its_login_and_never_opens_without_it(redis_server):

@@ -28,6 +28,8 @@ WORKER_STATS_KEY = f"{PREFIX}:stats"
 WORKER_STATS_AT_KEY = f"{PREFIX}:stats:at"
 #: JSON: the latest load snapshot written by beat.
 SNAPSHOT_KEY = f"{PREFIX}:snapshot"
+#: JSON: each pool's workers wanted and current, and its scale's state (``beat.scaling``).
+SCALING_KEY = f"{PREFIX}:scaling"
 
 
 def members_key(version: str) -> str:

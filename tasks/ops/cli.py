@@ -211,7 +211,8 @@ def _text(value: bytes | str) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw snapshot as JSON.")
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
-    """Beat's leader, and lanes and workers as of its latest load snapshot."""
+    """Beat's leader, and lanes, pools and workers as of its latest load snapshot."""
+    from beat.scaling import read
     from tasks.broker.leader import current
     from tasks.broker.memory import redis_state
 
@@ -224,7 +225,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
     holder, epoch = current(client)
     snapshot = {**json.loads(raw), "beat": {"leader": holder, "epoch": epoch},
                 "workers": {_text(h): json.loads(w) for h, w in records.items()},
-                "redis": redis_state(client)}  # live: beat cannot write while it refuses
+                "redis": redis_state(client),  # live: beat cannot write while it refuses
+                "pools": read(client)}
     if as_json:
         return _echo_json(snapshot)
     click.echo(render_status(snapshot))

@@ -132,7 +132,8 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
         server = serve(client, port, address, settings.exporter_auth)
     except PermissionError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"gpulanes metrics on http://{address}:{server.server_port}/metrics", err=True)
+    click.echo(f"gpulanes metrics on http://{address}:{server.server_port}/metrics, "
+               f"scaling on /scaling", err=True)
     _wait_for_ctrl_c()
     server.shutdown()
     server.server_close()

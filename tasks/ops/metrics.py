@@ -35,6 +35,7 @@ from tasks.broker.keys import (
     DEAD_KEY,
     FAST_BALANCE_KEY,
     METRICS_KEY,
+    SCALING_KEY,
     SNAPSHOT_KEY,
     WORKERS_KEY,
     metric_field,
@@ -85,6 +86,18 @@ def lane_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
         wait.add_metric([lane], load.get("expected_wait_s", 0))
         over.add_metric([lane], 1.0 if policy.get(lane, {}).get("overloaded") else 0.0)
     yield from (depth, wait, over)
+
+
+def pool_metrics(pools: dict[str, Any]) -> Iterator[Metric]:
+    """Each pool's workers: wanted (beat's scaling signal, ``beat.scaling``) and current."""
+    wanted = GaugeMetricFamily("gpulanes_pool_workers_wanted", "Workers the pool needs for "
+                               "every lane to meet its wait budget", labels=["pool"])
+    current = GaugeMetricFamily("gpulanes_pool_workers_current",
+                                "Workers of the pool serving now", labels=["pool"])
+    for name, pool in sorted(pools.items()):
+        wanted.add_metric([name], pool.get("wanted", 0))
+        current.add_metric([name], pool.get("current", 0))
+    yield from (wanted, current)
 
 
 def worker_metrics(snapshot: dict[str, Any]) -> Iterator[Metric]:
@@ -151,14 +164,15 @@ class LanesCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.get(SNAPSHOT_KEY).hgetall(METRICS_KEY).hlen(DEAD_KEY).hgetall(FAST_BALANCE_KEY)
-            pipe.hgetall(WORKERS_KEY)
-            raw, counts, dead, balances, records = pipe.execute()
+            pipe.hgetall(WORKERS_KEY).get(SCALING_KEY)
+            raw, counts, dead, balances, records, scaling = pipe.execute()
         snapshot = json.loads(raw) if raw else {}
         # the snapshot routers read is compact; the worker record is beat's hash of them
         snapshot["workers"] = {(h.decode() if isinstance(h, bytes) else h): json.loads(w)
                                for h, w in records.items()}
         yield from lane_metrics(snapshot)
         yield from worker_metrics(snapshot)
+        yield from pool_metrics(json.loads(scaling).get("pools", {}) if scaling else {})
         yield from job_metrics(counts)
         jobs = CounterMetricFamily("gpulanes_jobs", "Jobs finished, per lane they ran in",
                                    labels=["lane"])
@@ -173,6 +187,28 @@ class LanesCollector(Collector):
         for account, seconds in sorted(balances.items()):
             left.add_metric([account], float(seconds))
         yield left
+
+
+#: The fields of each pool that ``/scaling`` serves.
+SCALING_FIELDS = ("wanted", "current", "need")
+
+
+def scaling_app(client: redis.Redis, metrics: Callable) -> Callable:
+    """``metrics`` (the Prometheus app), and ``/scaling``: each pool's workers wanted and
+    current as JSON, as KEDA's ``metrics-api`` trigger reads it
+    (``valueLocation: pools.<pool>.wanted``)."""
+    def app(environ: dict, start_response: Callable) -> Any:
+        if environ.get("PATH_INFO") != "/scaling":
+            return metrics(environ, start_response)
+        raw = client.get(SCALING_KEY)
+        found = json.loads(raw) if raw else {"at": None, "pools": {}}
+        body = json.dumps({"at": found.get("at"), "pools": {
+            name: {k: pool.get(k, 0) for k in SCALING_FIELDS}
+            for name, pool in sorted(found.get("pools", {}).items())}}).encode()
+        start_response("200 OK", [("Content-Type", "application/json"),
+                                  ("Content-Length", str(len(body)))])
+        return [body]
+    return app
 
 
 def basic_auth(app: Callable, login: str) -> Callable:
@@ -226,7 +262,8 @@ def make_server(address: str, port: int, app: Callable) -> WSGIServer:
 
 def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.0.1",
           login: str | None = None) -> Any:
-    """Serve ``/metrics`` on ``address:port`` in a background thread; returns the server.
+    """Serve ``/metrics`` and ``/scaling`` (:func:`scaling_app`) on ``address:port`` in a
+    background thread; returns the server.
 
     With ``login`` (``user:password``) every request must carry it; without one
     only a loopback address is allowed: the exporter never opens to a network
@@ -239,7 +276,8 @@ def serve(client: redis.Redis, port: int = EXPORTER_PORT, address: str = "127.0.
                               "set GPULANES_EXPORTER_AUTH=user:password")
     registry = CollectorRegistry()
     registry.register(LanesCollector(client))
-    app = make_wsgi_app(registry)  # public API: content negotiation, gzip, name[] filters
+    # public API: content negotiation, gzip, name[] filters
+    app = scaling_app(client, make_wsgi_app(registry))
     server = make_server(address, port, basic_auth(app, login) if login else app)
     threading.Thread(target=server.serve_forever, name="gpulanes-exporter",
                      daemon=True).start()

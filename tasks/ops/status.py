@@ -1,5 +1,6 @@
-"""``lanes status`` for people: beat's leader, Redis' memory and refusals, lanes,
-workers (alive, sick, stuck) and exhausted accounts, from beat's snapshot."""
+"""``lanes status`` for people: beat's leader, Redis' memory and refusals, lanes, pools
+(workers wanted), workers (alive, sick, stuck) and exhausted accounts, from beat's
+snapshot."""
 from __future__ import annotations
 
 import time
@@ -18,6 +19,13 @@ def _lane_rows(snapshot: dict[str, Any]) -> list[tuple]:
                      duration(load.get("expected_wait_s", 0)),
                      "-" if overloaded is None else "YES" if overloaded else "no"))
     return rows
+
+
+def _pool_rows(snapshot: dict[str, Any]) -> list[tuple]:
+    return [(name, pool.get("current", 0), pool.get("wanted", 0),
+             f"{pool.get('need', 0):.2f}", duration(pool.get("warm_s", 0)),
+             ", ".join(pool.get("models", [])) or "-")
+            for name, pool in sorted(snapshot.get("pools", {}).items())]
 
 
 def _in_flight(worker: dict[str, Any]) -> int:
@@ -89,11 +97,15 @@ def _redis_line(snapshot: dict[str, Any]) -> str:
 
 
 def render_status(snapshot: dict[str, Any]) -> str:
-    """The snapshot for people: beat's leader, Redis' memory, lanes, workers, exhausted
-    accounts."""
+    """The snapshot for people: beat's leader, Redis' memory, lanes, pools, workers,
+    exhausted accounts."""
     parts = [_snapshot_header(snapshot), _beat_line(snapshot), _redis_line(snapshot), "",
              table(["lane", "depth", "in flight", "workers", "service", "expected wait",
                     "overloaded"], _lane_rows(snapshot)), ""]
+    pools = _pool_rows(snapshot)
+    if pools:
+        parts += [table(["pool", "workers", "wanted", "need", "warm-up", "models"], pools),
+                  ""]
     workers = _worker_rows(snapshot)
     parts.append(table(["worker", "health", "device", "in flight", "warm models (cold start)"],
                        workers)

@@ -1,0 +1,134 @@
+"""Each round, the workers each pool wants (``routing.scaling``), from the round's
+measures: the workers' busy slots and service times, each lane's queued jobs and their
+models, and the scale each pool had last round (``SCALING_KEY``).
+
+A pool is the workers that name it (``GPULANES_POOL``); it serves the models they hold
+warm or load, and the pools remember them, so a pool scaled to zero still counts the
+jobs of its models. A lane's queued jobs go to the pools by the models of the lane's
+sample (``beat.costs``), shared among the pools that hold a model; a model no pool
+holds goes to the default pool. A lane's arrivals into a pool are the jobs its workers
+served (busy slots over the service time) plus the growth of its queued jobs.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any, Mapping
+
+import redis
+
+from beat.snapshot import QueuedJob
+from routing.names import LANES
+from routing.placement import serving
+from routing.scaling import LaneDemand, Rate, Scale, needed, next_scale
+from tasks.broker.keys import SCALING_KEY
+
+#: The pool of a worker that names none.
+DEFAULT_POOL = "default"
+#: Seconds a new worker takes to start before it loads its models (a container's
+#: scheduling and start); its models' load time, as measured, is added.
+BOOT_S = 60.0
+#: Seconds the need must stay lower before a pool scales down (KEDA's cooldown).
+DOWN_AFTER_S = 300.0
+#: The share of each budgeted lane's jobs that must start within its budget.
+WITHIN = {"fast": 0.999, "standard": 0.95}
+#: Seconds a pool no worker names any more is remembered (its models, its scale).
+POOL_MEMORY_S = 86400.0
+
+
+def pools_of(workers: Mapping[str, dict], previous: Mapping[str, dict]) -> dict[str, set[str]]:
+    """Each pool's models: those its living workers hold or load, and those it had."""
+    pools = {name: set(doc.get("models", ())) for name, doc in previous.items()}
+    pools.setdefault(DEFAULT_POOL, set())
+    for worker in workers.values():
+        if worker.get("alive"):
+            pools.setdefault(worker.get("pool") or DEFAULT_POOL, set()).update(
+                worker.get("warm_models", ()), worker.get("loading_models", ()))
+    return pools
+
+
+def shares(pools: Mapping[str, set[str]], sample: list[QueuedJob]) -> dict[str, float]:
+    """The share of a lane's queued jobs each pool serves, by its sample's models."""
+    holders: dict[str, list[str]] = {}
+    for name, models in pools.items():
+        for model in models:
+            holders.setdefault(model, []).append(name)
+    found = {name: 0.0 for name in pools}
+    for model, _, weight in sample:
+        owners = holders.get(model) or [DEFAULT_POOL]
+        for name in owners:
+            found[name] += weight / len(owners)
+    total = sum(found.values())
+    return {name: (w / total if total else float(name == DEFAULT_POOL))
+            for name, w in found.items()}
+
+
+def plan(previous: Mapping[str, dict], workers: Mapping[str, dict],
+         loads: Mapping[str, Mapping[str, Any]], sample: Mapping[str, list[QueuedJob]],
+         budgets_s: Mapping[str, float], now: float) -> dict[str, dict]:
+    """Every pool's scale after this round (pure): the doc beat stores and shows."""
+    pools = pools_of(workers, previous)
+    share = {lane: shares(pools, sample.get(lane, [])) for lane in LANES}
+    found = {}
+    for name, models in sorted(pools.items()):
+        members = [w for w in workers.values() if (w.get("pool") or DEFAULT_POOL) == name]
+        old = previous.get(name, {})
+        if not members and not old.get("wanted") and name != DEFAULT_POOL and \
+                now - old.get("seen", now) > POOL_MEMORY_S:
+            continue
+        found[name] = _pool(name, old, members, models, loads, share, budgets_s, now)
+    return found
+
+
+def _pool(name: str, old: Mapping[str, Any], members: list[dict], models: set[str],
+          loads: Mapping[str, Mapping[str, Any]], share: Mapping[str, Mapping[str, float]],
+          budgets_s: Mapping[str, float], now: float) -> dict[str, Any]:
+    """One pool's scale: its demand per lane, its need, its hysteresis."""
+    live = [w for w in members if serving(w)]
+    span_s = now - old["at"] if old.get("at") else 0.0
+    warm_s = BOOT_S + _load_s(members)
+    slots = sum(w.get("concurrency", 1) for w in live) / len(live) if live else 1.0
+    rates, queued, rising, settled = {}, {}, [], []
+    for lane in LANES:
+        load = loads.get(lane, {})
+        service_s = _service_s(live, lane) or load.get("service_s") or 1.0
+        queued[lane] = load.get("depth", 0) * share[lane].get(name, 0.0)
+        served = sum(w.get("busy", {}).get(lane, 0.0) for w in live) / service_s
+        grown = (queued[lane] - old.get("queued", {}).get(lane, queued[lane])) / span_s \
+            if span_s > 0 else 0.0
+        rate = Rate(*old.get("rates", {}).get(lane, (0.0, 0.0))).observed(
+            max(0.0, served + grown), span_s)
+        rates[lane] = [round(rate.quick, 4), round(rate.slow, 4)]
+        work_s = queued[lane] * load.get("queued_job_s", service_s)
+        budget_s, within = budgets_s.get(lane), WITHIN.get(lane, 0.95)
+        rising.append(LaneDemand(rate.ahead(warm_s), service_s, work_s, budget_s, within))
+        settled.append(LaneDemand(rate.level(), service_s, work_s, budget_s, within))
+    need, hold = needed(rising) / slots, needed(settled) / slots
+    state = Scale(old.get("wanted", 0), old.get("low_since"), old.get("low_most", 0))
+    scale = next_scale(state, need, hold, now, DOWN_AFTER_S)
+    return {**asdict(scale), "current": len(live), "need": round(need, 3), "hold": round(hold, 3),
+            "warm_s": round(warm_s, 1), "models": sorted(models), "at": now,
+            "seen": now if members else old.get("seen", now), "rates": rates,
+            "queued": {lane: round(n, 2) for lane, n in queued.items()}}
+
+
+def _service_s(live: list[dict], lane: str) -> float | None:
+    """The pool's mean seconds of a ``lane`` job, as its workers measured them."""
+    found = [w["service_ms"][lane] for w in live if (w.get("service_ms") or {}).get(lane)]
+    return sum(found) / len(found) / 1000 if found else None
+
+
+def _load_s(members: list[dict]) -> float:
+    """Seconds a new worker of the pool takes to load its models, as its workers did."""
+    found = [sum((w.get("load_ms") or {}).values()) / 1000 for w in members if w.get("load_ms")]
+    return max(found, default=0.0)
+
+
+def read(client: redis.Redis) -> dict[str, dict]:
+    """The pools' scale beat stored last ({} before its first round)."""
+    raw = client.get(SCALING_KEY)
+    return json.loads(raw).get("pools", {}) if raw else {}
+
+
+def write(client: redis.Redis, pools: Mapping[str, dict], now: float) -> None:
+    client.set(SCALING_KEY, json.dumps({"at": now, "pools": pools}))

@@ -1,0 +1,157 @@
+"""How many workers a pool needs for every lane to meet its wait budget (pure).
+
+A pool's demand per lane is its arrival rate, the mean seconds of a job and the work
+already queued. Lanes are served in priority order, so lane ``k`` competes with the
+lanes above it: the workers it needs are those of an M/M/c queue (Erlang C) fed by
+lanes ``0..k``, sized so that its share ``within`` of jobs starts within the lane's
+budget, plus what drains the queued work of those lanes within the budget. A lane
+with no budget (relaxed) needs its load served below :data:`MOST_BUSY` and its queue
+drained within :data:`UNBUDGETED_DRAIN_S`. The pool needs the most any lane needs.
+
+:func:`next_scale` turns that need into ``wanted`` with a hysteresis: up at once (with
+:data:`HEADROOM`), down only after the need stayed lower for ``down_after_s``, and only
+by a step worth taking (:data:`DOWN_STEP`), so a constant load settles and stays.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+#: The busiest an unbudgeted lane's workers may be on average.
+MOST_BUSY = 0.95
+#: Seconds within which an unbudgeted lane's queued work should drain.
+UNBUDGETED_DRAIN_S = 600.0
+#: Share above the need that a scale-up adds, so that noise does not step it again.
+HEADROOM = 0.05
+#: A scale-down happens only for at least this share of ``wanted`` (or one worker).
+DOWN_STEP = 0.05
+#: Most servers :func:`servers_for` considers (past it the load is not servable).
+MOST_SERVERS = 100_000
+
+
+@dataclass(frozen=True)
+class LaneDemand:
+    """One lane's demand on a pool."""
+
+    arrivals_s: float  # jobs per second entering the lane
+    service_s: float  # mean seconds a job holds a worker
+    queued_s: float = 0.0  # worker-seconds of work waiting now
+    budget_s: float | None = None  # the wait budget (None: no budget)
+    within: float = 0.95  # the share of jobs that must start within the budget
+
+
+def servers_for(arrivals_s: float, service_s: float, budget_s: float, within: float) -> int:
+    """The fewest servers of an M/M/c queue (``arrivals_s`` jobs/s, ``service_s`` mean
+    seconds each) for which ``within`` of the jobs wait at most ``budget_s``:
+    ``P(W > t) = C(c, a) * exp(-(c - a) * t / s)`` (Erlang C, ``a = arrivals_s x service_s``)."""
+    load = arrivals_s * service_s
+    if load <= 0:
+        return 0
+    late_share = max(1e-9, 1.0 - within)
+    blocked = 1.0  # Erlang B of c servers, by its recursion from c = 0
+    for servers in range(1, MOST_SERVERS + 1):
+        blocked = load * blocked / (servers + load * blocked)
+        if servers <= load:
+            continue
+        waiting = servers * blocked / (servers - load * (1 - blocked))  # Erlang C
+        if waiting * math.exp(-(servers - load) * budget_s / service_s) <= late_share:
+            return servers
+    return MOST_SERVERS
+
+
+def needed(lanes: Sequence[LaneDemand]) -> float:
+    """Workers the pool needs for each of ``lanes`` (highest priority first) to meet its
+    goal, as a fraction: the most any lane needs."""
+    need, arrivals_s, work_s, queued_s = 0.0, 0.0, 0.0, 0.0
+    for lane in lanes:
+        arrivals_s += lane.arrivals_s
+        work_s += lane.arrivals_s * lane.service_s
+        queued_s += lane.queued_s
+        if lane.budget_s is None:
+            need = max(need, work_s / MOST_BUSY + queued_s / UNBUDGETED_DRAIN_S)
+            continue
+        service_s = work_s / arrivals_s if arrivals_s else lane.service_s
+        served = servers_for(arrivals_s, service_s, lane.budget_s, lane.within)
+        need = max(need, served + queued_s / max(lane.budget_s, service_s))
+    return need
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A pool's ``wanted`` workers and the state of its scale-down hysteresis."""
+
+    wanted: int = 0
+    low_since: float | None = None  # since when the need has stayed under ``wanted``
+    low_most: int = 0  # the most workers needed since then
+
+
+def next_scale(state: Scale, need: float, hold: float, now: float, down_after_s: float,
+               least: int = 0, most: int = MOST_SERVERS) -> Scale:
+    """Fold one round's needs (workers, :func:`needed`) into the pool's scale: ``need``
+    at the rate as it rises (:meth:`Rate.ahead`), ``hold`` at the rate it settled at
+    (:meth:`Rate.level`).
+
+    Up at once, when ``need`` passes ``wanted``, to the larger of the two plus
+    :data:`HEADROOM`; down to the most that was needed over the last ``down_after_s``,
+    once that stayed under ``wanted`` so long and the step is worth it
+    (:data:`DOWN_STEP`). ``wanted`` stays within ``least..most``.
+    """
+    target = min(most, max(least, math.ceil(max(need, hold) * (1 + HEADROOM) - 1e-9)))
+    if target > state.wanted and (need > state.wanted or state.wanted < least):
+        return Scale(wanted=target)
+    if state.wanted > most:
+        return Scale(wanted=most)
+    if target >= state.wanted:
+        return replace(state, low_since=None, low_most=0)
+    if state.low_since is None:
+        return replace(state, low_since=now, low_most=target)
+    low_most = max(state.low_most, target)
+    step = max(1, math.ceil(DOWN_STEP * state.wanted))
+    if now - state.low_since >= down_after_s and state.wanted - low_most >= step:
+        return Scale(wanted=low_most)
+    return replace(state, low_most=low_most)
+
+
+#: Time constants (s) of the quick and slow averages of a rate: the gap between them
+#: over a ramp is its slope times the difference of the two.
+QUICK_S, SLOW_S = 15.0, 90.0
+#: Standard deviations of a rate's noise that a change must pass to count: arrivals
+#: are counted as Poisson, whose average over ``tau`` seconds varies by
+#: ``sqrt(rate / (2 tau))``.
+NOISE_Z = 3.0
+
+
+def _noise(rate: float, tau_s: float) -> float:
+    return math.sqrt(max(rate, 1 / tau_s) / (2 * tau_s))
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A rate (jobs/s) measured in rounds: a quick and a slow moving average."""
+
+    quick: float = 0.0
+    slow: float = 0.0
+
+    def observed(self, rate: float, span_s: float) -> "Rate":
+        """This rate after ``rate`` was measured over ``span_s`` seconds."""
+        if span_s <= 0:
+            return self
+        quick = self.quick + (1 - math.exp(-span_s / QUICK_S)) * (rate - self.quick)
+        slow = self.slow + (1 - math.exp(-span_s / SLOW_S)) * (rate - self.slow)
+        return Rate(quick, slow)
+
+    def ahead(self, horizon_s: float) -> float:
+        """The rate expected ``horizon_s`` from now, less its noise: the quick average,
+        and while it rises past the noise, its slope over its own lag and the horizon
+        (a fall is waited out, not foreseen)."""
+        noise = _noise(self.quick, QUICK_S)
+        rise = self.quick - self.slow
+        rising = rise > NOISE_Z * math.hypot(noise, _noise(self.slow, SLOW_S))
+        slope = rise / (SLOW_S - QUICK_S) if rising else 0.0
+        return max(0.0, self.quick - NOISE_Z * noise) + slope * (QUICK_S + horizon_s)
+
+    def level(self) -> float:
+        """The rate it settled at, and its noise: the slow average, plus
+        :data:`NOISE_Z` of its deviations."""
+        return self.slow + NOISE_Z * _noise(self.slow, SLOW_S)
