@@ -60,12 +60,15 @@ MAX_SUSPENDED = 4
 
 
 class Preempted(Exception):
-    """Raised between steps: the run stops for a waiting fast job. ``state``: what a
-    resumable model handed at that boundary (None: it starts again)."""
+    """Raised between steps: the run stops for a waiting fast job, or (``leaving``) for
+    its worker is stopping. ``state``: what a resumable model handed at that boundary
+    (None: it starts again)."""
 
-    def __init__(self, step: int, steps: int | None = None, state: Any = None) -> None:
-        super().__init__(f"preempted at step {step} for a waiting fast job")
-        self.step, self.steps, self.state = step, steps, state
+    def __init__(self, step: int, steps: int | None = None, state: Any = None,
+                 leaving: bool = False) -> None:
+        why = "its worker is stopping" if leaving else "a waiting fast job"
+        super().__init__(f"preempted at step {step} for {why}")
+        self.step, self.steps, self.state, self.leaving = step, steps, state, leaving
 
 
 class Preemption:

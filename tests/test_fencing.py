@@ -374,7 +374,7 @@ def test_a_copy_is_addressed_inside_its_persisted_write(clean_redis, monkeypatch
         with pytest.raises(Retry):
             gen._retry(task, RuntimeError("transient"), lease, message, message.route, 0)
     else:
-        progress = SimpleNamespace(paused=lambda step, steps: None)
+        progress = SimpleNamespace(paused=lambda step, steps, leaving=False: None)
         with pytest.raises(Ignore):
             gen._preempt(task, lease, message, "standard", Preempted(3, 30), progress)
     assert len(reads) == 2  # tried again, within the write

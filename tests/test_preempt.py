@@ -8,12 +8,14 @@ thread) that a test acts while they run; every wait is on a job's reported state
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import vary, wait_until
 
@@ -134,6 +136,30 @@ def test_a_fast_job_preempts_a_relaxed_one_which_resumes_bit_for_bit(cluster, cl
     step_s = alone[21]["run_ms"] / 1000 / LONG["steps"]
     assert fast["queued_ms"] / 1000 < 40 * step_s  # a few steps, never a relaxed job
     assert int(clean_redis.hget(METRICS_KEY, metric_field("preemptions", "relaxed"))) == 1
+
+
+def test_a_worker_told_to_stop_hands_its_job_on_to_resume_where_it_was(cluster, app):
+    """SIGTERM (a scale-down) to the worker running a job: the run steps aside at its next
+    step, its state through the artifact store, and the other worker, idle, resumes it
+    there: no step runs twice, and the image is the one an uninterrupted run makes. The
+    stopped worker exits within a few step times (its supervisor then starts it anew)."""
+    alone = submit("hand me on", tier="relaxed", seed=31, **LONG).get(timeout=120)
+    job = submit("hand me on", tier="relaxed", seed=31, **LONG)
+    info = at_step(job, 10)
+    pid = worker_pids(app, 2)[info["worker"]]
+    os.kill(pid, signal.SIGTERM)
+    out = job.get(timeout=120)
+    assert out["sha256"] == alone["sha256"]  # the same image, handed on or not
+    assert out["worker"] != info["worker"] and out["preempted"] == 1
+    assert out["attempts"] == 2 and out["run_ms"] < alone["run_ms"]
+    log = _log(cluster)
+    assert f"job {job.id} stepped aside at step " in log and "this worker is stopping" in log
+    resumed_at = int(re.search(rf"job {job.id} resumes at step (\d+)", log).group(1))
+    assert resumed_at >= info["step"]  # the steps run before the stop are not run again
+    step_s = alone["run_ms"] / 1000 / LONG["steps"]
+    wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie",
+               30 + 2 * step_s, "the stopped worker to exit")
+    assert len(worker_pids(app, 2)) == 2  # started anew by its supervisor, for what follows
 
 
 def test_a_relaxed_run_steps_aside_for_a_first_level_standard_job_and_resumes(

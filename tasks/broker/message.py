@@ -114,6 +114,9 @@ class JobRoute:
     deferred: bool = False
     #: Times a running copy stepped aside for a fast job (``gpu_worker.preempt``).
     preempted: int = 0
+    #: Where a copy handed over by a stopping worker resumes: step, URL and sha256 of
+    #: the state (``tasks.worker.handoff``).
+    resume: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, decision: Route) -> "JobRoute":
@@ -146,17 +149,18 @@ class JobRoute:
         return replace(self, lane=lane_of(self.lane), worker_faults=self.worker_faults + 1,
                        lane_since=since)
 
-    def preempted_copy(self) -> "JobRoute":
+    def preempted_copy(self, resume: dict[str, Any] | None = None) -> "JobRoute":
         """A preempted run's next copy (to the front of its lane, or of the worker's own
-        queue of it), its wait in the lane counted as it was."""
-        return replace(self, preempted=self.preempted + 1)
+        queue of it), its wait in the lane counted as it was; ``resume``: the state a
+        stopping worker handed over."""
+        return replace(self, preempted=self.preempted + 1, resume=resume)
 
     def deferred_copy(self) -> "JobRoute":
         return replace(self, deferred=True)
 
     def reported(self) -> dict[str, Any]:
         """What a result says of its route."""
-        return {k: v for k, v in self.encode().items() if k != "lane_since"}
+        return {k: v for k, v in self.encode().items() if k not in ("lane_since", "resume")}
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def run_job(job: Job, lane: str, guard: StepGuard,
         return BATCHER.run(job, lane, guard)  # the batcher's runner loads the model
     model, load_ms = RUNTIME.model(job.model)
     guard.began = time.monotonic()  # a cold load is nobody's fast time
+    guard.alone = True
     guard.preemptible = is_preemptible(model)
     if guard.preemptible and _may_run_long(job):
         PREEMPTION.offer(lane, guard.preempted, guard.step)

@@ -60,6 +60,7 @@ from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import COUNTS, job_counts
 from tasks.settings import RETRY_BASE_S, RETRY_CAP_S, SICK_AFTER, settings
+from tasks.worker import handoff
 from tasks.worker.coalesce import deliver, fail_followers, followers_of, settle_call
 from tasks.worker.execute import kept, run_job
 from tasks.worker.progress import Progress
@@ -266,19 +267,28 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
     """Step aside for a waiting fast (or lighter) job: its next copy goes to the front of
     its lane at its own level, fenced like a retry (and no try of the job). A model that
     resumes leaves its state here and its copy in this worker's own queue: the worker
-    runs the lighter jobs, then picks this one up where it stopped."""
-    job_id, resumes = task.request.id, stop.state is not None
+    runs the lighter jobs, then picks this one up where it stopped. A worker that is
+    stopping (``stop.leaving``) hands the job on: its copy to the front of the shared
+    lane, a resumable model's state through the store (``tasks.worker.handoff``)."""
+    job_id = task.request.id
+    resume = handoff.hand_over(job_id, lease.attempt, *stop.state) \
+        if stop.leaving and stop.state is not None else None
+    resumes = stop.state is not None and not stop.leaving
     queue = worker_queue(lane, RUNTIME.hostname) if resumes else lane
     if resumes:
         SUSPENDED.keep(job_id, *stop.state)
-    progress.paused(stop.step, stop.steps)  # before the copy exists: never after its end
+    progress.paused(stop.step, stop.steps, stop.leaving)  # before the copy: never after its end
     verdict = persist(lambda: publish_copy(redis_client(), _next_copy(
-        task, message.with_route(message.route.preempted_copy()), 0, task.request.retries,
-        queue=queue), _fence(task, lease), front=True),
+        task, message.with_route(message.route.preempted_copy(resume)), 0,
+        task.request.retries, queue=queue), _fence(task, lease), front=True),
         f"the preempted copy of job {job_id}")
     if verdict != Pushed():
         SUSPENDED.take(job_id)
         _stale(task, lease)
+    if stop.leaving:
+        log.info("job %s stepped aside at step %d: this worker is stopping (%s)", job_id,
+                 stop.step, "it resumes there elsewhere" if resume else "it starts again")
+        raise Ignore()
     field = metric_field("preemptions", lane)
     persist(lambda: redis_client().hincrby(METRICS_KEY, field, 1), "a preemption's count")
     log.info("job %s stepped aside at step %d for a waiting fast job (%s)", job_id, stop.step,
@@ -362,6 +372,8 @@ def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
     lane = _lane(self, route)
     PREEMPTION.run_begins()
     resume = SUSPENDED.take(self.request.id)  # a preempted job's state, left here
+    if resume is None and route.resume:  # ... or handed over by a worker that stopped
+        resume = handoff.taken_up(self.request.id, route.resume, RUNTIME.device)
     if resume is not None:
         log.info("job %s resumes at step %d, where it stepped aside", self.request.id,
                  resume[0])

@@ -51,11 +51,12 @@ class Progress:
             return  # too soon, or the last step: the result follows at once
         self._report(step, steps)
 
-    def paused(self, step: int, steps: int | None) -> None:
-        """The run steps aside at ``step`` for a fast job (``preempted`` counts it): the
-        job waits to resume; reported at once, whatever the last report's time."""
+    def paused(self, step: int, steps: int | None, leaving: bool = False) -> None:
+        """The run steps aside at ``step`` for a fast job, or (``leaving``) as its worker
+        stops (``preempted`` counts it): the job waits to resume; reported at once,
+        whatever the last report's time."""
         self.preempted += 1
-        self._report(step, steps, paused=True)
+        self._report(step, steps, paused=True, **({"leaving": True} if leaving else {}))
 
     def _report(self, step: int, steps: int | None, **extra: Any) -> None:
         now = time.monotonic()
@@ -84,6 +85,8 @@ class Progress:
 def line(info: dict[str, Any]) -> str:
     """One line of a job's progress: ``step 7/20, eta 1.3 s, standard on gpu0@host``."""
     of = f"/{info['steps']}" if info.get("steps") else ""
+    if info.get("leaving"):
+        return f"step {info['step']}{of}, handed on by {info['worker']} (stopping)"
     if info.get("paused"):
         return f"step {info['step']}{of}, preempted: waits to resume on {info['worker']}"
     eta = f", eta {info['eta_s']:.1f} s" if info.get("eta_s") is not None else ""

@@ -3,7 +3,8 @@
 At every step boundary the run's :class:`StepGuard` stops it (raises) past
 ``GPULANES_MAX_JOB_S``, once its job is revoked, once a newer run took its job over,
 or, for a preemptible run, once a fast job waits for its worker, or a first-level
-standard job for a heavier run (``gpu_worker.preempt``); else it reports the step
+standard job for a heavier run (``gpu_worker.preempt``), or, for any run on its own,
+once its worker is stopping (``tasks.worker.handoff``); else it reports the step
 (``tasks.worker.progress``). A model that can resume hands its state with each step
 (``keep``): the state of the boundary it stopped at travels with
 :class:`~gpu_worker.preempt.Preempted`. A revoked job that leads a coalesced run others
@@ -19,6 +20,7 @@ from celery.worker.state import revoked as revoked_ids
 from gpu_worker.lease import Lease
 from gpu_worker.preempt import PREEMPTION, Preempted
 from routing.names import heavier
+from tasks.broker.outage import stopping
 from tasks.errors import JobRevoked, JobTimeout
 from tasks.settings import settings
 from tasks.worker.coalesce import wanted_by_followers
@@ -43,6 +45,9 @@ class StepGuard:
         self.began = time.monotonic()
         #: Set by the runner once it knows the model may stop here (and run alone).
         self.preemptible = False
+        #: Set by the runner when the job runs on its own (not in a batch): it steps
+        #: aside when its worker stops (``tasks.worker.handoff``).
+        self.alone = False
         self.state: Any = None
         #: The last step the model reported done, of how many (None: not said).
         self.step: int = 0
@@ -61,14 +66,19 @@ class StepGuard:
                 raise JobRevoked(f"job {self.job_id} was revoked at step {step}")
             self.for_followers = True
         self.lease.check()
+        if self.alone and stopping() and (steps is None or step < steps):
+            raise Preempted(step, steps, self._kept(step), leaving=True)
         if steps is None or step < steps:
             left_s = self._left_s(step, steps)
             if (left_s is None or left_s >= settings.preempt_min_left_s) and \
                     PREEMPTION.wanted(self.lane, self.preempted, self.preemptible, left_s,
                                       self.heavier):
-                kept = self.state if self.state and self.state[0] == step else None
-                raise Preempted(step, steps, kept)
+                raise Preempted(step, steps, self._kept(step))
         self.report(step, steps)
+
+    def _kept(self, step: int) -> tuple[int, Any] | None:
+        """The state kept at ``step``, if the model handed one there."""
+        return self.state if self.state and self.state[0] == step else None
 
     def _left_s(self, step: int, steps: int | None) -> float | None:
         """Seconds the run expects still to run, from its pace so far; None: unknown (no
