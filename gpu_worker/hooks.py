@@ -238,7 +238,7 @@ class KeepLeases(Hook):
         return {signals.worker_ready: self.on_ready}
 
     def on_ready(self, **_: Any) -> None:
-        # Runs until the process ends: a warm shutdown still finishes its jobs.
+        # Runs until the process ends: a warm shutdown still hands its jobs on.
         threading.Thread(target=self._loop, name="keep-leases", daemon=True).start()
 
     def _loop(self) -> None:

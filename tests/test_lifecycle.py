@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -86,19 +87,28 @@ def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_fa
         broken.stop_workers(timeout_s=30)
 
 
-def test_sigterm_finishes_the_running_job_and_stops_cleanly(cluster_factory, app):
+def test_sigterm_hands_the_running_job_back_and_stops_cleanly(cluster_factory, app):
+    """A scale-down: the running job steps aside at its next step, back to the front of
+    its lane, and the workers exit at once rather than run it to its end; a worker
+    started later runs it (again from its start: the flaky model does not resume)."""
     cluster = cluster_factory(workers=2)
     pids = _worker_pids(app, 2)
     gate = new_gate()
-    running = submit(f"gate:{gate} finish me", model="flaky", **SMALL)
+    running = submit(f"gate:{gate} hand me back", model="flaky", **SMALL)
     wait_at_gate(running, gate)
     cluster.supervisor.send_signal(signal.SIGTERM)
     _wait_for_log(cluster.log_dir / "workers.log", "Warm shutdown", count=2)
     assert running.state == "STARTED"  # still held while the workers shut down
-    open_gate(gate)
+    open_gate(gate)  # its next step comes: it steps aside there
     assert cluster.stop_workers(timeout_s=60) == 0
-    assert running.get(timeout=5)["attempts"] == 1  # finished, not abandoned
     assert all(_gone(pid) for pid in pids.values())
+    log = (cluster.log_dir / "workers.log").read_text(errors="replace")
+    assert re.search(rf"job {running.id} stepped aside at step \d+: this worker is stopping",
+                     log)
+    assert running.state != "SUCCESS"  # not run to its end on the way out
+    cluster.start_workers()
+    out = running.get(timeout=60)
+    assert out["attempts"] == 2 and out["preempted"] == 1
 
 
 def test_crashed_worker_is_restarted_and_its_job_runs_again(cluster_factory, app):
