@@ -109,6 +109,7 @@ def test_sigterm_hands_the_running_job_back_and_stops_cleanly(cluster_factory, a
     cluster.start_workers()
     out = running.get(timeout=60)
     assert out["attempts"] == 2 and out["preempted"] == 1
+    assert cluster.stop_workers(timeout_s=60) == 0  # the next test starts its own
 
 
 def test_crashed_worker_is_restarted_and_its_job_runs_again(cluster_factory, app):
