@@ -66,9 +66,9 @@ class StepGuard:
                 raise JobRevoked(f"job {self.job_id} was revoked at step {step}")
             self.for_followers = True
         self.lease.check()
-        if self.alone and stopping() and (steps is None or step < steps):
-            raise Preempted(step, steps, self._kept(step), leaving=True)
         if steps is None or step < steps:
+            if self.alone and stopping():
+                raise Preempted(step, steps, self._kept(step), leaving=True)
             left_s = self._left_s(step, steps)
             if (left_s is None or left_s >= settings.preempt_min_left_s) and \
                     PREEMPTION.wanted(self.lane, self.preempted, self.preemptible, left_s,
