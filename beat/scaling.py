@@ -12,7 +12,6 @@ served (busy slots over the service time) plus the growth of its queued jobs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Any, Mapping
 
 import redis
@@ -20,7 +19,7 @@ import redis
 from beat.snapshot import QueuedJob
 from routing.names import LANES
 from routing.placement import serving
-from routing.scaling import LaneDemand, Rate, Scale, needed, next_scale
+from routing.scaling import LaneMeasure, scale_round
 from tasks.broker.keys import SCALING_KEY
 
 #: The pool of a worker that names none.
@@ -83,33 +82,21 @@ def plan(previous: Mapping[str, dict], workers: Mapping[str, dict],
 def _pool(name: str, old: Mapping[str, Any], members: list[dict], models: set[str],
           loads: Mapping[str, Mapping[str, Any]], share: Mapping[str, Mapping[str, float]],
           budgets_s: Mapping[str, float], now: float) -> dict[str, Any]:
-    """One pool's scale: its demand per lane, its need, its hysteresis."""
+    """One pool's scale: its measures per lane, then ``routing.scaling.scale_round``."""
     live = [w for w in members if serving(w)]
-    span_s = now - old["at"] if old.get("at") else 0.0
     warm_s = BOOT_S + _load_s(members)
     slots = sum(w.get("concurrency", 1) for w in live) / len(live) if live else 1.0
-    rates, queued, rising, settled = {}, {}, [], []
+    measures = {}
     for lane in LANES:
         load = loads.get(lane, {})
         service_s = _service_s(live, lane) or load.get("service_s") or 1.0
-        queued[lane] = load.get("depth", 0) * share[lane].get(name, 0.0)
-        served = sum(w.get("busy", {}).get(lane, 0.0) for w in live) / service_s
-        grown = (queued[lane] - old.get("queued", {}).get(lane, queued[lane])) / span_s \
-            if span_s > 0 else 0.0
-        rate = Rate(*old.get("rates", {}).get(lane, (0.0, 0.0))).observed(
-            max(0.0, served + grown), span_s)
-        rates[lane] = [round(rate.quick, 4), round(rate.slow, 4)]
-        work_s = queued[lane] * load.get("queued_job_s", service_s)
-        budget_s, within = budgets_s.get(lane), WITHIN.get(lane, 0.95)
-        rising.append(LaneDemand(rate.ahead(warm_s), service_s, work_s, budget_s, within))
-        settled.append(LaneDemand(rate.level(), service_s, work_s, budget_s, within))
-    need, hold = needed(rising) / slots, needed(settled) / slots
-    state = Scale(old.get("wanted", 0), old.get("low_since"), old.get("low_most", 0))
-    scale = next_scale(state, need, hold, now, DOWN_AFTER_S)
-    return {**asdict(scale), "current": len(live), "need": round(need, 3), "hold": round(hold, 3),
-            "warm_s": round(warm_s, 1), "models": sorted(models), "at": now,
-            "seen": now if members else old.get("seen", now), "rates": rates,
-            "queued": {lane: round(n, 2) for lane, n in queued.items()}}
+        measures[lane] = LaneMeasure(
+            busy=sum(w.get("busy", {}).get(lane, 0.0) for w in live), service_s=service_s,
+            queued=load.get("depth", 0) * share[lane].get(name, 0.0),
+            queued_job_s=load.get("queued_job_s"))
+    scale = scale_round(old, measures, budgets_s, WITHIN, slots, warm_s, now, DOWN_AFTER_S)
+    return {**scale, "current": len(live), "warm_s": round(warm_s, 1), "models": sorted(models),
+            "seen": now if members else old.get("seen", now)}
 
 
 def _service_s(live: list[dict], lane: str) -> float | None:

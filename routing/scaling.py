@@ -5,27 +5,23 @@ already queued. Lanes are served in priority order, so lane ``k`` competes with 
 lanes above it: the workers it needs are those of an M/M/c queue (Erlang C) fed by
 lanes ``0..k``, sized so that its share ``within`` of jobs starts within the lane's
 budget, plus what drains the queued work of those lanes within the budget. A lane
-with no budget (relaxed) needs its load served below :data:`MOST_BUSY` and its queue
-drained within :data:`UNBUDGETED_DRAIN_S`. The pool needs the most any lane needs.
+with no budget (relaxed) is held to :data:`UNBUDGETED_S`. The pool needs the most any
+lane needs.
 
-:func:`next_scale` turns that need into ``wanted`` with a hysteresis: up at once (with
-:data:`HEADROOM`), down only after the need stayed lower for ``down_after_s``, and only
+:func:`next_scale` turns that need into ``wanted`` with a hysteresis: up at once, down only after the need stayed lower for ``down_after_s``, and only
 by a step worth taking (:data:`DOWN_STEP`), so a constant load settles and stays.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
 
-#: The busiest an unbudgeted lane's workers may be on average.
-MOST_BUSY = 0.95
-#: Seconds within which an unbudgeted lane's queued work should drain.
-UNBUDGETED_DRAIN_S = 600.0
-#: Share above the need that a scale-up adds, so that noise does not step it again.
-HEADROOM = 0.05
+#: The wait budget of a lane that has none (relaxed): its jobs should start within it,
+#: and its queued work drain within it.
+UNBUDGETED_S = 600.0
 #: A scale-down happens only for at least this share of ``wanted`` (or one worker).
-DOWN_STEP = 0.05
+DOWN_STEP = 0.10
 #: Most servers :func:`servers_for` considers (past it the load is not servable).
 MOST_SERVERS = 100_000
 
@@ -68,12 +64,10 @@ def needed(lanes: Sequence[LaneDemand]) -> float:
         arrivals_s += lane.arrivals_s
         work_s += lane.arrivals_s * lane.service_s
         queued_s += lane.queued_s
-        if lane.budget_s is None:
-            need = max(need, work_s / MOST_BUSY + queued_s / UNBUDGETED_DRAIN_S)
-            continue
+        budget_s = UNBUDGETED_S if lane.budget_s is None else lane.budget_s
         service_s = work_s / arrivals_s if arrivals_s else lane.service_s
-        served = servers_for(arrivals_s, service_s, lane.budget_s, lane.within)
-        need = max(need, served + queued_s / max(lane.budget_s, service_s))
+        served = servers_for(arrivals_s, service_s, budget_s, lane.within)
+        need = max(need, served + queued_s / max(budget_s, service_s))
     return need
 
 
@@ -83,7 +77,9 @@ class Scale:
 
     wanted: int = 0
     low_since: float | None = None  # since when the need has stayed under ``wanted``
-    low_most: int = 0  # the most workers needed since then
+    #: The most needed over the last window: (time, workers) pairs, the workers falling
+    #: (a sliding maximum: the first is the window's most).
+    lows: tuple[tuple[float, int], ...] = ()
 
 
 def next_scale(state: Scale, need: float, hold: float, now: float, down_after_s: float,
@@ -92,25 +88,25 @@ def next_scale(state: Scale, need: float, hold: float, now: float, down_after_s:
     at the rate as it rises (:meth:`Rate.ahead`), ``hold`` at the rate it settled at
     (:meth:`Rate.level`).
 
-    Up at once, when ``need`` passes ``wanted``, to the larger of the two plus
-    :data:`HEADROOM`; down to the most that was needed over the last ``down_after_s``,
-    once that stayed under ``wanted`` so long and the step is worth it
+    Up at once, when ``need`` passes ``wanted``, to the larger of the two (each is past
+    its noise already: no headroom is added); down to the most that was needed over the last ``down_after_s``,
+    once the need stayed under ``wanted`` so long and the step is worth it
     (:data:`DOWN_STEP`). ``wanted`` stays within ``least..most``.
     """
-    target = min(most, max(least, math.ceil(max(need, hold) * (1 + HEADROOM) - 1e-9)))
+    target = min(most, max(least, math.ceil(max(need, hold) - 1e-9)))
     if target > state.wanted and (need > state.wanted or state.wanted < least):
         return Scale(wanted=target)
     if state.wanted > most:
         return Scale(wanted=most)
     if target >= state.wanted:
-        return replace(state, low_since=None, low_most=0)
-    if state.low_since is None:
-        return replace(state, low_since=now, low_most=target)
-    low_most = max(state.low_most, target)
+        return Scale(wanted=state.wanted)
+    since = now if state.low_since is None else state.low_since
+    lows = [low for low in state.lows if low[1] > target and low[0] >= now - down_after_s]
+    lows.append((now, target))
     step = max(1, math.ceil(DOWN_STEP * state.wanted))
-    if now - state.low_since >= down_after_s and state.wanted - low_most >= step:
-        return Scale(wanted=low_most)
-    return replace(state, low_most=low_most)
+    if now - since >= down_after_s and state.wanted - lows[0][1] >= step:
+        return Scale(wanted=lows[0][1])
+    return Scale(state.wanted, since, tuple(lows))
 
 
 #: Time constants (s) of the quick and slow averages of a rate: the gap between them
@@ -155,3 +151,46 @@ class Rate:
         """The rate it settled at, and its noise: the slow average, plus
         :data:`NOISE_Z` of its deviations."""
         return self.slow + NOISE_Z * _noise(self.slow, SLOW_S)
+
+
+@dataclass(frozen=True)
+class LaneMeasure:
+    """What one round measured of a lane in a pool."""
+
+    busy: float  # the pool's workers busy on the lane's jobs, on average since last round
+    service_s: float  # mean seconds a job holds a worker
+    queued: float  # jobs waiting now
+    queued_job_s: float | None = None  # mean seconds of a waiting job (None: service_s)
+
+
+def scale_round(old: Mapping[str, Any], measures: Mapping[str, LaneMeasure],
+                budgets_s: Mapping[str, float], within: Mapping[str, float], slots: float,
+                warm_s: float, now: float, down_after_s: float,
+                least: int = 0, most: int = MOST_SERVERS) -> dict[str, Any]:
+    """A pool's scale after a round, from ``old`` (what the last round returned, or {}):
+    each lane's arrivals (the jobs its workers served, busy over service time, plus the
+    growth of its queue) folded into a :class:`Rate`; the need at the rate foreseen
+    ``warm_s`` ahead and the need at the settled rate (:func:`needed`, in workers of
+    ``slots`` jobs each); then :func:`next_scale`. ``measures`` in priority order."""
+    span_s = now - old["at"] if old.get("at") else 0.0
+    rates, queued, rising, settled = {}, {}, [], []
+    for lane, measure in measures.items():
+        queued[lane] = measure.queued
+        before = old.get("queued", {}).get(lane, measure.queued)
+        grown = (measure.queued - before) / span_s if span_s > 0 else 0.0
+        served = measure.busy / measure.service_s
+        rate = Rate(*old.get("rates", {}).get(lane, (0.0, 0.0))).observed(
+            max(0.0, served + grown), span_s)
+        rates[lane] = [round(rate.quick, 4), round(rate.slow, 4)]
+        work_s = measure.queued * (measure.queued_job_s or measure.service_s)
+        budget_s, share = budgets_s.get(lane), within.get(lane, 0.95)
+        rising.append(LaneDemand(rate.ahead(warm_s), measure.service_s, work_s, budget_s,
+                                 share))
+        level = rate.slow if budget_s is None else rate.level()
+        settled.append(LaneDemand(level, measure.service_s, work_s, budget_s, share))
+    need, hold = needed(rising) / slots, needed(settled) / slots
+    state = Scale(old.get("wanted", 0), old.get("low_since"),
+                  tuple((at, n) for at, n in old.get("lows", ())))
+    scale = next_scale(state, need, hold, now, down_after_s, least, most)
+    return {**asdict(scale), "need": round(need, 3), "hold": round(hold, 3), "at": now,
+            "rates": rates, "queued": {lane: round(n, 2) for lane, n in queued.items()}}

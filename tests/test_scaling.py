@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from beat.scaling import DEFAULT_POOL, plan, pools_of, shares
-from routing.scaling import (LaneDemand, Rate, Scale, needed, next_scale,
+from routing.scaling import (UNBUDGETED_S, LaneDemand, Rate, Scale, needed, next_scale,
                              servers_for)
 from tasks.ops.status import render_status
 
@@ -48,8 +48,9 @@ def test_a_lane_competes_with_the_lanes_above_it():
     standard = LaneDemand(2.0, 5.0, 0.0, 60.0, 0.95)
     assert needed([fast]) == servers_for(2.0, 5.0, 10.0, 0.999)
     assert needed([fast, standard]) >= servers_for(4.0, 5.0, 60.0, 0.95)
-    relaxed = LaneDemand(10.0, 5.0, 6000.0)  # no budget: served below MOST_BUSY, drained
-    assert needed([fast, standard, relaxed]) == pytest.approx(70 / 0.95 + 6000 / 600)
+    relaxed = LaneDemand(10.0, 5.0, 6000.0)  # no budget: held to UNBUDGETED_S
+    assert needed([fast, standard, relaxed]) == pytest.approx(
+        servers_for(14.0, 5.0, UNBUDGETED_S, 0.95) + 6000 / UNBUDGETED_S)
 
 
 def test_queued_work_asks_for_more_workers():
@@ -59,13 +60,13 @@ def test_queued_work_asks_for_more_workers():
 
 def test_wanted_goes_up_at_once_and_down_only_after_the_window():
     state = next_scale(Scale(), 9.5, 9.5, now=0.0, down_after_s=300)
-    assert state.wanted == 10  # 9.5 and its headroom, rounded up
+    assert state.wanted == 10  # 9.5, rounded up
     for now in range(1, 300):
         state = next_scale(state, 4.0, 4.0, now=float(now), down_after_s=300)
         assert state.wanted == 10
     state = next_scale(state, 5.0, 5.0, now=301.0, down_after_s=300)
-    assert state.wanted == 6  # the most needed over the window, with its headroom
-    assert next_scale(state, 30.0, 30.0, now=302.0, down_after_s=300).wanted == 32
+    assert state.wanted == 5  # the most needed over the window
+    assert next_scale(state, 30.0, 30.0, now=302.0, down_after_s=300).wanted == 30
 
 
 def test_a_need_back_up_restarts_the_window():
@@ -73,8 +74,19 @@ def test_a_need_back_up_restarts_the_window():
     state = next_scale(state, 4.0, 4.0, now=1.0, down_after_s=300)
     state = next_scale(state, 10.0, 10.0, now=200.0, down_after_s=300)  # back: the window ends
     state = next_scale(state, 4.0, 4.0, now=250.0, down_after_s=300)
-    assert next_scale(state, 4.0, 4.0, now=400.0, down_after_s=300).wanted == 11
-    assert next_scale(state, 4.0, 4.0, now=551.0, down_after_s=300).wanted == 5
+    assert next_scale(state, 4.0, 4.0, now=400.0, down_after_s=300).wanted == 10
+    assert next_scale(state, 4.0, 4.0, now=551.0, down_after_s=300).wanted == 4
+
+
+def test_a_need_older_than_the_window_is_forgotten():
+    """The step down goes to the most needed over the last window, not since the need
+    first fell: a high need early in a long low spell does not hold ``wanted`` up."""
+    state = next_scale(Scale(), 50.0, 50.0, now=0.0, down_after_s=300)
+    assert state.wanted == 50
+    state = next_scale(state, 48.0, 48.0, now=1.0, down_after_s=300)  # too small a step
+    for now in range(2, 303):
+        state = next_scale(state, 20.0, 20.0, now=float(now), down_after_s=300)
+    assert state.wanted == 20
 
 
 def test_wanted_stays_within_its_bounds():
