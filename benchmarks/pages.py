@@ -19,6 +19,7 @@ if not __package__:  # run as a script: make the project importable
 from benchmarks.common import RESULTS, ROOT  # noqa: E402
 from benchmarks.pages_kit import Page, generic, run_block, short_stamp, table  # noqa: E402
 from benchmarks.api_page import RENDERERS as API  # noqa: E402
+from benchmarks.pages_autoscale import RENDERERS as AUTOSCALE  # noqa: E402
 from benchmarks.pages_fair import RENDERERS as FAIR  # noqa: E402
 from benchmarks.pages_load import RENDERERS as LOAD  # noqa: E402
 from benchmarks.pages_paths import RENDERERS as PATHS  # noqa: E402
@@ -28,11 +29,11 @@ from benchmarks.pages_store import RENDERERS as STORE  # noqa: E402
 PAGES = ROOT / "docs" / "benchmarks"
 #: JSON name -> its page
 RENDERERS: dict[str, Callable[[dict[str, Any]], Page]] = {**PATHS, **LOAD, **FAIR, **STORE,
-                                                          **SIM, **API}
+                                                          **SIM, **API, **AUTOSCALE}
 #: the index's order: the job's path, a busy pool, models, the fleet, Redis' guarantees
 ORDER = ("lanes", "submit", "api", "perjob", "overload", "fairness", "lane_fairness",
          "preempt", "affinity", "coldstart", "cache", "models", "batching", "estimate",
-         "fleet", "simulate", "simulate_flood", "durability", "failover")
+         "fleet", "simulate", "simulate_flood", "autoscale_sim", "durability", "failover")
 INTRO = """\
 # Benchmarks
 

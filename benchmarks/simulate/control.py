@@ -34,7 +34,7 @@ from tasks.broker.moves import MOVES_PER_ROUND
 from benchmarks.simulate.cluster import Cluster
 from benchmarks.simulate.config import SimConfig
 from benchmarks.simulate.engine import Clock
-from benchmarks.simulate.queues import Lists, SimJob
+from benchmarks.simulate.queues import SimJob
 
 #: Members documents kept (a router reads the newest; a few older ones for a slow one).
 MEMBERS_KEPT = 8
