@@ -1,4 +1,5 @@
-"""``python -m gpu_worker --workers N --device auto|cpu|cuda``: see ``launcher``."""
+"""``python -m gpu_worker --workers N --device auto|cpu|cuda [--instance NAME]``: see
+``launcher``."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,15 @@ import sys
 
 from gpu_worker.batching import CONCURRENCY_ENV, worker_concurrency
 from gpu_worker.devices import gpu_count, resolve
-from gpu_worker.launcher import EXIT_CONFIG, Child, Supervisor, worker_command, worker_env
+from gpu_worker.launcher import (
+    EXIT_CONFIG,
+    INSTANCE,
+    Child,
+    Supervisor,
+    worker_command,
+    worker_env,
+    worker_node,
+)
 from gpu_worker.topology import cpus_for, gpus
 from tasks.errors import ConfigError
 
@@ -21,8 +30,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=None,
                         help="jobs one worker holds at once (threads); default: the largest "
                              "GPULANES_MAX_BATCH, so 1 (one GPU, no batching) unless set")
+    parser.add_argument("--instance", type=instance_name, default=None, metavar="NAME",
+                        help="this supervisor's name among several on one host (letters, "
+                             "digits, - and _): its workers are gpu0-NAME@host, gpu1-NAME@host,"
+                             " ...; default: none, so gpu0@host, gpu1@host, ...")
     parser.add_argument("--loglevel", default="INFO")
     return parser.parse_args(argv)
+
+
+def instance_name(value: str) -> str:
+    """``--instance``, checked: it goes into worker and queue names."""
+    if not INSTANCE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: use 1 to 32 letters, digits, - or _, starting with a letter or digit")
+    return value
 
 
 def plan(args: argparse.Namespace) -> tuple[str, int]:
@@ -49,8 +70,9 @@ def children(args: argparse.Namespace) -> list[Child]:
     device, workers = plan(args)
     # A batch forms only from jobs in hand: one pool thread per job of the largest batch.
     concurrency = args.concurrency or worker_concurrency(settings.max_batch)
-    started = [Child(i, worker_command(i, concurrency, args.loglevel),
-                     {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)})
+    started = [Child(i, worker_command(i, concurrency, args.loglevel, args.instance),
+                     {**worker_env(i, device), CONCURRENCY_ENV: str(concurrency)},
+                     name=worker_node(i, args.instance).split("@")[0])
                for i in range(workers)]
     if device == "cuda":
         known = gpus()

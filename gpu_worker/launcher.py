@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,9 +36,23 @@ EXIT_CONFIG = 78
 CONFIG_FAILURES_ALLOWED = 3
 
 
-def worker_command(index: int, concurrency: int, loglevel: str) -> list[str]:
+#: What ``--instance`` may be: it goes into node and queue names (no ``@``, ``.`` or ``,``).
+INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+
+
+def worker_node(index: int, instance: str | None = None) -> str:
+    """Celery node name of device ``index`` on this host: ``gpu0@host``, or ``gpu0-a@host``
+    for the supervisor ``--instance a``, so that several supervisors share a host."""
+    name = worker_hostname(index)
+    if instance:
+        name = name.replace("@", f"-{instance}@", 1)
+    return name.replace("%h", socket.gethostname())
+
+
+def worker_command(index: int, concurrency: int, loglevel: str,
+                   instance: str | None = None) -> list[str]:
     """The ``celery worker`` command line of device ``index``."""
-    node = worker_hostname(index).replace("%h", socket.gethostname())
+    node = worker_node(index, instance)
     return [sys.executable, "-m", "celery", "-A", "tasks", "worker",
             "--pool", "threads", "--concurrency", str(concurrency),
             # priority order: its own fast queue, fast, its own standard, standard, ...
@@ -84,12 +99,16 @@ class Child:
     restart_at: float = 0.0
     config_failures: int = 0
     given_up: bool = False
+    name: str = ""  # in the log: its node name before the ``@`` (default ``gpu<index>``)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"gpu{self.index}"
 
     def start(self) -> None:
         self.process = spawn(self.command, env=self.env, cpus=self.cpus)
         self.started_at = time.monotonic()
         bound = f", CPUs {sorted(self.cpus)}" if self.cpus else ""
-        log.info("gpu%d started (pid %d%s)", self.index, self.process.pid, bound)
+        log.info("%s started (pid %d%s)", self.name, self.process.pid, bound)
 
 
 @dataclass
@@ -147,18 +166,18 @@ class Supervisor:
         child.restart_at = now + delay
         why = " (a configuration error: its models, or Redis' maxmemory-policy)" \
             if code == EXIT_CONFIG else ""
-        log.warning("gpu%d exited with %s%s; restarting in %.0fs",
-                    child.index, code, why, delay)
+        log.warning("%s exited with %s%s; restarting in %.0fs",
+                    child.name, code, why, delay)
 
     def _give_up(self, child: Child) -> None:
         """Stop restarting ``child``: its configuration, not luck, keeps it down."""
         child.given_up = True
-        log.error("gpu%d exited with %d (EX_CONFIG) %d times in a row: its models could not "
+        log.error("%s exited with %d (EX_CONFIG) %d times in a row: its models could not "
                   "load, or Redis may evict keys. Not restarting it. Check GPULANES_MODELS / "
                   "GPULANES_WARM_MODELS / the model store (GPULANES_MODEL_DIR) and Redis' "
                   "maxmemory-policy (noeviction); see the worker's log above for the "
                   "error, fix it and restart `python -m gpu_worker`.",
-                  child.index, EXIT_CONFIG, child.config_failures)
+                  child.name, EXIT_CONFIG, child.config_failures)
 
     def _stop_all(self) -> int:
         """Warm-stop every worker; 0 if all stopped in time, 1 if any was killed."""

@@ -1,7 +1,9 @@
 """``slow``: a class model that takes a second to load and 50 ms a job, for tests of
-where a burst of jobs lands (every cold load is worth avoiding)."""
+where a burst of jobs lands (every cold load is worth avoiding); ``SlowWarm``, a longer
+load that notes when it is warm, for tests of when a new worker takes its first job."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,6 +22,7 @@ class SlowInput(BaseModel):
 
 class Slow:
     Input = SlowInput
+    memory_mb = 2  #: as a demo model: two fit a worker of GPULANES_MODEL_MEMORY_MB=4
 
     def __init__(self, *, device: str, model_dir: Path) -> None:
         time.sleep(LOAD_S)  # as weights read from disk would
@@ -32,3 +35,22 @@ class Slow:
         time.sleep(RUN_S)
         progress(1, 1)
         return {"n": inputs.n}
+
+
+#: Where a :class:`SlowWarm` notes when it is warm (a file's path, in its worker's env).
+WARMED_FILE_ENV = "GPULANES_TEST_WARMED_FILE"
+#: Seconds a :class:`SlowWarm` takes to load.
+WARM_LOAD_S = 3.0
+
+
+class SlowWarm(Slow):
+    """``slow`` with a longer load, that notes the unix time it is warm in the file
+    named by ``GPULANES_TEST_WARMED_FILE``: when its worker could first take a job."""
+
+    def __init__(self, *, device: str, model_dir: Path) -> None:
+        time.sleep(WARM_LOAD_S)
+        self.device = device
+
+    def warmup(self) -> None:
+        if path := os.environ.get(WARMED_FILE_ENV):
+            Path(path).write_text(repr(time.time()))

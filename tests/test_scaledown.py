@@ -1,0 +1,187 @@
+"""Scaling a fleet on real processes: one supervisor per worker (``python -m gpu_worker
+--workers 1 --instance NAME``, several on this host), as Kubernetes runs one pod per GPU.
+
+A scale-down (SIGTERM to three of four supervisors while each runs a job) loses no job
+and runs none twice to its end: each stopped worker hands its job on at its next step
+and exits within a couple of step times. A worker added under load takes its first job
+only once its models are warm.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import STATE_DIR, wait_until
+
+from gpu_worker.__main__ import children, parse_args
+from gpu_worker.launcher import worker_node
+from tasks.dev.cluster import LocalCluster
+from tests.harness.faults import JobStream, settle
+from tests.slow_models import WARM_LOAD_S, WARMED_FILE_ENV
+
+pytestmark = pytest.mark.cluster
+#: A job of a few seconds on the shared CPUs, with steps to hand on at.
+JOB = dict(tier="relaxed", steps=60, width=768, height=768)
+LEAVING, SURVIVOR = ("a", "b", "c"), "d"
+#: Beyond two step times, what a stopping worker may take to exit: handing its state on,
+#: Celery's warm shutdown, unloading its models. Generous: a bound, not a measurement.
+STOP_SLACK_S = 8.0
+
+
+class Instance(LocalCluster):
+    """One single-worker supervisor, ``--instance name``, on the session's Redis."""
+
+    def __init__(self, name: str, env: dict[str, str] | None = None,
+                 beat: bool = False) -> None:
+        super().__init__(STATE_DIR, workers=1, device="cpu", beat=beat, env=env,
+                         log_dir=STATE_DIR / "logs" / f"scaledown-{name}")
+        self.name = name
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [worker_node(0, self.name)]
+
+    @property
+    def host(self) -> str:
+        return self.hostnames[0]
+
+    def start_workers(self) -> None:
+        self.supervisor = self._spawn("workers", ["-m", "gpu_worker", "--workers", "1",
+                                                  "--device", "cpu", "--instance", self.name])
+        if self.with_beat and self.beat is None:
+            self.beat = self._spawn("beat", ["-m", "celery", "-A", "tasks", "beat"])
+
+    def log(self) -> str:
+        return (self.log_dir / "workers.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def fleet(redis_server, app):
+    """Four supervisors, started side by side; beat beside the one that stays."""
+    started = {name: Instance(name, beat=name == SURVIVOR) for name in (*LEAVING, SURVIVOR)}
+    for instance in started.values():
+        instance.start_workers()
+    try:
+        for instance in started.values():
+            instance.wait_for_workers(app, instance.hostnames, timeout_s=120)
+        yield started
+    finally:
+        for instance in started.values():
+            instance.stop()
+
+
+def progress(result) -> dict | None:
+    """``result``'s progress info while it runs (state and info in one read)."""
+    meta = result.backend.get_task_meta(result.id)
+    return meta.get("result") if meta.get("status") == "PROGRESS" else None
+
+
+def test_supervisors_named_apart_give_their_workers_distinct_names(capsys):
+    def names(*argv: str) -> list[str]:
+        args = parse_args(["--workers", "2", "--device", "cpu", *argv])
+        return [c.command[c.command.index("--hostname") + 1] for c in children(args)]
+
+    host = os.uname().nodename
+    assert names() == [f"gpu0@{host}", f"gpu1@{host}"]  # unchanged without the option
+    assert names("--instance", "a") == [f"gpu0-a@{host}", f"gpu1-a@{host}"]
+    assert set(names("--instance", "a")).isdisjoint(names("--instance", "b"))
+    queues = next(c for c in children(parse_args(["--device", "cpu", "--instance", "b"])))
+    assert f"fast.gpu0-b@{host}" in queues.command[queues.command.index("--queues") + 1]
+    with pytest.raises(SystemExit):
+        parse_args(["--instance", "a@b"])  # would break the node name
+    assert "argument --instance: 'a@b'" in capsys.readouterr().err
+
+
+def _running_by_worker(jobs: list, workers: int) -> dict[str, dict]:
+    """``{worker: progress info and job id}`` once ``workers`` workers each run one of
+    ``jobs``, well inside it."""
+    def running() -> dict[str, dict] | None:
+        found = {}
+        for job in jobs:
+            info = progress(job)
+            # past its first steps, with steps left to hand on at (not about to end)
+            if info and not info.get("paused") and 2 <= info.get("step", 0) <= info["steps"] - 10:
+                found[info["worker"]] = {**info, "job": job.id}
+        return found if len(found) >= workers else None
+    return wait_until(running, 60, f"{workers} workers each running a job")
+
+
+def test_a_scale_down_hands_every_job_on_and_the_stopped_workers_exit(fleet, clean_redis,
+                                                                         app):
+    stream = JobStream(lambda i: {"prompt": f"scale down {i}", **JOB})
+    for _ in range(12):  # 4 running, 8 queued
+        assert stream.submit_one() is not None
+    running = _running_by_worker(list(stream.accepted.values()), len(fleet))
+    leaving = {name: fleet[name] for name in LEAVING}
+    sent = {}
+    for name, instance in leaving.items():
+        instance.supervisor.send_signal(signal.SIGTERM)  # as Kubernetes stops a pod
+        sent[name] = time.monotonic()
+    step_s = max(info["running_s"] / info["step"] for info in running.values())
+    exited: dict[str, float] = {}
+
+    def all_exited() -> bool:
+        for name, instance in leaving.items():
+            if name not in exited and instance.supervisor.poll() is not None:
+                exited[name] = time.monotonic() - sent[name]
+        return len(exited) == len(leaving)
+    wait_until(all_exited, 2 * step_s + STOP_SLACK_S + 30, "the stopped supervisors to exit")
+    print(f"\nstep {step_s:.3f}s; SIGTERM to exit: "
+          + ", ".join(f"{name} {s:.2f}s" for name, s in sorted(exited.items())))
+    assert {name: i.supervisor.returncode for name, i in leaving.items()} == \
+        dict.fromkeys(LEAVING, 0)
+    assert max(exited.values()) < 2 * step_s + STOP_SLACK_S
+
+    counts = settle(stream, "scale-down", clean_redis, timeout_s=180)
+    assert (counts.accepted, counts.completed) == (12, 12), counts
+    assert counts.lost == counts.failed == counts.falsely_failed == 0, counts
+    assert counts.duplicated == 0  # no job ran to its end twice
+    outs = {job_id: r.get(timeout=5) for job_id, r in stream.accepted.items()}
+    handed = {running[fleet[n].host]["job"] for n in LEAVING}
+    assert {i for i, out in outs.items() if out["preempted"]} == handed
+    assert counts.rerun == len(handed)  # only they ran twice: stepped aside, then resumed
+    assert all(out["attempts"] == 1 + out["preempted"] for out in outs.values())
+    survivor = fleet[SURVIVOR]
+    assert {outs[i]["worker"] for i in handed} == {survivor.host}
+    log = survivor.log()
+    for name in LEAVING:
+        info = running[fleet[name].host]
+        assert f"job {info['job']} stepped aside at step " in fleet[name].log()
+        resumed = re.search(rf"job {info['job']} resumes at step (\d+)", log)
+        assert resumed and int(resumed.group(1)) >= info["step"]  # no step run again
+    answering = {host for reply in app.control.ping(timeout=0.5) for host in reply}
+    assert answering == {survivor.host}  # the stopped ones left for good
+
+
+def test_a_worker_added_under_load_takes_its_first_job_once_warm(fleet, clean_redis, app):
+    warmed_file = STATE_DIR / "late-warmed"
+    warmed_file.unlink(missing_ok=True)
+    stream = JobStream(lambda i: {"prompt": f"added {i}", **JOB})
+    for _ in range(16):
+        stream.submit_one()
+    models = f"{os.environ['GPULANES_MODELS']},slow-warm=tests.slow_models:SlowWarm"
+    late = Instance("late", env={"GPULANES_MODELS": models, WARMED_FILE_ENV: str(warmed_file),
+                                 "GPULANES_WARM_MODELS": "demo,slow-warm"})
+    fleet["late"] = late  # stopped with the rest
+    began = time.monotonic()
+    late.start_workers()
+    late.wait_for_workers(app, late.hostnames, timeout_s=120)
+    ready_s = time.monotonic() - began
+    counts = settle(stream, "added", clean_redis, timeout_s=180)
+    assert counts.completed == counts.accepted == 16 and counts.duplicated == 0, counts
+    outs = [r.get(timeout=5) for r in stream.accepted.values()]
+    taken = sorted((out for out in outs if out["worker"] == late.host),
+                   key=lambda out: out["started_at"])
+    assert taken, "the added worker took no job"
+    first, warmed_at = taken[0], float(Path(warmed_file).read_text())
+    submitted_at = first["started_at"] - first["queued_ms"] / 1000
+    print(f"\nadded worker ready after {ready_s:.1f}s; after its first job's submit, warm "
+          f"at +{warmed_at - submitted_at:.2f}s, the job began at "
+          f"+{first['started_at'] - submitted_at:.2f}s; it ran {len(taken)} of {len(outs)}")
+    assert submitted_at < warmed_at - WARM_LOAD_S  # it waited while the worker loaded
+    assert first["started_at"] >= warmed_at  # and was not taken before it was warm
+    assert not first["cold_start"]
