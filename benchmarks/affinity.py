@@ -1,7 +1,7 @@
 """Affinity: cold model loads with route hashing vs plain Celery's shared queues.
 
 ``python benchmarks/affinity.py`` starts an embedded Redis and runs, for each mode,
-fresh workers (4 CPU worker processes with 2 model slots each) and a skewed stream
+fresh workers (4 CPU worker processes with room for 2 models each) and a skewed stream
 of jobs over 8 models (Zipf, s = 1.1), keeping a fixed number of jobs in flight:
 
 - *route hashing*: a gpulanes cluster (beat included); ``submit()`` sends each job
@@ -46,6 +46,7 @@ from benchmarks.common import (  # noqa: E402
     run_private,
 )
 from benchmarks.plain_run import PlainClient, PlainWorkers, plain_env, plain_url  # noqa: E402
+from tasks.settings import DEMO_MODEL_MB  # noqa: E402
 
 MODELS = [f"demo-{i}" for i in range(8)]
 
@@ -111,7 +112,8 @@ def hashing_mode(args: argparse.Namespace, state: Path) -> dict[str, Any]:
                       height=args.size, tier=tier_of(i, fast))
 
     cluster = LocalCluster(state, workers=args.workers, device="cpu", log_dir=state / "hashing",
-                           env={"GPULANES_MODEL_SLOTS": str(args.slots)})
+                           # room for --slots demo models (DEMO_MODEL_MB each)
+                           env={"GPULANES_MODEL_MEMORY_MB": str(args.slots * DEMO_MODEL_MB)})
     try:
         cluster.start(app)  # on the Redis bench() started
         _wait_routable(args.workers)
@@ -193,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--slots", type=int, default=2, help="model slots per worker")
+    parser.add_argument("--slots", type=int, default=2,
+                        help="demo models a worker holds (gpulanes: a budget of as many)")
     parser.add_argument("--in-flight", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--size", type=int, default=64)

@@ -50,7 +50,8 @@ def record(i: int, now: float) -> dict[str, Any]:
     return {"hostname": host, "device": f"cuda:{i % 8}", "incarnation": f"{host}/{1000 + i}/1.0",
             "started_at": now - 3600, "in_flight": {"fast": 0, "standard": i % 2, "relaxed": 0},
             "service_ms": {lane: 900.0 + i % 50 for lane in lanes}, "warm_models": warm,
-            "loading_models": [], "load_ms": {m: 4000.0 for m in warm}, "slots": 3,
+            "loading_models": [], "load_ms": {m: 4000.0 for m in warm}, "memory_mb": 80000,
+            "model_mb": {m: 20000 for m in warm},
             "cost_ms": {m: [100.0, 800.0] for m in warm}, "concurrency": 1,
             "queues": [q for lane in lanes for q in (f"{lane}.{host}", lane)], "lanes": lanes,
             "batching": {}, "sick": None, "failures": {}}

@@ -2,8 +2,8 @@
 
 Pure and in-process (no Redis, no workers): a full snapshot shaped like beat's (worker
 records as the heartbeat merges them: 1-3 warm models of 200 with Zipf popularity, a
-model loading on some, 2-4 slots, jobs in flight per lane, queued jobs, service times
-per lane, load times per model) is split into the two parts beat writes
+model loading on some, budgets of 32-80 GB, jobs in flight per lane, queued jobs,
+service times per lane, load times per model) is split into the two parts beat writes
 (``routing.compact``) and fed to a ``SnapshotCache`` with a members reader, as a
 submitting process holds it. Measured at each size:
 

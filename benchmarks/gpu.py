@@ -37,7 +37,7 @@ from benchmarks.common import json_option, markdown_table, run_private, write_js
 #: the check model (paced steps, device memory claims).
 MODELS = ("demo=gpu_worker.demo_model:load,cold=gpu_worker.demo_model:load,"
           "check=benchmarks.gpu_model:load")
-CLUSTER_ENV = {"MODELS": MODELS, "WARM_MODELS": "demo,check", "MODEL_SLOTS": 3,
+CLUSTER_ENV = {"MODELS": MODELS, "WARM_MODELS": "demo,check",
                "MAX_RETRIES": 1, "HEARTBEAT_S": 1}
 SECTIONS = ("shards", "pinning", "cold_warm", "preemption", "oom", "batching")
 #: How long the check model's first job of a pass waits for the others of its four.

@@ -23,6 +23,7 @@ from gpu_worker.models import Keep, StepCallback
 from gpu_worker.shards import load_checkpoint_timed, write_checkpoint
 from gpu_worker.store import checkpoint_folder
 from tasks.errors import ModelError
+from tasks.settings import DEMO_MODEL_MB
 
 VOCAB_SIZE = 4096
 COND_DIM = 64
@@ -69,6 +70,8 @@ class DemoModel:
     #: It may stop at any step boundary for a fast job, and resume from its latents
     #: there: the same image, bit for bit (``gpu_worker.preempt``).
     preemptible = resumable = True
+    #: What it holds, in MB (``gpu_worker.memory``): its weights, rounded up.
+    memory_mb = DEMO_MODEL_MB
 
     def __init__(self, name: str, device: str, weights: dict[str, torch.Tensor],
                  load_ms: float = 0.0, batch_invariant: bool = False) -> None:
@@ -280,3 +283,7 @@ def load(*, name: str, device: str, model_dir: Path) -> DemoModel:
                              f"delete {path} to rebuild it")
     return DemoModel(name, device, weights, load_ms,
                      batch_invariant=settings.for_model(settings.max_batch, name) > 1)
+
+
+#: The factory declares its models' size too: room is made before one loads.
+load.memory_mb = DEMO_MODEL_MB  # type: ignore[attr-defined]

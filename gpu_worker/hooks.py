@@ -19,6 +19,7 @@ from gpu_worker.devices import worker_device
 from gpu_worker.health import HEALTH_HOOK
 from gpu_worker.hook import Hook
 from gpu_worker.lease import Lease, renew
+from gpu_worker.memory import check_warm, default_warm, device_budget_mb
 from gpu_worker.no_eviction import NoEviction
 from gpu_worker.preempt import PREEMPTION
 from gpu_worker.runtime import RUNTIME
@@ -29,9 +30,9 @@ from routing.names import JOB_TASK_NAMES, LANES, first_level, lane_of
 from tasks.broker.holder import TOKENS, give_back, give_back_all_but, set_holder
 from tasks.broker.message import Job, JobMessage
 from tasks.broker.outage import OUTAGE
-from tasks.errors import ModelError
+from tasks.errors import ConfigError, ModelError
 from tasks.jobs import catalog
-from tasks.settings import settings
+from tasks.settings import BUILT_IN_MODELS, settings
 
 log = logging.getLogger(__name__)
 #: Exit status of a worker whose models failed to load (EX_CONFIG).
@@ -54,8 +55,9 @@ class OwnQueues(Hook):
 
 
 class WarmModels(Hook):
-    """Pin torch, then load and warm the warm models (GPULANES_WARM_MODELS, else the
-    first GPULANES_MODEL_SLOTS of GPULANES_MODELS).
+    """Pin torch, then load and warm the warm models (GPULANES_WARM_MODELS, else
+    GPULANES_MODELS in order while their declared sizes fit: ``memory.default_warm``);
+    warm models that do not fit the device's budget stop the worker (``ConfigError``).
 
     Runs in ``worker_init``: in the worker's main process, before the
     consumer starts, so no job is consumed until the models are warm.
@@ -76,15 +78,37 @@ class WarmModels(Hook):
         torch.set_num_threads(settings.torch_threads)
         device = worker_device(settings.device)
         RUNTIME.configure(sender.hostname, device, settings.models, settings.model_dir,
-                          settings.model_slots)
+                          device_budget_mb(device, settings.model_memory_mb))
         try:
-            for name in settings.warm:
+            names = warm_set(device)
+            for name in names:
                 RUNTIME.model(name)
+            # sizes measured at load count too: none may have pushed another out
+            check_warm({name: RUNTIME.size_of(name) for name in names}, RUNTIME.budget_mb,
+                       _budget_from(device))
+        except ConfigError as exc:
+            log.error("%s; this worker exits", exc)
+            raise SystemExit(EXIT_NOT_WARM) from None
         except Exception:
             # Celery swallows exceptions from signal handlers; a worker that
             # cannot warm its models must not consume, so leave for real.
             log.exception("cannot warm the models; this worker exits")
             raise SystemExit(EXIT_NOT_WARM) from None
+
+
+def warm_set(device: str) -> tuple[str, ...]:
+    """The models this worker warms at start, checked against its budget:
+    ``ConfigError`` naming GPULANES_WARM_MODELS when their declared sizes do not fit."""
+    budget, size_of = RUNTIME.budget_mb, RUNTIME.size_of
+    names = settings.warm if settings.warm_models or settings.models == BUILT_IN_MODELS \
+        else default_warm(settings.warm, size_of, budget)
+    check_warm({name: size_of(name) for name in names}, budget, _budget_from(device))
+    return names
+
+
+def _budget_from(device: str) -> str:
+    return "free VRAM less a margin" if device.startswith("cuda") \
+        else f"GPULANES_MODEL_MEMORY_MB={settings.model_memory_mb}"
 
 
 class JobStats(Hook):

@@ -54,17 +54,24 @@ class ImageModel(Protocol):
         """Return an ``(height, width, 3)`` ``uint8`` RGB image; same inputs, same image."""
 
 
-def load_model(name: str, specs: dict[str, str], device: str, model_dir: Path) -> Any:
-    """Build model ``name`` as its spec says: a class (``Input`` and ``predict``) is
-    instantiated on ``device`` (its weights load in ``__init__``); a factory is called."""
+def model_target(name: str, specs: dict[str, str]) -> Any:
+    """The class or factory ``name``'s spec names, imported."""
     spec = specs.get(name)
     if spec is None:
         raise ModelError(f"unknown model {name!r}; GPULANES_MODELS knows {sorted(specs)}")
     module_name, _, attr = spec.partition(":")
     try:
-        target = getattr(importlib.import_module(module_name), attr)
+        return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
         raise ModelError(f"model {name!r}: cannot import {spec!r}: {exc}") from exc
+
+
+def load_model(name: str, specs: dict[str, str], device: str, model_dir: Path) -> Any:
+    """Build model ``name`` as its spec says: a class (``Input`` and ``predict``) is
+    instantiated on ``device`` (its weights load in ``__init__``); a factory is called.
+    A class may declare what it holds, ``memory_mb: ClassVar[int | None]`` (MB; see
+    ``gpu_worker.memory``), so that room is made before it loads."""
+    target = model_target(name, specs)
     if is_predictor(target):
         return target(device=device, model_dir=_class_model_dir(name, target, Path(model_dir)))
     return target(name=name, device=device, model_dir=Path(model_dir))

@@ -13,7 +13,9 @@ from statistics import median
 from typing import Any, Callable
 
 from gpu_worker.costfit import CostFit
-from gpu_worker.models import ImageModel, load_model
+from gpu_worker.memory import cuda_allocated, declared_mb, tensor_bytes, to_mb
+from gpu_worker.models import ImageModel, load_model, model_target
+from tasks.errors import ModelError
 
 log = logging.getLogger(__name__)
 #: Weight of the newest sample in the service-time moving average.
@@ -35,9 +37,13 @@ class Runtime:
     hostname: str = "unset"
     specs: dict[str, str] = field(default_factory=dict)
     model_dir: Path = Path(".")
-    #: Warm models, least recently used first; at most ``slots`` of them.
+    #: Warm models, least recently used first; their sizes within ``budget_mb``.
     models: OrderedDict[str, ImageModel] = field(default_factory=OrderedDict)
-    slots: int = 1
+    #: What models may take on this worker's device, in MB (``gpu_worker.memory``).
+    budget_mb: int = 1
+    #: Each model's size in MB, declared or measured at its load (kept after eviction:
+    #: room is made for it before its next load).
+    sizes_mb: dict[str, int] = field(default_factory=dict)
     load_ms: dict[str, float] = field(default_factory=dict)
     #: Models being loaded ahead of traffic (prewarm) in a background thread.
     loading: set[str] = field(default_factory=set)
@@ -68,9 +74,24 @@ class Runtime:
     _load_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def configure(self, hostname: str, device: str, specs: dict[str, str],
-                  model_dir: Path, slots: int) -> None:
-        self.hostname, self.device, self.slots = hostname, device, slots
+                  model_dir: Path, budget_mb: int) -> None:
+        self.hostname, self.device, self.budget_mb = hostname, device, budget_mb
         self.specs, self.model_dir = dict(specs), Path(model_dir)
+
+    @property
+    def held_mb(self) -> int:
+        """MB the warm models hold together."""
+        return sum(self.sizes_mb.get(name, 0) for name in self.models)
+
+    def size_of(self, name: str) -> int | None:
+        """``name``'s size: declared by its class, else as measured at a load; None
+        before its first load when it declares none."""
+        if name not in self.sizes_mb:
+            declared = declared_mb(model_target(name, self.specs), name)
+            if declared is None:
+                return None
+            self.sizes_mb[name] = declared
+        return self.sizes_mb[name]
 
     @property
     def incarnation(self) -> str:
@@ -116,26 +137,41 @@ class Runtime:
             with self._lock:
                 self.loading.discard(name)
 
-    def _evict_for_one_more(self) -> None:
-        # Evict before loading: a GPU may not hold slots + 1 models.
-        while len(self.models) >= self.slots:
+    def _evict_to_fit(self, size_mb: int, keep: str = "") -> None:
+        """Evict least recently used models (never ``keep``) until ``size_mb`` more fits:
+        evict before loading, a GPU may not hold both."""
+        evicted = False
+        while self.held_mb + size_mb > self.budget_mb:
             with self._lock:
-                name, _ = self.models.popitem(last=False)
+                name = next((m for m in self.models if m != keep), None)
+                if name is None:
+                    break
+                del self.models[name]
                 self.load_ms.pop(name, None)
-            log.info("model %s evicted (least recently used of %d slots)", name, self.slots)
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            evicted = True
+            log.info("model %s evicted (least recently used; %d MB of %d MB held)", name,
+                     self.held_mb, self.budget_mb)
+        torch = sys.modules.get("torch")
+        if evicted and torch is not None and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _load(self, name: str) -> float:
-        self._evict_for_one_more()
-        began = time.perf_counter()
+        known = self.size_of(name)
+        if known is not None and known > self.budget_mb:
+            raise ModelError(f"model {name!r} needs {known} MB, more than this worker's "
+                             f"budget of {self.budget_mb} MB")
+        self._evict_to_fit(known or 0)
+        began, before = time.perf_counter(), cuda_allocated(self.device)
         model = load_model(name, self.specs, self.device, self.model_dir)
+        size = known or declared_mb(model, name) or to_mb(max(
+            tensor_bytes(model), cuda_allocated(self.device) - before))
         getattr(model, "warmup", lambda: None)()
         load_ms = (time.perf_counter() - began) * 1000
         with self._lock:
+            self.sizes_mb[name] = size
             self.models[name], self.load_ms[name] = model, load_ms
-        log.info("model %s warm on %s in %.0f ms", name, self.device, load_ms)
+        self._evict_to_fit(0, keep=name)  # a size known only now: the others make room
+        log.info("model %s (%d MB) warm on %s in %.0f ms", name, size, self.device, load_ms)
         return load_ms
 
     def job_started(self, lane: str, first: bool = False) -> None:
@@ -209,7 +245,9 @@ class Runtime:
                 "between_ms": round(self._between(), 3),
                 "cost_ms": {model: [round(part, 3) for part in fit.line()]
                             for model, fit in self.cost_fits.items()},
-                "warm_models": list(self.models), "slots": self.slots,
+                "warm_models": list(self.models), "memory_mb": self.budget_mb,
+                "model_mb": {name: self.sizes_mb[name] for name in self.models
+                             if name in self.sizes_mb},
                 "loading_models": sorted(self.loading),
                 "load_ms": dict(self.load_ms),
             }

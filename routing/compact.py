@@ -7,10 +7,11 @@ two (pure: beat writes both, a router reads the second only when its version cha
 ``members`` (what changes when workers join, leave, sicken or load models; never on a
 mere heartbeat)::
 
-    {"version": "<16 hex: blake2b-64 of the canonical JSON of the three lists>",
+    {"version": "<16 hex: blake2b-64 of the canonical JSON of the rest>",
      "hosts": [serving hosts, sorted],           # routing.placement.serving(record)
-     "slots": [model slots per host],
-     "warm":  [per host: the sorted set of its warm and loading models]}
+     "budget_mb": [per host: MB its models may take],   # its record's memory_mb
+     "warm":  [per host: the sorted set of its warm and loading models],
+     "model_mb": {model: MB, the most any serving host reported}}
 
 The warm sets are sorted so that a worker running another of its models (which moves
 it to the end of its LRU order) does not make a new version; the order is in the
@@ -103,13 +104,23 @@ def warm_of(worker: Mapping[str, Any]) -> tuple[str, ...]:
                                 *worker.get("loading_models", ())]))
 
 
-def version_of(hosts: Sequence[str], slots: Sequence[int],
-               warm: Sequence[Sequence[str]]) -> str:
+def version_of(hosts: Sequence[str], budget_mb: Sequence[int],
+               warm: Sequence[Sequence[str]], model_mb: Mapping[str, int] | None = None) -> str:
     """The members version: 16 hex digits of blake2b over the canonical JSON."""
-    canonical = json.dumps({"hosts": list(hosts), "slots": list(slots),
-                            "warm": [list(models) for models in warm]},
+    canonical = json.dumps({"hosts": list(hosts), "budget_mb": list(budget_mb),
+                            "warm": [list(models) for models in warm],
+                            "model_mb": dict(model_mb or {})},
                            sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(canonical.encode(), digest_size=8).hexdigest()
+
+
+def sizes_of(workers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Each model's size in MB, the most any of ``workers`` reported (whole MB)."""
+    sizes: dict[str, int] = {}
+    for worker in workers:
+        for model, size in worker.get("model_mb", {}).items():
+            sizes[model] = max(sizes.get(model, 0), math.ceil(size))
+    return sizes
 
 
 def split(snapshot: dict) -> tuple[dict, dict]:
@@ -119,9 +130,10 @@ def split(snapshot: dict) -> tuple[dict, dict]:
     records = [workers[host] for host in hosts]
     ordered = [warm_of(worker) for worker in records]
     warm = [sorted(models) for models in ordered]
-    slots = [worker.get("slots", 1) for worker in records]
-    members = {"version": version_of(hosts, slots, warm), "hosts": hosts, "slots": slots,
-               "warm": warm}
+    budget_mb = [int(worker.get("memory_mb", 0)) for worker in records]
+    model_mb = sizes_of(records)
+    members = {"version": version_of(hosts, budget_mb, warm, model_mb), "hosts": hosts,
+               "budget_mb": budget_mb, "warm": warm, "model_mb": model_mb}
     ranks = [rank_of(sets, models) for sets, models in zip(warm, ordered)]
     compact = {key: value for key, value in snapshot.items() if key != "workers"}
     compact.update({

@@ -25,27 +25,30 @@ class Fleet:
     version: str
     hosts: tuple[str, ...]
     index: Mapping[str, int] = field(repr=False)
-    slots: tuple[int, ...] = field(repr=False)
+    #: MB each worker's models may take, and each model's size in MB (as reported).
+    budget_mb: tuple[int, ...] = field(repr=False)
     warm: tuple[tuple[str, ...], ...] = field(repr=False)
     ring: HashRing = field(repr=False)
     holders: Mapping[str, frozenset[str]] = field(repr=False)
-    #: Model slots of all the workers (homes stop being assigned past it).
+    #: The budgets of all the workers summed (homes stop being assigned past it).
     capacity: int
+    model_mb: Mapping[str, int] = field(default_factory=dict, repr=False)
 
 
 def build_fleet(members: Mapping[str, Any], previous: Fleet | None = None) -> Fleet:
     """The fleet of a members document; ``previous``'s ring and holder sets are reused
     where they are unchanged (so orders cached on them stay valid)."""
     hosts = tuple(members["hosts"])
-    slots, warm = tuple(members["slots"]), tuple(tuple(m) for m in members["warm"])
-    if not len(hosts) == len(slots) == len(warm):
+    budget, warm = tuple(members["budget_mb"]), tuple(tuple(m) for m in members["warm"])
+    if not len(hosts) == len(budget) == len(warm):
         raise ValueError(f"members {members.get('version')}: {len(hosts)} hosts, "
-                         f"{len(slots)} slots, {len(warm)} warm sets")
+                         f"{len(budget)} budgets, {len(warm)} warm sets")
     ring = derive(previous.ring if previous else None, hosts)
     return Fleet(version=members["version"], hosts=hosts,
-                 index={host: i for i, host in enumerate(hosts)}, slots=slots, warm=warm,
-                 ring=ring, holders=_holders(hosts, warm, previous),
-                 capacity=sum(max(0, s) for s in slots))
+                 index={host: i for i, host in enumerate(hosts)}, budget_mb=budget,
+                 warm=warm, ring=ring, holders=_holders(hosts, warm, previous),
+                 capacity=sum(max(0, b) for b in budget),
+                 model_mb=dict(members.get("model_mb", {})))
 
 
 def _holders(hosts: tuple[str, ...], warm: tuple[tuple[str, ...], ...],
@@ -130,7 +133,8 @@ def policy_view(measured: Measured, epsilon: float) -> PolicyView:
         load_sum=float(sum(measured.loads)),
         warm=Warm(fleet.index, fleet.warm, measured.ranks),
         holders=Holders(fleet.holders),
-        slots=HostMap(fleet.index, fleet.slots),
+        budget_mb=HostMap(fleet.index, fleet.budget_mb),
+        model_mb=fleet.model_mb, largest_budget_mb=max(fleet.budget_mb, default=None),
         drain_s=HostMap(fleet.index, measured.drain_s),
         cold_s=cold, cold_default_s=sum(cold.values()) / len(cold) if cold else 0.0,
         admit=admissions(lanes),

@@ -58,41 +58,69 @@ WIDE_WALK_STEPS = 256
 FAST_CAP = 0.5
 #: What the ring module exports through this one (callers import them from here).
 __all__ = ["VNODES", "MIN_CAP", "DELAY_HOLDERS", "FAST_CAP", "HashRing", "ring", "point", "serving",
-           "holders", "prewarm_targets", "assign_homes", "home"]
+           "holders", "prewarm_targets", "assign_homes", "home", "model_mb"]
 _NONE: frozenset[str] = frozenset()
 
 
-def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
-                 slots: Mapping[str, int],
-                 previous: Mapping[str, str] | None = None,
-                 capacity: int | None = None) -> dict[str, str]:
-    """Each model's first worker: consistent hashing bounded by model slots.
+def model_mb(model: str, sizes: Mapping[str, int] | None, budget_mb: float) -> float:
+    """What ``model`` takes of a worker's budget: 1 without ``sizes`` (budgets then
+    count models), else its size; a size not known yet counts as the largest known,
+    or, with none known, half the worker's budget."""
+    if sizes is None:
+        return 1
+    size = sizes.get(model)
+    if size is None:
+        size = max(sizes.values(), default=None)
+    return budget_mb / 2 if size is None else size
 
-    ``models`` in order of demand, most wanted first: each takes the first
-    worker on its ring walk that has a slot no earlier model took, so no
-    worker becomes the home of more models than it can hold warm. Models
-    left over when every slot is taken get no home (plain ring order). A
-    model keeps its ``previous`` home while that has a slot: homes move only
-    when workers or the set of wanted models change, never on noise.
-    ``capacity``: the slots of all the ring's workers, when the caller keeps it.
+
+def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
+                 budgets: Mapping[str, int],
+                 previous: Mapping[str, str] | None = None,
+                 capacity: int | None = None,
+                 sizes: Mapping[str, int] | None = None) -> dict[str, str]:
+    """Each model's first worker: consistent hashing bounded by the workers' memory.
+
+    ``models`` in order of demand, most wanted first: each takes the first worker on
+    its ring walk whose budget (``budgets``, MB) still has room for its size
+    (``sizes``, MB: ``model_mb``) after the earlier models' homes there, so no worker
+    becomes the home of more than it can hold warm. A model that fits nowhere gets no
+    home (plain ring order). A model keeps its ``previous`` home while that has room:
+    homes move only when workers or the set of wanted models change, never on noise.
+    Without ``sizes`` every model takes 1 and budgets count models.
+    ``capacity``: the budgets of all the ring's workers summed, when the caller keeps it.
     """
     hash_ring = as_ring(hash_ring)
     nodes, previous = hash_ring.nodes, previous or {}
-    free = sum(max(0, slots.get(node, 1)) for node in nodes) if capacity is None else capacity
-    taken: dict[str, int] = {}
-    homes = {}
+    free = sum(max(0, budgets.get(node, 1)) for node in nodes) if capacity is None \
+        else capacity
+    taken: dict[str, float] = {}
+    homes: dict[str, str] = {}
+    fits_nowhere = math.inf  # sizes that found no room: no larger one can (room shrinks)
+
+    def room(node: str, model: str) -> float:
+        budget = budgets.get(node, 1)
+        return budget - taken.get(node, 0) - model_mb(model, sizes, budget)
+
     for model in models:
-        if free <= 0:  # every slot is taken: no walk can find one
+        if free <= 0:  # every budget is taken: no walk can find room
             break
+        size = model_mb(model, sizes, 0)  # the same on every worker when sizes are known
+        if size >= fits_nowhere:
+            continue
         before = previous.get(model)
-        if before in nodes and taken.get(before, 0) < slots.get(before, 1):
+        if before in nodes and room(before, model) >= 0:
             node = before  # it keeps its home (the common case: no walk at all)
         else:
-            node = next((node for node in hash_ring.walk(model)
-                         if taken.get(node, 0) < slots.get(node, 1)), None)
+            node = next((node for node in hash_ring.walk(model) if room(node, model) >= 0),
+                        None)
             if node is None:
-                break
-        homes[model], taken[node], free = node, taken.get(node, 0) + 1, free - 1
+                if not sizes:  # every model takes the same: none after it finds room
+                    break
+                fits_nowhere = min(fits_nowhere, size)
+                continue
+        need = model_mb(model, sizes, budgets.get(node, 1))
+        homes[model], taken[node], free = node, taken.get(node, 0) + need, free - need
     return homes
 
 

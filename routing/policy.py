@@ -261,9 +261,13 @@ class PolicyView:
     #: (None: found from ``loads`` and ``warm`` per job).
     load_sum: float | None = None
     holders: Mapping[str, AbstractSet[str]] | None = None
-    #: Model slots per worker, and seconds per queued job (service time / concurrency).
-    slots: Mapping[str, int] = field(default_factory=dict)
+    #: MB each worker's models may take, and seconds per queued job (service time /
+    #: concurrency); each model's size in MB as workers reported it.
+    budget_mb: Mapping[str, int] = field(default_factory=dict)
     drain_s: Mapping[str, float] = field(default_factory=dict)
+    model_mb: Mapping[str, int] = field(default_factory=dict)
+    #: The largest worker's budget in MB (None: no worker): no larger model can run.
+    largest_budget_mb: int | None = None
     #: Measured cold-load seconds per model; ``cold_default_s`` for the others.
     cold_s: Mapping[str, float] = field(default_factory=dict)
     cold_default_s: float = 0.0

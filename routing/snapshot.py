@@ -7,10 +7,10 @@ the copy is older than ``stale_s`` (beat down, Redis unreachable) routing
 falls back to plain tier lanes and says so in the log, once per episode.
 
 The snapshot comes in two parts (``routing.compact``): a few kB read every time, and
-the membership (hosts, slots, warm sets), read through ``fetch_members`` only when its
-version changes. What grows with the fleet is derived once per version
-(``routing.fleet``); a snapshot of the same membership only unpacks a few arrays; a
-view is O(1) to make and a job looks at the few workers it needs.
+the membership (hosts, memory budgets, warm sets, model sizes), read through
+``fetch_members`` only when its version changes. What grows with the fleet is derived
+once per version (``routing.fleet``); a snapshot of the same membership only unpacks a
+few arrays; a view is O(1) to make and a job looks at the few workers it needs.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from routing.compact import split
 from routing.fleet import Fleet, Measured, build_fleet, measure, policy_view
 from routing.fluid import DrainingSum
 from routing.names import FAST, LANES
-from routing.placement import assign_homes
+from routing.placement import assign_homes, model_mb
 from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView
 from routing.ringorder import PATCH_MAX, changed_set, order_asked
 
@@ -53,10 +53,16 @@ def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
     return policy_view(measure(compact, build_fleet(members)), epsilon)
 
 
-def touched(warm: tuple[str, ...], model: str, slots: int) -> tuple[str, ...]:
-    """A worker's warm models, least recently used first, after it runs ``model``."""
-    kept = tuple(m for m in warm if m != model) + (model,)
-    return kept[-max(1, slots):]
+def touched(warm: tuple[str, ...], model: str, budget: float,
+            sizes: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """A worker's warm models, least recently used first, after it runs ``model``: the
+    least recently used go until their sizes fit its ``budget`` (MB; ``model`` stays).
+    Without ``sizes`` every model takes 1 (the budget counts models)."""
+    kept = [m for m in warm if m != model] + [model]
+    held = sum(model_mb(m, sizes, budget) for m in kept)
+    while len(kept) > 1 and held > budget:
+        held -= model_mb(kept.pop(0), sizes, budget)
+    return tuple(kept)
 
 
 def full_lanes(snapshot: Mapping[str, Any], sent: Mapping[str, int],
@@ -231,8 +237,9 @@ class SnapshotCache:
         held = self._state
         wanted = sorted((m for m, n in self._demand.items() if n),
                         key=lambda m: (-self._demand[m], m))
-        homes = assign_homes(wanted, held.base.ring, held.base.slots, previous,
-                             capacity=held.measured.fleet.capacity)
+        fleet = held.measured.fleet
+        homes = assign_homes(wanted, held.base.ring, held.base.budget_mb, previous,
+                             capacity=fleet.capacity, sizes=fleet.model_mb)
         self._state = replace(held, base=held.base.but(homes=homes))
         self._homed = (held.measured.fleet.version, frozenset(wanted))
 
@@ -278,7 +285,8 @@ class SnapshotCache:
                                      node: self._node_first_sent.get(node, 0) + 1}
         self._fluid.add(i)
         before = self._warm_after.get(node) or held.base.warm[node]
-        after = touched(before, model, held.measured.fleet.slots[i])
+        fleet = held.measured.fleet
+        after = touched(before, model, fleet.budget_mb[i], fleet.model_mb)
         self._warm_after = {**self._warm_after, node: after}
         if set(before) != set(after):
             self._holders_after = self._moved(node, before, after)
@@ -314,7 +322,7 @@ class SnapshotCache:
                 if not self._demand[gone]:  # out of the window: not wanted any more
                     del self._demand[gone]
             if self._demand.get(model) == 1 and self._state is not None:
-                # newly wanted: home it now (a model left without a home, all slots
+                # newly wanted: home it now (a model left without a home, all budgets
                 # taken, is not re-tried on every send; the next snapshot re-homes)
                 self._rehome(self._state.base.homes)
 

@@ -35,7 +35,7 @@ class _ByHost(Mapping[str, Any]):
 
 
 class HostMap(_ByHost):
-    """host -> ``values[index[host]]`` (slots, drain seconds); empty without values."""
+    """host -> ``values[index[host]]`` (budgets, drain seconds); empty without values."""
 
     __slots__ = ("_values",)
 

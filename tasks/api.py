@@ -16,13 +16,14 @@ from typing import Any, Iterator
 
 from celery.result import AsyncResult
 
-from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place
+from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place, snapshot_cache
 from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
 from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
 from tasks.jobs import admission, predictions, webhooks
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
+from tasks.jobs.fits import check_fits
 from tasks.jobs.plans import Plan
 from tasks.jobs.predictions import Prediction
 from tasks.jobs.schema import validate
@@ -65,10 +66,12 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     (``tasks.jobs.predictions``).
 
     Raises :class:`tasks.errors.InvalidJob` naming the bad field (an unknown model
-    or input, a bad value), or :class:`tasks.errors.LaneFull` when the relaxed lane
-    is full, before anything is enqueued; :class:`tasks.errors.BrokerUnavailable`
-    when Redis does not answer within ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing
-    behind (no job, no cache claim, no fast place): submitting again is safe. When
+    or input, a bad value), :class:`tasks.errors.ModelError` when the model is larger
+    than every worker's budget (``tasks.jobs.fits``), or :class:`tasks.errors.LaneFull`
+    when the relaxed lane is full, before anything is enqueued;
+    :class:`tasks.errors.BrokerUnavailable` when Redis does not answer within
+    ``GPULANES_REDIS_TIMEOUT_S``, leaving nothing behind (no job, no cache claim, no
+    fast place): submitting again is safe. When
     Redis answers but refuses (out of memory, its disk failing, a read-only replica),
     that error is :class:`tasks.errors.BrokerRefused` (a ``BrokerUnavailable``), its
     message saying what Redis said. With ``GPULANES_REDIS_REPLICAS`` set, a job counts
@@ -77,6 +80,7 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
+    check_fits(job.model, snapshot_cache().view())
     job_id = str(uuid.uuid4())
     caller = _caller(job, job_id, idempotency_key, cancel_after, plan)
     if plan is not None:
@@ -124,6 +128,7 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
+    check_fits(job.model, snapshot_cache().view())
     hook = None if webhook is None else (
         *webhooks.checked(webhook, webhook_events_filter), api_url)
     job_id = str(uuid.uuid4())

@@ -1,10 +1,8 @@
 """Every gpulanes setting, typed, built once from the ``GPULANES_*`` environment.
 
-``from tasks.settings import settings`` and read ``settings.max_job_s``: the
-settings in force, read at the moment they are used, so a test changes one with
-``with override(max_job_s=5):`` and no subprocess. A bad value raises
-``tasks.errors.ConfigError`` naming the variable (``GPULANES_MAX_JOB_S``).
-``celeryconfig`` derives Celery's own settings from these.
+``settings.max_job_s``: the settings in force, read when used (a test changes one with
+``with override(max_job_s=5):``). A bad value raises ``tasks.errors.ConfigError`` naming
+the variable (``GPULANES_MAX_JOB_S``). ``celeryconfig`` derives Celery's from these.
 """
 from __future__ import annotations
 
@@ -24,8 +22,10 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 PREFIX = "GPULANES_"
 #: The built-in family: ``demo`` and ``demo-0`` ... ``demo-15``, one architecture with
 #: different deterministic weights, so multi-model serving can be tried here.
-DEMO_MODELS = {name: "gpu_worker.demo_model:load"
-               for name in ["demo", *(f"demo-{i}" for i in range(16))]}
+DEMO_TARGET = "gpu_worker.demo_model:load"
+DEMO_MODELS = {name: DEMO_TARGET for name in ["demo", *(f"demo-{i}" for i in range(16))]}
+#: What each of them declares it holds, in MB (its weights are about 1.1 MB).
+DEMO_MODEL_MB = 2
 #: The models known without GPULANES_MODELS: the demo family, ``echo`` and ``faces``.
 BUILT_IN_MODELS = {**DEMO_MODELS, "echo": "tasks.models.echo:Echo",
                    "faces": "tasks.models.faces:Faces"}
@@ -96,10 +96,11 @@ class Settings(BaseSettings):
     """The models a job may name: ``name=module:Class`` (a model class) or
     ``name=module:function`` (an image model's factory), comma-separated."""
     warm_models: Names = ()
-    """Models a worker loads and warms before it takes a job. Unset: the first
-    MODEL_SLOTS of MODELS (with the built-in list: ``demo`` alone)."""
-    model_slots: PositiveInt = 2
-    """Models a worker keeps loaded; the least recently used one makes room."""
+    """Models a worker loads and warms before it takes a job; they must fit its budget.
+    Unset: MODELS in order while their declared sizes fit (built-in list: ``demo``)."""
+    model_memory_mb: PositiveInt = 2048
+    """A CPU worker's budget for loaded models, in MB (on CUDA: free VRAM at start, less
+    a margin); the least recently used ones make room for a model that does not fit."""
     min_replicas: Counts = Field(default_factory=dict)
     """Models beat keeps warm on at least this many workers (``demo-0=2,demo-1=1``)."""
     torch_threads: PositiveInt = 1
@@ -274,18 +275,17 @@ class Settings(BaseSettings):
 
     @property
     def artifact_root(self) -> str:
-        """Where artifacts are stored: ARTIFACT_URL, else ARTIFACT_DIR as a plain path
-        (so results name local artifacts by path, as they always did)."""
+        """Where artifacts are stored: ARTIFACT_URL, else ARTIFACT_DIR as a plain path."""
         return self.artifact_url or str(self.artifact_dir)
 
     @property
     def warm(self) -> tuple[str, ...]:
-        """The models a worker warms at start: WARM_MODELS, else the first MODEL_SLOTS
-        of MODELS (with the built-in list: ``demo`` alone)."""
+        """The models a worker may warm at start, in order: WARM_MODELS, else ``demo``
+        with the built-in list, else all of MODELS (the worker keeps those that fit:
+        ``gpu_worker.memory.default_warm``)."""
         if self.warm_models:
             return self.warm_models
-        return ("demo",) if self.models == BUILT_IN_MODELS else \
-            tuple(self.models)[:self.model_slots]
+        return ("demo",) if self.models == BUILT_IN_MODELS else tuple(self.models)
 
     @property
     def beat_lease_s(self) -> float:
@@ -301,14 +301,12 @@ class Settings(BaseSettings):
 
     @property
     def fair_aging_s(self) -> float:
-        """A relaxed job waiting this long climbs to the front of its lane whatever its
-        account's level: the standard lane's budget."""
+        """A relaxed job waiting this long goes first whatever its level: standard's budget."""
         return self.max_wait_s["standard"]
 
     @property
     def preempt_min_left_s(self) -> float:
-        """A run steps aside only while it expects at least this long still to run (one
-        that ends sooner finishes first): a tenth of the fast lane's budget."""
+        """A run steps aside only while it expects this long still to run: fast budget / 10."""
         return self.max_wait_s["fast"] / 10
 
     @property
@@ -318,8 +316,7 @@ class Settings(BaseSettings):
 
     @property
     def redis_replica_wait_s(self) -> float:
-        """How long a write waits for its replicas before it is refused (``NOREPLICAS``):
-        a third of REDIS_TIMEOUT_S, so Redis answers before the client gives up."""
+        """How long a write waits for its replicas (then ``NOREPLICAS``): REDIS_TIMEOUT_S / 3."""
         return self.redis_timeout_s / 3
 
     @property
@@ -377,9 +374,11 @@ def _check_across(s: Settings) -> None:
     if unknown := set(s.warm_models) - set(s.models):
         raise ConfigError(f"{PREFIX}WARM_MODELS", f"unknown models {sorted(unknown)}: a warm "
                           f"model must be one of {PREFIX}MODELS")
-    if len(s.warm_models) > s.model_slots:
-        raise ConfigError(f"{PREFIX}WARM_MODELS", f"{len(s.warm_models)} models but only "
-                          f"{PREFIX}MODEL_SLOTS={s.model_slots} slots")
+    # sizes known without importing a model: the built-in family's (workers check all)
+    if s.device != "cuda" and (known_mb := DEMO_MODEL_MB * sum(
+            s.models[name] == DEMO_TARGET for name in s.warm_models)) > s.model_memory_mb:
+        raise ConfigError(f"{PREFIX}WARM_MODELS", f"the warm models need {known_mb} MB, more "
+                          f"than {PREFIX}MODEL_MEMORY_MB={s.model_memory_mb}")
     for name in ("max_batch", "max_queue_delay_ms"):
         if unknown := set(getattr(s, name)) - {"*"} - set(s.models):
             raise ConfigError(f"{PREFIX}{name.upper()}", f"unknown models {sorted(unknown)}")

@@ -9,6 +9,8 @@ _WAIT = "use GPULANES_MAX_WAIT_S=fast=S,standard=S"
 _IMAGE = "the image model's own limit now (tasks/jobs/image.py)"
 _DERIVED = "no longer a setting: derived from the others (docs/configuration.md)"
 _FIXED = "no longer a setting: a fixed value now (docs/configuration.md)"
+_MEMORY = ("use GPULANES_MODEL_MEMORY_MB: workers hold models by memory now, not by count "
+           "(docs/configuration.md)")
 _NO_TIMER = ("no longer a setting: nothing is handed out again on a timer; a job goes back "
              "when the worker that holds it dies (docs/guarantees.md)")
 
@@ -17,7 +19,7 @@ RETIRED = {
     "MAX_DEPTH_FAST": _DEPTH, "MAX_DEPTH_STANDARD": _DEPTH, "MAX_DEPTH_RELAXED": _DEPTH,
     "MAX_WAIT_FAST_S": _WAIT, "MAX_WAIT_STANDARD_S": _WAIT,
     "MAX_PROMPT_CHARS": _IMAGE, "MAX_STEPS": _IMAGE, "MIN_SIDE": _IMAGE,
-    "MAX_SIDE": _IMAGE, "VISIBILITY_TIMEOUT_S": _NO_TIMER,
+    "MAX_SIDE": _IMAGE, "VISIBILITY_TIMEOUT_S": _NO_TIMER, "MODEL_SLOTS": _MEMORY,
     **dict.fromkeys(("BEAT_LEASE_S", "SNAPSHOT_STALE_S", "PREEMPT_MIN_LEFT_S", "RUN_HUNG_S",
                      "REVOKE_TTL_S", "ARTIFACT_TTL_S", "REDIS_CONNECT_TIMEOUT_S",
                      "REDIS_REPLICA_WAIT_S", "FAIR_AGING_S", "STUCK_EXIT_S"), _DERIVED),

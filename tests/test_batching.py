@@ -25,7 +25,7 @@ BATCH = 4
 #: A long delay, so only a full group or a full house (every thread's job held)
 #: starts a pass; flaky has none, so a gated job holds the runner at once.
 ENV = {"GPULANES_MAX_BATCH": f"demo={BATCH},demo-0=2,flaky={BATCH},odd={BATCH}",
-       "GPULANES_MODEL_SLOTS": "3",
+       "GPULANES_MODEL_MEMORY_MB": "64",
        "GPULANES_MAX_QUEUE_DELAY_MS": "*=5000,flaky=0,odd=0", "GPULANES_CACHE": "off"}
 
 

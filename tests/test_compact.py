@@ -150,7 +150,7 @@ def old_base(snapshot):
         "warm": {h: tuple(dict.fromkeys([*w.get("warm_models", ()),
                                          *w.get("loading_models", ())]))
                  for h, w in routable.items()},
-        "slots": {h: w.get("slots", 1) for h, w in routable.items()},
+        "slots": {h: w.get("memory_mb", 1) for h, w in routable.items()},
         "drain_s": {h: drain.get(h, known[len(known) // 2]) for h in routable} if known
         else {},
         "cold_s": cold, "cold_default_s": sum(cold.values()) / len(cold) if cold else 0.0,
@@ -228,10 +228,10 @@ LANES3 = ("fast", "standard", "relaxed")
 
 
 def random_worker(rng, models=MODELS):
-    slots = rng.randint(1, 4)
+    slots = rng.randint(1, 4)  # a budget of as many MB, models of 1 MB: as many slots
     warm = list(dict.fromkeys(rng.choices(models, k=rng.randint(0, slots))))
     return {"alive": rng.random() > 0.05, "sick": "disk" if rng.random() < 0.03 else None,
-            "warm_models": warm, "slots": slots,
+            "warm_models": warm, "memory_mb": slots, "model_mb": {m: 1 for m in models[:2]},
             "loading_models": [rng.choice(models)] if rng.random() < 0.1 else [],
             "in_flight": {lane: rng.randint(0, 2) for lane in LANES3},
             "queued": rng.choice((0, 0, 1, 3, 7)), "concurrency": rng.choice((1, 1, 2)),
@@ -277,14 +277,14 @@ def evolve(rng, snapshot, at):
 # --- the split ---------------------------------------------------------------------------
 def unsplit(compact, members):
     """Per serving host, what routing knows of it: ``load``, ``fast``, ``drain_s`` (None: not
-    measured), ``slots`` and ``warm`` (in the worker's order)."""
+    measured), ``budget_mb`` and ``warm`` (in the worker's order)."""
     hosts = members["hosts"]
     loads = unpack_u16(compact["loads"], len(hosts))
     drains = unpack_u8(compact["drain"], len(hosts))
     order = ranks(compact, len(hosts))
     fast = unpack_u16(compact["fast"], len(hosts)) if "fast" in compact else [0] * len(hosts)
     return {host: {"load": loads[i], "fast": fast[i], "drain_s": DRAIN_S[drains[i]],
-                   "slots": members["slots"][i],
+                   "budget_mb": members["budget_mb"][i],
                    "warm": in_order(members["warm"][i], order[i])}
             for i, host in enumerate(hosts)}
 
@@ -301,7 +301,7 @@ def test_split_round_trips_what_routing_reads():
         assert members["hosts"] == list(routed) == serving_hosts
         for host in serving_hosts:
             worker, seen = snapshot["workers"][host], routed[host]
-            assert seen["slots"] == worker["slots"]
+            assert seen["budget_mb"] == worker["memory_mb"]
             assert seen["warm"] == tuple(dict.fromkeys(worker["warm_models"]
                                                        + worker["loading_models"]))
             load = sum(worker["in_flight"].values()) + worker["queued"]
@@ -330,7 +330,8 @@ def test_the_version_names_the_membership_and_nothing_that_changes_per_heartbeat
     assert split(same)[1]["version"] == version
     assert split(same)[0]["order"] != split(snapshot)[0]["order"]  # the order travels
     host = next(h for h, w in snapshot["workers"].items() if serving(w))
-    for change in ({"warm_models": ["brand-new"]}, {"slots": 9}, {"alive": False},
+    for change in ({"warm_models": ["brand-new"]}, {"memory_mb": 9}, {"alive": False},
+                   {"model_mb": {"m0": 5}},
                    {"sick": "disk"}, {"loading_models": ["another"]}):
         changed = {**snapshot, "workers": {**snapshot["workers"],
                                            host: {**snapshot["workers"][host], **change}}}
@@ -349,7 +350,7 @@ def test_orders_and_drain_codes():
             assert in_order(models, rank_of(models, shuffled)) == tuple(shuffled)
     nine = [f"m{i}" for i in range(9)]
     snapshot = {"at": 1.0, "workers": {"w": {"alive": True, "warm_models": nine[::-1],
-                                             "slots": 9}}}
+                                             "memory_mb": 9}}}
     compact, members = split(snapshot)
     assert compact["order_over"] == {"0": rank_of(sorted(nine), nine[::-1])}
     assert unsplit(compact, members)["w"]["warm"] == tuple(nine[::-1])

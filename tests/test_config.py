@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import celeryconfig
+from gpu_worker.memory import check_warm, default_warm
 from tasks.errors import ConfigError
 from routing.names import RELAX_PRIORITIES
 from tasks.settings import (BUILT_IN_MODELS, DEMO_MODELS, PROJECT_DIR, Settings, load, override,
@@ -32,12 +33,32 @@ def test_settings_read_the_environment_and_default(monkeypatch):
     assert loaded.max_depth == {"fast": 500, "standard": 5, "relaxed": 10000}
 
 
-def test_the_warm_models_default_to_the_first_that_fit_the_slots(monkeypatch):
+def test_the_warm_models_default_to_the_first_that_fit_the_budget(monkeypatch):
     monkeypatch.delenv("GPULANES_WARM_MODELS")
-    loaded = load(models="a=x:A,b=x:B,c=x:C", model_slots=2)
-    assert loaded.warm_models == () and loaded.warm == ("a", "b")
+    loaded = load(models="a=x:A,b=x:B,c=x:C", model_memory_mb=300)
+    assert loaded.warm_models == () and loaded.warm == ("a", "b", "c")  # candidates
     assert load(models="a=x:A,b=x:B", warm_models="b").warm == ("b",)
     assert load(models=dict(BUILT_IN_MODELS)).warm == ("demo",)  # the demo model alone
+    # a worker keeps those whose declared sizes fit, in order; one that declares none
+    # ends the set unless it is the first
+    sizes = {"a": 90, "b": 250, "c": 90, "d": None}
+    assert default_warm("abc", sizes.get, 300) == ("a",)
+    assert default_warm("acb", sizes.get, 300) == ("a", "c")
+    assert default_warm("dab", sizes.get, 300) == ("d",)
+    assert default_warm("ad", sizes.get, 300) == ("a",)
+    assert default_warm("b", sizes.get, 200) == ()
+    check_warm({"a": 90, "c": 90, "d": None}, 300, "GPULANES_MODEL_MEMORY_MB=300")
+    with pytest.raises(ConfigError) as caught:
+        check_warm({"a": 90, "b": 250}, 300, "GPULANES_MODEL_MEMORY_MB=300")
+    assert caught.value.variable == "GPULANES_WARM_MODELS"
+    assert "340 MB" in str(caught.value) and "GPULANES_MODEL_MEMORY_MB=300" in str(caught.value)
+
+
+def test_model_slots_is_retired_for_a_memory_budget(monkeypatch):
+    monkeypatch.setenv("GPULANES_MODEL_SLOTS", "2")
+    with pytest.raises(ConfigError, match="GPULANES_MODEL_MEMORY_MB") as caught:
+        load()
+    assert caught.value.variable == "GPULANES_MODEL_SLOTS"
 
 
 @pytest.mark.parametrize("variable,says", [
@@ -67,7 +88,7 @@ def test_a_bad_value_names_its_variable(monkeypatch, variable, raw):
 
 
 @pytest.mark.parametrize("values,variable", [
-    ({"warm_models": "demo,demo-0,demo-1", "model_slots": "2"}, "GPULANES_WARM_MODELS"),
+    ({"warm_models": "demo,demo-0,demo-1", "model_memory_mb": "4"}, "GPULANES_WARM_MODELS"),
     ({"warm_models": "demo,nope"}, "GPULANES_WARM_MODELS"),
     ({"min_replicas": "nope=1"}, "GPULANES_MIN_REPLICAS"),
     ({"max_batch": "nope=2"}, "GPULANES_MAX_BATCH"),

@@ -1,6 +1,7 @@
 """A fresh process routes its first burst from beat's snapshot, on a real cluster (two
-workers of two model slots, beat, three models that take a second to load): every job
-goes to the worker that holds its model warm, so no model is loaded twice."""
+workers with room for two models each, beat, three models of 2 MB that take a second to
+load): every job goes to the worker that holds its model warm, so no model is loaded
+twice."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,7 @@ MODELS = ("slow-0", "slow-1", "slow-2")
 JOBS = 60
 ENV = {"GPULANES_MODELS": ",".join([os.environ["GPULANES_MODELS"],
                                     *(f"{m}=tests.slow_models:Slow" for m in MODELS)]),
-       "GPULANES_MODEL_SLOTS": "2"}
+       "GPULANES_MODEL_MEMORY_MB": "4"}
 #: A process of its own: submits the models named in argv all at once, then prints
 #: (model, worker, cold start) of each job.
 SUBMIT = """

@@ -64,11 +64,11 @@ def test_first_work_adds_first_level_runs_and_queued_jobs_to_the_fast_work():
 def _snapshot() -> dict:
     workers = {
         "light": {"alive": True, "in_flight": {STANDARD: 1}, "in_flight_first": 1,
-                  "warm_models": ["m"], "slots": 2},
+                  "warm_models": ["m"], "memory_mb": 4},
         "heavy": {"alive": True, "in_flight": {STANDARD: 1}, "in_flight_first": 0,
-                  "warm_models": ["m"], "slots": 2},
-        "fast": {"alive": True, "in_flight": {FAST: 1}, "warm_models": ["m"], "slots": 2},
-        "other": {"alive": True, "in_flight": {}, "warm_models": ["n"], "slots": 2},
+                  "warm_models": ["m"], "memory_mb": 4},
+        "fast": {"alive": True, "in_flight": {FAST: 1}, "warm_models": ["m"], "memory_mb": 4},
+        "other": {"alive": True, "in_flight": {}, "warm_models": ["n"], "memory_mb": 4},
     }
     return {"at": time.time(), "workers": workers, "lanes": {}, "policy": {}}
 

@@ -8,9 +8,9 @@ import pytest
 from conftest import SMALL, wait_until
 
 from routing.names import worker_queue
-from routing.placement import assign_homes, home, ring
+from routing.placement import assign_homes, home, model_mb, ring
 from routing.policy import PolicyView, decide
-from routing.snapshot import SnapshotCache
+from routing.snapshot import SnapshotCache, touched
 from tasks import submit
 from tasks.broker.keys import WORKERS_KEY
 
@@ -47,6 +47,31 @@ def test_homes_never_outnumber_a_workers_slots_and_stay_put():
     assert assign_homes(wanted[7::-1], hash_ring, slots) != homes  # (it would move without)
     first = homes["demo-5"]
     assert home("demo-5", hash_ring, {}, 0.25, first=first) == first
+
+
+def test_homes_are_bounded_by_memory_not_by_count():
+    hash_ring = ring(["w0", "w1"])
+    budgets = {"w0": 300, "w1": 300}  # MB
+    sizes = {"large": 250, **{f"small-{i}": 90 for i in range(6)}, "huge": 400}
+    wanted = ["large", "huge", *(f"small-{i}" for i in range(6))]
+    homes = assign_homes(wanted, hash_ring, budgets, sizes=sizes)
+    assert "huge" not in homes  # fits no worker: plain ring order
+    taken = collections.defaultdict(int)
+    for model, node in homes.items():
+        taken[node] += sizes[model]
+    assert all(used <= 300 for used in taken.values()), dict(taken)
+    alone = homes["large"]  # the large model fills its worker alone...
+    assert [m for m, n in homes.items() if n == alone] == ["large"]
+    # ... while three small ones share the other (a fourth would not fit)
+    assert sorted(m for m, n in homes.items() if n != alone) == \
+        [f"small-{i}" for i in range(3)]
+    # the LRU view of a worker follows the same sizes: the large one evicts the others
+    smalls = ("small-0", "small-1", "small-2")
+    assert touched(smalls, "large", 300, sizes) == ("large",)
+    assert touched(("large",), "small-0", 300, sizes) == ("small-0",)
+    assert touched(("small-0", "small-1"), "small-2", 300, sizes) == smalls
+    # a size not known yet counts as the largest known one
+    assert model_mb("new", sizes, 300) == 400 and model_mb("new", {}, 300) == 150
 
 
 def test_an_overloaded_home_passes_jobs_to_the_next_on_the_ring():
@@ -123,7 +148,8 @@ def test_the_fast_work_counts_a_model_loading():
 def test_the_router_counts_its_own_sends_until_the_next_snapshot():
     now = [100.0]
     snapshot = {"at": 100.0, "measured_at": 100.0, "workers": {
-        host: {"alive": True, "in_flight": {}, "queued": 0, "slots": 2, "concurrency": 1,
+        host: {"alive": True, "in_flight": {}, "queued": 0, "memory_mb": 4000,
+               "model_mb": {"a": 2000, "b": 2000}, "concurrency": 1,
                "warm_models": ["a", "b"], "service_ms": {"standard": 100.0}}
         for host in ("w0", "w1")}}
     cache = SnapshotCache(lambda: json.dumps(snapshot), refresh_s=0.5, stale_s=3.0,
@@ -158,7 +184,7 @@ def test_no_healthy_worker_means_the_shared_lane():
 
 @pytest.fixture(scope="module")
 def cluster(cluster_factory):
-    return cluster_factory(workers=2, beat=True, env={"GPULANES_MODEL_SLOTS": "2"})
+    return cluster_factory(workers=2, beat=True, env={"GPULANES_MODEL_MEMORY_MB": "4"})
 
 
 def _routed_view(clean_redis, hosts):
@@ -185,7 +211,7 @@ def test_each_models_jobs_run_on_one_warm_worker(cluster, clean_redis):
         cold_after_first[model] += bool(runs[model]) and out["cold_start"]
         runs[model].add(out["worker"])
         cold += out["cold_start"]
-    # two slots a worker, four models: most keep to one worker; none is loaded twice
+    # room for two models a worker, four models: most keep to one worker; none is loaded twice
     assert sum(len(workers) == 1 for workers in runs.values()) >= 3, dict(runs)
     assert not any(cold_after_first.values()), dict(cold_after_first)
     assert cold <= 4  # at most one cold load per model, then warm

@@ -28,8 +28,8 @@ from tasks.broker.keys import (
 )
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
-#: Warm models that no settings accept: more than GPULANES_MODEL_SLOTS holds.
-TOO_MANY_WARM = {"GPULANES_WARM_MODELS": "demo,demo-0,demo-1"}
+#: Warm models that no settings accept: more than GPULANES_MODEL_MEMORY_MB holds.
+TOO_MANY_WARM = {"GPULANES_WARM_MODELS": "demo,demo-0,demo-1", "GPULANES_MODEL_MEMORY_MB": "4"}
 #: A warm model GPULANES_MODELS does not name (the default ``demo`` once it is left out).
 UNKNOWN_WARM = {"GPULANES_MODELS": "echo=tasks.models.echo:Echo", "GPULANES_WARM_MODELS": "demo"}
 

@@ -214,7 +214,7 @@ def test_the_consume_command_sets_the_queues_in_one_step_in_order():
 
 def _snapshot(now: float) -> dict:
     worker = {"alive": True, "missed": 0, "in_flight": {"fast": 1}, "queued": 0,
-              "service_ms": {"fast": 500.0}, "warm_models": ["demo"], "slots": 2,
+              "service_ms": {"fast": 500.0}, "warm_models": ["demo"], "memory_mb": 4,
               "concurrency": 1, "lanes": ["fast", "standard", "relaxed"], "sick": None}
     return {"at": now, "lanes": {}, "policy": {}, "workers": {
         "gpu0@h": worker,
@@ -227,7 +227,8 @@ def test_a_sick_worker_is_off_the_ring_placement_and_capacity():
     assert [serving(w) for w in workers.values()] == [True, False, False]
     view = base_view(_snapshot(time.time()))
     assert set(view.ring[1]) == {"gpu0@h"}
-    assert set(view.loads) == set(view.warm) == set(view.slots) == set(view.drain_s) == {"gpu0@h"}
+    assert set(view.loads) == set(view.warm) == set(view.budget_mb) == set(view.drain_s) \
+        == {"gpu0@h"}
     for model in ("demo-1", "flaky"):  # every model now lands on the one serving
         assert home(model, view.ring, view.loads, view.epsilon, view.warm) == "gpu0@h"
     # warm on every serving worker (the one): the shared lane, which only it serves now

@@ -1,4 +1,5 @@
-"""Model slots on a real worker: models load on first use, stay warm, LRU makes room."""
+"""Warm models on a real worker: models load on first use, stay warm, LRU makes room
+(a budget of 4 MB holds two demo models, 2 MB each)."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def cluster(cluster_factory):
-    return cluster_factory(workers=1, env={"GPULANES_MODEL_SLOTS": "2"})
+    return cluster_factory(workers=1, env={"GPULANES_MODEL_MEMORY_MB": "4"})
 
 
 @pytest.fixture(autouse=True)

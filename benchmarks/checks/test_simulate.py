@@ -115,7 +115,7 @@ def test_json_has_the_figures(tmp_path) -> None:
 
 def _one_worker(arrivals: list[Arrival], mode: str) -> tuple[Run, object]:
     spec = ModelSpec("m", 0.0, 0.0, 0.0)
-    run = Run(arrivals, [spec], Fleet(1, slots=(1,)), mode, SimConfig(), window_s=30.0)
+    run = Run(arrivals, [spec], Fleet(1, memory_mb=(1,)), mode, SimConfig(), window_s=30.0)
     return run, run.go()
 
 
@@ -164,7 +164,7 @@ def test_a_worker_measures_the_time_between_jobs_apart_from_their_runs() -> None
     spec = ModelSpec("m", 0.0, 0.0, 0.0)
     jobs = [Arrival(0.0, "standard", "a", False, "m", 1.0, 0.5, steps=10)] * 7
     config = SimConfig(unmeasured_s=0.1)
-    run = Run(jobs, [spec], Fleet(1, slots=(1,)), "gpulanes", config, window_s=5.0)
+    run = Run(jobs, [spec], Fleet(1, memory_mb=(1,)), "gpulanes", config, window_s=5.0)
     outcome = run.go()
     done = sorted(outcome.recorder.done, key=lambda job: job.id)
     assert [b.started_at - a.started_at for a, b in zip(done, done[1:])] == \
@@ -219,7 +219,7 @@ def test_an_idle_worker_takes_the_youngest_queued_job_of_a_model_it_holds() -> N
     from routing.names import worker_queue
 
     run = Run([], [ModelSpec("m", 0.0, 0.0, 5.0), ModelSpec("x", 0.0, 0.0, 5.0)],
-              Fleet(3, slots=(1,), prewarm=False), "gpulanes", SimConfig(), window_s=30.0)
+              Fleet(3, memory_mb=(1,), prewarm=False), "gpulanes", SimConfig(), window_s=30.0)
     busy, holder, other = run.cluster.workers.values()
     for worker, model in ((busy, "m"), (holder, "m"), (other, "x")):
         worker.load(model, 0.0)

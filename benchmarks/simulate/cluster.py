@@ -1,6 +1,7 @@
 """Simulated GPU workers: each reads its lists in kombu's order, one job at a time
 (threads pool, concurrency 1, prefetch 1, late acks: it holds the job it runs and
-nothing more), keeps its models in slots (least recently used out), pays a cold load
+nothing more), keeps its models within its memory budget (least recently used out,
+as the real worker: ``routing.snapshot.touched``), pays a cold load
 for a model it does not hold, and reports itself through the real worker runtime
 (``gpu_worker.runtime.Runtime``: the service-time moving average, the cost lines).
 """
@@ -33,8 +34,11 @@ class RunWatcher(Protocol):
 class SimWorker:
     """One GPU's worker process; a restart is a new incarnation with no warm model."""
 
-    def __init__(self, host: str, index: int, slots: int, queues: list[str] | None) -> None:
-        self.host, self.index, self.slots = host, index, slots
+    def __init__(self, host: str, index: int, memory_mb: int,
+                 queues: list[str] | None) -> None:
+        self.host, self.index, self.memory_mb = host, index, memory_mb
+        #: Each model's size in MB, as this worker learned it loading the model.
+        self.sizes: dict[str, int] = {}
         self.queues = queues
         self.order = read_order(host, queues)
         self.alive = False
@@ -54,7 +58,8 @@ class SimWorker:
     def start(self, now: float) -> None:
         """A fresh process: new incarnation, models cold."""
         runtime = self.runtime = Runtime(clock=self.clock)
-        runtime.configure(self.host, f"cuda:{self.index % 8}", {}, Path("."), self.slots)
+        runtime.configure(self.host, f"cuda:{self.index % 8}", {}, Path("."), self.memory_mb)
+        runtime.sizes_mb = self.sizes
         runtime.started_at = now
         self.alive, self.running, self.warm, self.died_at = True, None, (), None
         self.told_own, self.told_run = False, None
@@ -64,9 +69,11 @@ class SimWorker:
         """A job started or finished here: the next push builds its stats afresh."""
         self._stats = None
 
-    def load(self, model: str, load_s: float) -> None:
-        """``model`` runs here now: warm (loaded if it was not), least recently used out."""
-        before, self.warm = self.warm, touched(self.warm, model, self.slots)
+    def load(self, model: str, load_s: float, memory_mb: int = 1) -> None:
+        """``model`` (of ``memory_mb``) runs here now: warm (loaded if it was not), least
+        recently used out until the rest fit the worker's budget."""
+        self.sizes[model] = memory_mb
+        before, self.warm = self.warm, touched(self.warm, model, self.memory_mb, self.sizes)
         runtime = self.runtime
         for gone in set(before) - set(self.warm):
             runtime.load_ms.pop(gone, None)
@@ -155,7 +162,7 @@ class Cluster:
         job.cold = job.arrival.model not in worker.warm
         load_s = spec.load_s if job.cold else 0.0
         self.cold_loads += job.cold
-        worker.load(job.arrival.model, load_s)
+        worker.load(job.arrival.model, load_s, spec.memory_mb)
         if load_s:  # reported as loading until it is warm (``Runtime.model``)
             worker.runtime.loading = {job.arrival.model}
             self.clock.at(now + load_s, self._loaded, worker, job, job.token)

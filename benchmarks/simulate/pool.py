@@ -45,7 +45,7 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     config = SimConfig(budgets_s=budgets, default_service_s=job_s, overhead_s=between_s,
                        unmeasured_s=args.unmeasured_ms / 1000, heartbeat_s=1.0,
                        push_phases=args.workers)
-    fleet = Fleet(args.workers, slots=(1,), hosts=[f"w{i}" for i in range(args.workers)])
+    fleet = Fleet(args.workers, memory_mb=(1,), hosts=[f"w{i}" for i in range(args.workers)])
     shares = dict(zip(("fast", "standard", "relaxed"), (x / sum(args.mix) for x in args.mix)))
     out: dict[str, Any] = {"seed": seed, "jobs": len(jobs),
                            "standard_most": round(standard_most(args.load, shares), 3)}

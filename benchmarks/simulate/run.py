@@ -36,14 +36,22 @@ class Fault:
 
 @dataclass(frozen=True)
 class Fleet:
-    """The workers: how many, their model slots, what they hold warm at the start."""
+    """The workers: how many, their memory budgets (MB, one per worker in turn), what
+    they hold warm at the start."""
 
     gpus: int
-    slots: Sequence[int] = (2, 3, 4)
+    memory_mb: Sequence[int] = (2, 3, 4)
     #: Models warm on each worker at the start, drawn by popularity (a fleet that has
     #: been serving a while), or none.
     prewarm: bool = True
     hosts: Sequence[str] = field(default=())
+
+    #: The older name of ``memory_mb``, when given (models of 1 MB: a budget of N holds N).
+    slots: Sequence[int] | None = None
+
+    @property
+    def budgets_mb(self) -> Sequence[int]:
+        return self.memory_mb if self.slots is None else self.slots
 
     def host_names(self) -> list[str]:
         return list(self.hosts) or hosts_of(self.gpus)
@@ -65,12 +73,14 @@ def _workers(fleet: Fleet, specs: Sequence[ModelSpec], mode: str,
     weights = [1 / (rank + 1) ** 1.1 for rank in range(len(specs))]
     workers = []
     for i, host in enumerate(fleet.host_names()):
-        worker = SimWorker(host, i, fleet.slots[i % len(fleet.slots)],
+        budgets = fleet.budgets_mb
+        worker = SimWorker(host, i, budgets[i % len(budgets)],
                            None if mode == "gpulanes" else list(LANES))
         worker.start(EPOCH_S)
-        if fleet.prewarm:
-            for spec in rng.choices(specs, weights, k=worker.slots):
-                worker.load(spec.name, 0.0)
+        if fleet.prewarm:  # as many draws as its budget holds models of the mean size
+            mean_mb = sum(spec.memory_mb for spec in specs) / len(specs)
+            for spec in rng.choices(specs, weights, k=max(1, round(worker.memory_mb / mean_mb))):
+                worker.load(spec.name, 0.0, spec.memory_mb)
         workers.append(worker)
     return workers
 

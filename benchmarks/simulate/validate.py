@@ -131,7 +131,7 @@ def simulated(jobs: list[dict[str, Any]], trial: dict[str, Any]) -> list[dict[st
                        preempt=trial.get("preempt", True),
                        push_phases=len(trial["hosts"]))
     outcome = Run(arrivals, [ModelSpec("demo", 0.0, 0.0, 0.0)],
-                  Fleet(len(trial["hosts"]), slots=(1,), hosts=trial["hosts"]), "gpulanes",
+                  Fleet(len(trial["hosts"]), memory_mb=(1,), hosts=trial["hosts"]), "gpulanes",
                   config, arrivals[-1].at + 1e-3).go()
     return [{"lane": job.lane, "wait_s": job.wait_s + lag, "reason": job.reason,
              "preempted": job.preemptions} for job in outcome.recorder.done]

@@ -21,12 +21,14 @@ Shape = Callable[[float], float]
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model's job time, ``base_s + unit_s * cost``, and what loading it costs."""
+    """A model's job time, ``base_s + unit_s * cost``, what loading it costs, and what it
+    holds loaded (MB, against a worker's budget: ``Fleet.memory_mb``)."""
 
     name: str
     base_s: float
     unit_s: float
     load_s: float
+    memory_mb: int = 1
 
     def run_s(self, cost: float) -> float:
         """Seconds one job of ``cost`` runs on a worker holding the model warm."""

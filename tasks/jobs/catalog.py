@@ -44,9 +44,26 @@ class ModelSpec:
         return bool(getattr(self.cls, "deterministic", False))
 
     @property
+    def memory_mb(self) -> int | None:
+        """What the model declares it holds loaded, in MB (None: measured at its load)."""
+        return declared_mb(self.cls, self.name)
+
+    @property
     def version(self) -> str:
         """The model's pinned version: part of its cache key (a new one serves nothing old)."""
         return str(getattr(self.cls, "version", ""))
+
+
+def declared_mb(target: Any, name: str = "") -> int | None:
+    """The size in MB ``target`` (a model class, factory or object) declares in its
+    ``memory_mb``, or None; ``ModelError`` naming the model unless a positive int."""
+    size = getattr(target, "memory_mb", None)
+    if size is None:
+        return None
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ModelError(f"model {name!r}: memory_mb must be a positive int (MB) or None, "
+                         f"got {size!r}")
+    return size
 
 
 def spec(name: str) -> ModelSpec:

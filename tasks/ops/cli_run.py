@@ -152,8 +152,9 @@ def _flower(port: int, env: dict[str, str], log_dir: Path) -> subprocess.Popen:
 
 def _check_before_start() -> None:
     """What would stop the cluster, found before anything starts: the settings (a bad
-    one raises ``ConfigError`` naming its variable), a broker of its own, and every
-    model's class, imported as each worker imports them first."""
+    one raises ``ConfigError`` naming its variable), a broker of its own, every
+    model's class, imported as each worker imports them first, and the warm models'
+    declared sizes against the CPU budget."""
     from tasks.jobs import catalog
     from tasks.settings import settings
 
@@ -162,6 +163,12 @@ def _check_before_start() -> None:
                                    "GPULANES_STATE_DIR; unset GPULANES_BROKER_URL")
     for name in settings.models:  # ModelError: its module or class cannot be imported
         catalog.spec(name)
+    if settings.device != "cuda":  # the warm models' declared sizes, on the CPU budget
+        from gpu_worker.memory import check_warm
+
+        check_warm({name: catalog.spec(name).memory_mb for name in settings.warm_models},
+                   settings.model_memory_mb,
+                   f"GPULANES_MODEL_MEMORY_MB={settings.model_memory_mb}")
 
 
 @lanes.command("up")
