@@ -245,7 +245,11 @@ def test_up_runs_a_cluster_with_flower_and_metrics_until_ctrl_c(tmp_path):
             out, _ = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # its children die with it (PDEATHSIG)
-            raise
+            from tasks.dev.cluster import log_tail
+
+            logs = "\n".join(f"{path.name}:\n{log_tail(path, 20)}"
+                             for path in sorted(tmp_path.rglob("*.log")))
+            raise AssertionError(f"lanes up still ran 90 s after Ctrl-C; its logs:\n{logs}")
     assert proc.returncode == 0, out
     assert not (tmp_path / "redis.sock").exists()  # its Redis stopped with it
 
