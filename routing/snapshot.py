@@ -349,6 +349,15 @@ class SnapshotCache:
         now = self.clock()
         return frozenset(lane for lane, until in self._shut.items() if until > now)
 
+    def members(self) -> PolicyView | None:
+        """The fresh snapshot's view as applied, without this process's sends since
+        (what changes only as workers join, leave or load models), or None."""
+        self.start()
+        held = self._state
+        if held is None or self.clock() - held.snapshot["at"] > self.stale_s:
+            return None
+        return held.base
+
     def view(self) -> PolicyView | None:
         """The current view, or None when there is no fresh snapshot."""
         self.start()

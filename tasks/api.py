@@ -80,7 +80,7 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    check_fits(job.model, snapshot_cache().view())
+    check_fits(job.model, snapshot_cache().members())
     job_id = str(uuid.uuid4())
     caller = _caller(job, job_id, idempotency_key, cancel_after, plan)
     if plan is not None:
@@ -128,7 +128,7 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    check_fits(job.model, snapshot_cache().view())
+    check_fits(job.model, snapshot_cache().members())
     hook = None if webhook is None else (
         *webhooks.checked(webhook, webhook_events_filter), api_url)
     job_id = str(uuid.uuid4())
