@@ -227,7 +227,9 @@ def test_up_runs_a_cluster_with_flower_and_metrics_until_ctrl_c(tmp_path):
                              "--workers", "1", "--device", "cpu", "--flower-port",
                              str(flower_port), "--metrics-port", str(metrics_port)],
                             cwd=PROJECT_DIR, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            # as a shell's background job starts it: Ctrl-C must still stop it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         lines = []
         while not lines or "Ctrl-C" not in lines[-1]:

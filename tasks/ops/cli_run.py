@@ -27,8 +27,11 @@ def _interrupt(*_: Any) -> None:
 
 
 def _wait_for_ctrl_c() -> None:
-    """Block until SIGINT or SIGTERM (both end the command cleanly)."""
+    """Block until SIGINT or SIGTERM (both end the command cleanly). SIGINT is handled
+    here too: a shell starts a background job with it ignored, and Ctrl-C (or ``kill
+    -INT``) must still stop the command."""
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         while True:
             time.sleep(3600)
