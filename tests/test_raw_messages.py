@@ -20,6 +20,7 @@ from kombu.serialization import loads
 
 from routing.names import JOB_TASK, JOB_TASK_ALIASES, STANDARD, STATS_COMMAND
 from tasks import submit
+from tasks.broker.handover import push
 from tasks.broker.keys import HELD_PREFIX
 from tasks.jobs.deadletter import dead_jobs
 
@@ -142,7 +143,7 @@ def test_a_job_queued_under_the_tasks_earlier_name_still_runs(name, cluster, app
     """A message published before the task was renamed runs to its end, as a job."""
     raw = _task(app, _call(), name=name)
     assert json.loads(raw)["headers"]["task"] == name
-    clean_redis.lpush(STANDARD, raw)
+    push(clean_redis, STANDARD, raw)  # as it was published then: with its wake-up
     out = app.AsyncResult(json.loads(raw)["headers"]["id"]).get(timeout=30)
     assert out["seed"] == GOOD_JOB["seed"] and out["lane"] == STANDARD
     assert out["worker"] == cluster.hostnames[0] and out["attempts"] == 1
@@ -159,7 +160,7 @@ def test_the_pickle_payload_would_leave_its_mark(tmp_path):
 def test_bad_message_is_dead_lettered_and_the_worker_carries_on(kind, cluster, app, clean_redis):
     pid = _worker_pid(app)
     build, says = KINDS[kind]
-    clean_redis.lpush(STANDARD, build(app))
+    push(clean_redis, STANDARD, build(app))  # as a publisher would: with its wake-up
     out = submit("after the bad one", seed=1, **SMALL).get(timeout=30)
     assert out["worker"] == cluster.hostnames[0]
     assert _worker_pid(app) == pid  # the same process: nothing crashed or restarted
