@@ -1,5 +1,7 @@
-"""The scalers' page (``python -m benchmarks.simulate --autoscale``): gpulanes' scaling
-signal, the best queue-length scaler and a clairvoyant on one day of jobs."""
+"""The autoscaling pages: live (``python benchmarks/autoscale.py``: a real cluster that
+follows its scaling signal through a load step) and simulated (``python -m
+benchmarks.simulate --autoscale``: gpulanes' scaling signal, the best queue-length
+scaler and a clairvoyant on one day of jobs)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -107,4 +109,69 @@ def _waits_plot(series: dict[str, Any], budgets_s: dict[str, float]) -> Callable
     return draw
 
 
-RENDERERS = {"autoscale_sim": autoscale}
+def live(data: dict[str, Any]) -> Page:
+    up, down, jobs = data["step_up"], data["step_down"], data["jobs"]
+    page = Page(
+        "autoscale", "Autoscaling, live",
+        f"A real cluster (an embedded Redis, beat, the exporter) and a loop that does what "
+        f"KEDA and the HPA do: every {num(data['poll_s'], 0)} s it reads the pool's `wanted` "
+        "from `/scaling` and starts or stops single-worker supervisors to match, between "
+        f"{data['least']} and {data['most']}; a scale-down is a SIGTERM, and the stopped "
+        "worker hands its running job on. Standard jobs of a model whose steps take a set "
+        f"time, as a GPU's do ({data['job']['steps']} steps of {data['job']['step_ms']} ms), "
+        f"arrive as a Poisson stream: {data['rates']['low']:g} per second, a step up to "
+        f"{data['rates']['high']:g} for {num(data['phase_s']['high'], 0)} s, then back. Beat "
+        "runs as shipped: a 60 s boot estimate, 300 s of lower need before a scale-down.",
+        f"enough workers {num(up['enough_s'], 0)} s after the step up; "
+        f"{jobs['lost']} of {jobs['accepted']:,} jobs lost",
+        f"{ratio(data['worker_s_vs_fixed'])} the worker-seconds of a fixed fleet of "
+        f"{data['most']}")
+    page.add("## The step up", table(
+        ["wanted before", "wanted at most", "enough workers", "signal asked after s",
+         "enough workers serving after s"],
+        [[up["wanted_before"], up["peak_wanted"], up["enough"], num(up["asked_s"]),
+          num(up["enough_s"])]], "rrrrr"))
+    page.add("## The step down", table(
+        ["scale-downs after s", "back to the fewest after s", "stopped workers' exits"],
+        [[", ".join(num(d["after_s"], 0) for d in down["scale_downs"]) or "none",
+          num(down["back_to_least_s"], 0),
+          f"codes {data['supervisors']['exit_codes']}, "
+          f"{', '.join(num(s) for s in data['supervisors']['exit_s'])} s after SIGTERM"]],
+        "rrl"))
+    page.add("## Waits", table(
+        ["jobs submitted", "jobs", "p50 s", "p95 s", "max s", "within 60 s"],
+        [[phase, w["jobs"], num(w.get("p50_s")), num(w.get("p95_s")), num(w.get("max_s")),
+          pct(w.get("within"), 1)] for phase, w in data["waits"].items()], "lrrrrr"))
+    page.add("## Every job", table(
+        ["accepted", "refused", "completed", "failed", "lost", "ran twice to its end",
+         "handed on at a scale-down", "worker-seconds", "vs a fixed fleet"],
+        [[jobs["accepted"], jobs["refused"], jobs["completed"], jobs["failed"], jobs["lost"],
+          jobs["ran_twice_to_end"], jobs["handed_on"], num(data["worker_s"], 0),
+          ratio(data["worker_s_vs_fixed"])]], "r" * 9))
+    page.plot(Plot("autoscale-live.png", "workers wanted, run and serving through the step",
+                   _live_plot(data), (8.0, 3.4)))
+    return page
+
+
+def _live_plot(data: dict[str, Any]) -> Callable[[Any], None]:
+    def draw(fig: Any) -> None:
+        ax = fig.add_subplot()
+        points = data["timeline"]
+        at = [p["at"] for p in points]
+        ax.step(at, [p["wanted"] for p in points], where="post", label="wanted (beat)")
+        ax.step(at, [p["replicas"] for p in points], ":", where="post",
+                label="supervisors running")
+        ax.step(at, [p["current"] for p in points], "--", where="post",
+                label="workers serving (beat)")
+        ax.plot(at, [p["need"] for p in points], color="tab:gray", linewidth=0.7,
+                label="need")
+        for phase in ("high", "down"):
+            ax.axvline(data["phases_at"][phase], color="k", alpha=0.3, linewidth=0.8)
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("workers")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    return draw
+
+
+RENDERERS = {"autoscale": live, "autoscale_sim": autoscale}
