@@ -24,8 +24,11 @@ from tests.harness.faults import JobStream, settle
 from tests.slow_models import WARM_LOAD_S, WARMED_FILE_ENV
 
 pytestmark = pytest.mark.cluster
-#: A job of a few seconds on the shared CPUs, with steps to hand on at.
-JOB = dict(tier="relaxed", steps=60, width=768, height=768)
+#: A job of 1.6 s, with steps to hand on at: steps that take a set time, as a GPU's
+#: do, so that five workers on a small host do not share its cores.
+JOB = dict(model="paced", tier="relaxed", steps=40, step_ms=40)
+#: Longer jobs while a worker is added: a queue that outlasts its start.
+LONGER_JOB = {**JOB, "steps": 60, "step_ms": 50}
 LEAVING, SURVIVOR = ("a", "b", "c"), "d"
 #: Beyond two step times, what a stopping worker may take to exit: handing its state on,
 #: Celery's warm shutdown, unloading its models. Generous: a bound, not a measurement.
@@ -37,7 +40,8 @@ class Instance(LocalCluster):
 
     def __init__(self, name: str, env: dict[str, str] | None = None,
                  beat: bool = False) -> None:
-        super().__init__(STATE_DIR, workers=1, device="cpu", beat=beat, env=env,
+        super().__init__(STATE_DIR, workers=1, device="cpu", beat=beat,
+                         env={"GPULANES_WARM_MODELS": "paced", **(env or {})},
                          log_dir=STATE_DIR / "logs" / f"scaledown-{name}")
         self.name = name
 
@@ -112,7 +116,7 @@ def _running_by_worker(jobs: list, workers: int) -> dict[str, dict]:
 
 def test_a_scale_down_hands_every_job_on_and_the_stopped_workers_exit(fleet, clean_redis,
                                                                          app):
-    stream = JobStream(lambda i: {"prompt": f"scale down {i}", **JOB})
+    stream = JobStream(lambda i: {"n": i, **JOB})
     for _ in range(12):  # 4 running, 8 queued
         assert stream.submit_one() is not None
     running = _running_by_worker(list(stream.accepted.values()), len(fleet))
@@ -160,12 +164,12 @@ def test_a_scale_down_hands_every_job_on_and_the_stopped_workers_exit(fleet, cle
 def test_a_worker_added_under_load_takes_its_first_job_once_warm(fleet, clean_redis, app):
     warmed_file = STATE_DIR / "late-warmed"
     warmed_file.unlink(missing_ok=True)
-    stream = JobStream(lambda i: {"prompt": f"added {i}", **JOB})
+    stream = JobStream(lambda i: {"n": i, **LONGER_JOB})
     for _ in range(16):
         stream.submit_one()
     models = f"{os.environ['GPULANES_MODELS']},slow-warm=tests.slow_models:SlowWarm"
     late = Instance("late", env={"GPULANES_MODELS": models, WARMED_FILE_ENV: str(warmed_file),
-                                 "GPULANES_WARM_MODELS": "demo,slow-warm"})
+                                 "GPULANES_WARM_MODELS": "paced,slow-warm"})
     fleet["late"] = late  # stopped with the rest
     began = time.monotonic()
     late.start_workers()
