@@ -29,6 +29,8 @@ LONG = dict(steps=120, width=768, height=768)
 #: Long enough for a CLI to start while it runs (about 8 s).
 HUGE = dict(steps=150, width=1024, height=1024)
 QUICK = dict(steps=10, width=256, height=256)
+#: 150 steps of 50 ms, that wait as on a GPU: long, and no load on the shared cores.
+PACED = dict(model="paced", steps=150, step_ms=50)
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -100,7 +102,7 @@ def test_progress_is_seen_while_a_job_runs_and_lanes_job_shows_it(cluster):
 def test_a_running_fast_job_revoked_stops_at_a_step_charged_what_it_ran(cluster):
     account = "canceller"
     before = fast_seconds_left(account)
-    job = submit("cancel me", tier="fast", account=account, seed=11, **HUGE)
+    job = submit(tier="fast", account=account, n=11, **PACED)
     info = at_step(job, 5)
     revoked_at = time.monotonic()
     job.revoke()
@@ -111,7 +113,7 @@ def test_a_running_fast_job_revoked_stops_at_a_step_charged_what_it_ran(cluster)
     charged = before - fast_seconds_left(account)
     assert 0 < charged < 150 * step_s  # the seconds it ran: not nothing, not a whole job
     assert submit("after the cancel", tier="fast", seed=12, **QUICK).get(timeout=60)["image"]
-    other = submit("cancel me too", tier="relaxed", seed=13, **HUGE)
+    other = submit(tier="relaxed", n=13, **PACED)
     at_step(other, 2)
     assert "cancelled" in lanes("cancel", other.id)  # the CLI way
     wait_until(lambda: other.state == "REVOKED", 30, "the job cancelled from the CLI")
