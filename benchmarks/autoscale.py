@@ -42,6 +42,8 @@ from tests.harness.faults import JobStream, settle  # noqa: E402
 
 MODELS = "paced=benchmarks.paced_model:Paced"
 POOL = "default"
+#: Seconds between the loop's looks at its supervisors (it reads /scaling every --poll-s).
+TICK_S = 0.1
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--high", type=float, default=1.5, help="jobs/s in the step")
     parser.add_argument("--low-s", type=float, default=120.0)
     parser.add_argument("--high-s", type=float, default=180.0)
-    parser.add_argument("--down-s", type=float, default=900.0,
+    parser.add_argument("--down-s", type=float, default=1500.0,
                         help="longest the loop waits after the step for the fleet to shrink")
     parser.add_argument("--steps", type=int, default=20, help="steps of a job")
     parser.add_argument("--step-ms", type=int, default=100, help="milliseconds of a step")
@@ -138,6 +140,7 @@ def scaling(url: str) -> dict[str, Any]:
 
 def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
     from gpu_worker.processes import spawn
+    from beat.scaling import read
     from gpu_worker.redis_server import EmbeddedRedis
     from tasks.ops.metrics import serve
 
@@ -156,22 +159,27 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
         _wait_serving(url, args.least)
         phases["low"] = time.time()
         stream.start(args.low)
+        polled = 0.0
         while True:
+            fleet.reap()  # between polls too: an exit is timed to a tick, not to a poll
             now = time.time()
+            if now - polled < args.poll_s:
+                time.sleep(TICK_S)
+                continue
+            polled = now
             if "high" not in phases and now - phases["low"] >= args.low_s:
                 phases["high"], stream.rate = now, args.high
             if "down" not in phases and "high" in phases and now - phases["high"] >= args.high_s:
                 phases["down"], stream.rate = now, args.low
-            pool = scaling(url)
-            fleet.reap()
+            pool, kept = scaling(url), read(client).get(POOL, {})  # what KEDA reads; beat's doc
             fleet.resize(follow(pool.get("wanted", 0), args.least, args.most))
             samples.append(Sample(now, pool.get("wanted", 0), pool.get("current", 0),
-                                  len(fleet.running), pool.get("need", 0.0)))
+                                  len(fleet.running), pool.get("need", 0.0),
+                                  kept.get("hold", 0.0)))
             if "down" in phases and (now - phases["down"] >= args.down_s or (
                     len(fleet.running) == args.least and not fleet.stopping
                     and now - phases["down"] >= args.low_s)):
                 break
-            time.sleep(max(0.0, args.poll_s - (time.time() - now)))
         phases["end"] = time.time()
         stream.stop()
         counts = settle(stream, "autoscale", client, timeout_s=300)

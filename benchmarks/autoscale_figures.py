@@ -20,7 +20,8 @@ class Sample:
     wanted: int
     current: int  # workers beat counts in the pool
     replicas: int  # supervisors the loop runs (started, not stopped)
-    need: float
+    need: float  # workers needed at the rate foreseen (beat)
+    hold: float = 0.0  # workers needed at the rate settled (beat)
 
 
 def follow(wanted: int, least: int, most: int) -> int:

@@ -164,7 +164,9 @@ def _live_plot(data: dict[str, Any]) -> Callable[[Any], None]:
         ax.step(at, [p["current"] for p in points], "--", where="post",
                 label="workers serving (beat)")
         ax.plot(at, [p["need"] for p in points], color="tab:gray", linewidth=0.7,
-                label="need")
+                label="need (rate foreseen)")
+        ax.plot(at, [p.get("hold", 0) for p in points], color="tab:olive", linewidth=0.7,
+                label="need (rate settled)")
         for phase in ("high", "down"):
             ax.axvline(data["phases_at"][phase], color="k", alpha=0.3, linewidth=0.8)
         ax.set_xlabel("seconds")
