@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from beat.scaling import DEFAULT_POOL, plan, pools_of, shares
-from routing.scaling import (UNBUDGETED_S, LaneDemand, Rate, Scale, needed, next_scale,
-                             servers_for)
+from beat.scaling import DEFAULT_POOL, WITHIN, plan, pools_of, shares
+from routing.names import LANES
+from routing.scaling import (NOISE_Z, PLANNED_WAIT_S, UNBUDGETED_S, LaneDemand, LaneMeasure,
+                             Rate, Scale, down_step, needed, next_scale, planned,
+                             scale_round, servers_for)
 from tasks.ops.status import render_status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +40,21 @@ def test_servers_for_is_the_fewest_that_meet_the_share(arrivals_s, service_s, bu
     assert late_share(arrivals_s, service_s, servers - 1, budget_s) > 1 - within
 
 
+@pytest.mark.parametrize("arrivals_s,service_s,budget_s,within", [
+    (2.0, 5.0, 10.0, 0.999), (30.0, 6.0, 60.0, 0.95), (0.1, 5.0, 10.0, 0.999)])
+def test_servers_a_backlog_keeps_busy_are_sized_for_a_wait_every_time(arrivals_s, service_s,
+                                                                       budget_s, within):
+    """Every server busy: a job waits for the runs ahead of it to end, ``c / s`` a
+    second, less the lane's own arrivals: ``P(W > t) = exp(-(c - a) t / s)``."""
+    servers = servers_for(arrivals_s, service_s, budget_s, within, busy=True)
+    load = arrivals_s * service_s
+    assert servers > load
+    assert math.exp(-(servers - load) * budget_s / service_s) <= 1 - within + 1e-12
+    assert servers - 1 <= load or \
+        math.exp(-(servers - 1 - load) * budget_s / service_s) > 1 - within
+    assert servers >= servers_for(arrivals_s, service_s, budget_s, within)
+
+
 def test_no_arrivals_need_no_server():
     assert servers_for(0.0, 5.0, 10.0, 0.999) == 0
     assert needed([LaneDemand(0, 5, 0, 10), LaneDemand(0, 5, 0, 60), LaneDemand(0, 5)]) == 0
@@ -56,6 +73,22 @@ def test_a_lane_competes_with_the_lanes_above_it():
 def test_queued_work_asks_for_more_workers():
     idle = needed([LaneDemand(1.0, 5.0, 0.0, 10.0, 0.999)])
     assert needed([LaneDemand(1.0, 5.0, 200.0, 10.0, 0.999)]) == pytest.approx(idle + 20)
+
+
+def test_a_lane_with_no_budget_plans_a_backlog():
+    """The relaxed lane needs the work of the lanes above it plus what starts its queued
+    work within the planned wait; the budgeted lanes are then sized for busy servers."""
+    fast = LaneDemand(2.0, 5.0, 0.0, 10.0, 0.999)
+    standard = LaneDemand(2.0, 5.0, 30.0, 60.0, 0.95)
+    relaxed = LaneDemand(10.0, 5.0, 6000.0)
+    lanes = [fast, standard, relaxed]
+    assert planned(lanes) == pytest.approx(20.0 + 6030.0 / PLANNED_WAIT_S)
+    assert planned(lanes) < 70.0  # below the load (70 workers): the backlog grows
+    assert planned([fast, standard]) == 0.0  # nothing that may wait
+    assert needed(lanes, plan_backlog=True) == pytest.approx(max(
+        servers_for(2.0, 5.0, 10.0, 0.999, busy=True),
+        servers_for(4.0, 5.0, 60.0, 0.95, busy=True) + 30.0 / 60.0))
+    assert needed([fast, standard], plan_backlog=True) == needed([fast, standard])
 
 
 def test_wanted_goes_up_at_once_and_down_only_after_the_window():
@@ -81,12 +114,44 @@ def test_a_need_back_up_restarts_the_window():
 def test_a_need_older_than_the_window_is_forgotten():
     """The step down goes to the most needed over the last window, not since the need
     first fell: a high need early in a long low spell does not hold ``wanted`` up."""
-    state = next_scale(Scale(), 50.0, 50.0, now=0.0, down_after_s=300)
+    state = next_scale(Scale(), 50.0, 50.0, now=0.0, down_after_s=300, noise=1.0)
     assert state.wanted == 50
-    state = next_scale(state, 48.0, 48.0, now=1.0, down_after_s=300)  # too small a step
+    state = next_scale(state, 48.0, 48.0, now=1.0, down_after_s=300, noise=1.0)  # too small
     for now in range(2, 303):
-        state = next_scale(state, 20.0, 20.0, now=float(now), down_after_s=300)
+        state = next_scale(state, 20.0, 20.0, now=float(now), down_after_s=300, noise=1.0)
     assert state.wanted == 20
+
+
+def test_a_step_down_passes_the_noise_of_the_need():
+    """The step is NOISE_Z standard deviations of the need (at least one worker): a
+    pool of a thousand steps by a few workers, not by a tenth of itself."""
+    assert down_step(0.0) == 1 and down_step(5.0) == math.ceil(NOISE_Z * 5.0)
+    state = next_scale(Scale(), 1000.0, 1000.0, now=0.0, down_after_s=300, noise=5.0)
+    for now in range(1, 400):
+        state = next_scale(state, 986.0, 986.0, now=float(now), down_after_s=300, noise=5.0)
+    assert state.wanted == 1000  # 14 < 3 x 5: within the noise
+    for now in range(400, 800):
+        state = next_scale(state, 984.0, 984.0, now=float(now), down_after_s=300, noise=5.0)
+    assert state.wanted == 984
+
+
+def test_once_the_window_passed_wanted_follows_a_falling_need():
+    """Past the first window, each round steps down to the most needed over the last
+    window, without waiting for another window (as the HPA's stabilization window)."""
+    state = next_scale(Scale(), 100.0, 100.0, now=0.0, down_after_s=300)
+    for now in range(1, 1000):
+        need = 100.0 - now / 10  # a worker less every ten seconds
+        state = next_scale(state, need, need, now=float(now), down_after_s=300)
+        if now >= 400:
+            assert state.wanted == math.ceil(100.0 - (now - 300) / 10)
+
+
+def test_wanted_never_steps_down_below_the_floor():
+    state = next_scale(Scale(), 50.0, 50.0, now=0.0, down_after_s=300)
+    for now in range(1, 400):
+        state = next_scale(state, 10.0, 10.0, now=float(now), down_after_s=300, floor=41.5)
+    assert state.wanted == 42
+    assert next_scale(state, 10.0, 10.0, now=400.0, down_after_s=300, floor=30.0).wanted == 30
 
 
 def test_wanted_stays_within_its_bounds():
@@ -94,28 +159,49 @@ def test_wanted_stays_within_its_bounds():
     assert next_scale(Scale(), 500.0, 500.0, 0.0, 300, most=64).wanted == 64
 
 
-@pytest.mark.parametrize("arrivals_s", [0.5, 4.0, 40.0])
+#: Each lane's share of the jobs in the constant loads: a fifth fast, half standard, the
+#: rest relaxed; and the budgets. Jobs of 5 s.
+MIX, BUDGETS_S, JOB_S = (0.2, 0.5, 0.3), {"fast": 10.0, "standard": 60.0}, 5.0
+
+
+@pytest.mark.parametrize("arrivals_s", [0.5, 4.0, 40.0, 400.0])
 def test_a_constant_load_settles_and_then_changes_wanted_at_most_once(arrivals_s):
-    """Poisson arrivals at a constant rate, measured every second through the rate's
-    averages, for three simulated hours: past the first ten minutes, ``wanted``
-    changes at most once."""
-    draw, rate, state, changes = random.Random(7), Rate(), Scale(), []
+    """Poisson arrivals at a constant rate on a pool of ``wanted`` workers, as a fluid:
+    every second its workers serve the lanes in priority order and what they leave
+    stays queued; beat's round (``scale_round``) every second, for three simulated
+    hours. Past the first ten minutes, ``wanted`` changes at most once; and the pool
+    serves the load: its relaxed backlog starts within the planned wait."""
+    draw, state, queued_s, changes = random.Random(7), {}, [0.0] * len(LANES), []
     for now in range(3 * 3600):
-        count = _poisson(draw, arrivals_s)
-        rate = rate.observed(count, 1.0)
-        wanted = state.wanted
-        state = next_scale(state, needed(_mix(rate.ahead(90.0))), needed(_mix(rate.level())),
-                           float(now), 300.0)
-        if state.wanted != wanted and now >= 600:
-            changes.append((now, wanted, state.wanted))
+        count, wanted = _poisson(draw, arrivals_s), state.get("wanted", 0)
+        free, busy = float(wanted), []
+        for lane, share in enumerate(MIX):
+            work_s = queued_s[lane] + count * share * JOB_S
+            busy.append(min(free, work_s))
+            free, queued_s[lane] = free - busy[-1], work_s - busy[-1]
+        measures = {lane: LaneMeasure(busy[i], JOB_S, queued_s[i] / JOB_S)
+                    for i, lane in enumerate(LANES)}
+        state = scale_round(state, measures, BUDGETS_S, WITHIN, 1.0, 90.0, float(now), 300.0)
+        if state["wanted"] != wanted and now >= 600:
+            changes.append((now, wanted, state["wanted"]))
     assert len(changes) <= 1, changes
-    assert state.wanted >= arrivals_s * 5.0  # it serves the load
+    budgeted = arrivals_s * (MIX[0] + MIX[1]) * JOB_S
+    assert sum(queued_s[:2]) <= state["wanted"] * BUDGETS_S["fast"]
+    assert queued_s[2] <= (state["wanted"] - budgeted) * PLANNED_WAIT_S
 
 
-def _mix(arrivals_s: float) -> list[LaneDemand]:
-    """A fifth of the jobs fast, half standard, the rest relaxed; 5 s each."""
-    return [LaneDemand(arrivals_s * 0.2, 5.0, 0.0, 10.0, 0.999),
-            LaneDemand(arrivals_s * 0.5, 5.0, 0.0, 60.0, 0.95), LaneDemand(arrivals_s * 0.3, 5.0)]
+def test_a_backlog_at_its_planned_wait_asks_for_the_whole_load():
+    """Once the relaxed backlog waits as planned, the need is the load at once (the
+    backlog stops growing), not a worker more each time it grows on."""
+    measures = {"fast": LaneMeasure(4.0, 5.0, 0.0), "standard": LaneMeasure(10.0, 5.0, 0.0),
+                "relaxed": LaneMeasure(6.0, 5.0, 0.0)}
+    old = {"wanted": 20, "at": 99.0, "rates": {"fast": [0.8, 0.8], "standard": [2.0, 2.0],
+                                               "relaxed": [2.0, 2.0]}}
+    calm = scale_round(old, measures, BUDGETS_S, WITHIN, 1.0, 90.0, 100.0, 300.0)
+    assert calm["wanted"] == 20  # 24 workers of load: the backlog grows within its plan
+    behind = {**measures, "relaxed": LaneMeasure(6.0, 5.0, 400.0)}  # 2,000 s of work
+    late = scale_round(old, behind, BUDGETS_S, WITHIN, 1.0, 90.0, 100.0, 300.0)
+    assert late["wanted"] >= 24
 
 
 def _poisson(draw: random.Random, mean: float) -> int:

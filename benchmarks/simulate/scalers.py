@@ -6,9 +6,11 @@
   15 s, ``ceil((queued + running) / target)`` workers, unless that is within the HPA's
   10 % tolerance of the workers it has; up by at most double (or 4) at a time, down to
   the most it asked for over the last ``cooldown_s`` (the HPA's stabilization window).
-- :class:`Clairvoyant`: the same queueing model as the signal, fed ahead of time with
-  the trace's own arrivals per minute; each worker starts exactly one warm-up before the
-  minute that needs it (its warm-up is paid) and stops at the end of the last one.
+- :class:`Clairvoyant`: the signal's queueing model with every lane held to a budget
+  (the relaxed one to ten minutes, no backlog planned: ``needed`` as the reference
+  sizes it), fed ahead of time with the trace's own arrivals per minute; each worker
+  starts exactly one warm-up before the minute that needs it (its warm-up is paid) and
+  stops at the end of the last one.
 """
 from __future__ import annotations
 
