@@ -27,9 +27,10 @@ def autoscale(data: dict[str, Any]) -> Page:
         "scaling signal (the real `routing.scaling` functions, every 1 s heartbeat); a "
         "queue-length scaler as KEDA and the HPA run it (every 15 s, queued plus running "
         "jobs over a target per worker, 10 % tolerance), its target and cooldown chosen by "
-        "a grid search for its best result; and a clairvoyant that runs the same queueing "
-        "model on the trace's real arrivals per minute and starts each worker exactly one "
-        "warm-up ahead.",
+        "a grid search for its best result; and a clairvoyant that runs the signal's "
+        "queueing model with every lane held to a budget (relaxed to ten minutes, no "
+        "backlog planned) on the trace's real arrivals per minute, and starts each worker "
+        "exactly one warm-up ahead.",
         f"GPU-hours {ratio(ours, 3)} of the clairvoyant's, fast "
         f"{pct(runs['gpulanes']['fast']['within'], 2)} within budget",
         f"GPU-hours {ratio(ours, 3)} vs {ratio(theirs, 3)} (queue-length) of the "
