@@ -149,6 +149,10 @@ def live(data: dict[str, Any]) -> Page:
         [[jobs["accepted"], jobs["refused"], jobs["completed"], jobs["failed"], jobs["lost"],
           jobs["ran_twice_to_end"], jobs["handed_on"], num(data["worker_s"], 0),
           ratio(data["worker_s_vs_fixed"])]], "r" * 9))
+    page.add("## Goals", "Every goal met: no job lost, failed or run twice to its end; the "
+             "stopped supervisors exited 0; the fleet had the workers asked for, and came back "
+             "to the fewest." if not data["missed"] else
+             "Missed:\n\n" + "\n".join(f"- {goal}" for goal in data["missed"]))
     page.plot(Plot("autoscale-live.png", "workers wanted, run and serving through the step",
                    _live_plot(data), (8.0, 3.4)))
     return page
