@@ -184,7 +184,6 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
         stream.stop()
         counts = settle(stream, "autoscale", client, timeout_s=300)
         outs = [r.get(timeout=5) for r in stream.accepted.values() if r.state == "SUCCESS"]
-        fleet.close()
     finally:
         stream.stop()
         fleet.close()
