@@ -108,7 +108,9 @@ def needed(lanes: Sequence[LaneDemand], plan_backlog: bool = False) -> float:
         budget_s = UNBUDGETED_S if lane.budget_s is None else lane.budget_s
         service_s = work_s / arrivals_s if arrivals_s else lane.service_s
         served = servers_for(arrivals_s, service_s, budget_s, lane.within, busy)
-        need = max(need, served + queued_s / max(budget_s, service_s))
+        # The queued work is started within the budget by the servers' spare capacity
+        # (servers - load); past that it needs workers of its own.
+        need = max(need, served, work_s + queued_s / max(budget_s, service_s))
     return need
 
 
