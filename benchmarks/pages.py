@@ -20,6 +20,7 @@ from benchmarks.common import RESULTS, ROOT  # noqa: E402
 from benchmarks.pages_kit import Page, generic, run_block, short_stamp, table  # noqa: E402
 from benchmarks.api_page import RENDERERS as API  # noqa: E402
 from benchmarks.pages_autoscale import RENDERERS as AUTOSCALE  # noqa: E402
+from benchmarks.pages_capacity import RENDERERS as CAPACITY  # noqa: E402
 from benchmarks.pages_fair import RENDERERS as FAIR  # noqa: E402
 from benchmarks.pages_load import RENDERERS as LOAD  # noqa: E402
 from benchmarks.pages_paths import RENDERERS as PATHS  # noqa: E402
@@ -29,11 +30,12 @@ from benchmarks.pages_store import RENDERERS as STORE  # noqa: E402
 PAGES = ROOT / "docs" / "benchmarks"
 #: JSON name -> its page
 RENDERERS: dict[str, Callable[[dict[str, Any]], Page]] = {**PATHS, **LOAD, **FAIR, **STORE,
-                                                          **SIM, **API, **AUTOSCALE}
+                                                          **SIM, **API, **AUTOSCALE,
+                                                          **CAPACITY}
 #: the index's order: the job's path, a busy pool, models, the fleet, Redis' guarantees
 ORDER = ("lanes", "submit", "api", "perjob", "overload", "fairness", "lane_fairness",
          "preempt", "affinity", "coldstart", "cache", "models", "batching", "estimate",
-         "fleet", "simulate", "simulate_flood", "autoscale", "autoscale_sim", "durability", "failover")
+         "fleet", "redis_capacity", "simulate", "simulate_flood", "autoscale", "autoscale_sim", "durability", "failover")
 INTRO = """\
 # Benchmarks
 

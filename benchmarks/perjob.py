@@ -38,7 +38,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,7 +46,7 @@ if not __package__:  # run as a script: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import (  # noqa: E402
     finish, json_option, markdown_table, percentile, run_private)
-from benchmarks.perjob_sides import SETTLE_S, Side, gpulanes_side, plain_side  # noqa: E402
+from benchmarks.perjob_sides import ECHO_SETTINGS, SETTLE_S, Side, on_both_sides  # noqa: E402
 
 GOAL_COMMANDS = 1.5  #: end-to-end Redis commands per job, at most this times plain's
 GOAL_REDIS_CPU = 1.2  #: Redis CPU per job, at most this times plain's
@@ -183,14 +182,14 @@ def worker_only(client: Any, side: Side, jobs: int) -> dict[str, Any]:
         raise
     polls: list[int] = []
     busy = window(client, lambda: (os.kill(side.worker_pid, signal.SIGCONT),
-                                   polls.append(_wait_stored(results, keys))))
+                                   polls.append(wait_stored(results, keys))))
     idle = idle_like(client, busy)
     side.caller.fetch()
     figures = net_per_job([busy], [idle], jobs, Counter(exists=polls[0]))
     return {key: figures[key] for key in ("jobs", "commands_per_job", "per_job")}
 
 
-def _wait_stored(client: Any, keys: list[str]) -> int:
+def wait_stored(client: Any, keys: list[str]) -> int:
     """Poll until every result key exists; how many ``EXISTS`` this cost (then a settle)."""
     polls, deadline = 0, time.monotonic() + 600
     while True:
@@ -238,18 +237,7 @@ def idle_cpu(client: Any, sides: list[Side], seconds: float) -> dict[str, float]
 
 
 def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
-    from gpu_worker.redis_server import EmbeddedRedis
-
-    server = EmbeddedRedis(state).start()
-    try:
-        with ExitStack() as stack:
-            sides = [stack.enter_context(gpulanes_side(state)),
-                     stack.enter_context(plain_side(state))]
-            for side in sides:
-                side.run(1)  # warm: connections made, code paths taken
-            return measure(server.client(), sides, args)
-    finally:
-        server.stop()
+    return on_both_sides(state, lambda client, sides: measure(client, sides, args))
 
 
 def measure(client: Any, sides: list[Side], args: argparse.Namespace) -> dict[str, Any]:
@@ -340,9 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.rounds <= args.jobs:
         parser.error("--rounds must be at least 1 and at most --jobs")
     figures = run_private("gl-perjob-", lambda state: benchmark(args, state),
-                          "Redis is stopped", HEARTBEAT_S=1,
-                          MODELS="demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo",
-                          WARM_MODELS="echo")
+                          "Redis is stopped", **ECHO_SETTINGS)
     return finish(figures, report, args.json)
 
 

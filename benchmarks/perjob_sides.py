@@ -9,13 +9,17 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTLE_S = 0.3  #: a round's wait after its last result: late acks and events land in it
+#: The settings of the private cluster both sides run on (``run_private``'s): the echo
+#: model warm.
+ECHO_SETTINGS = {"HEARTBEAT_S": "1", "WARM_MODELS": "echo",
+                 "MODELS": "demo=gpu_worker.demo_model:load,echo=tasks.models.echo:Echo"}
 
 
 @dataclass
@@ -131,3 +135,21 @@ def plain_side(state: Path) -> Iterator[Side]:
             caller.close()
         worker.terminate()
         worker.wait(30)
+
+
+def on_both_sides(state: Path, measure: Callable[[Any, list[Side]], dict[str, Any]],
+                  warm_jobs: int = 1) -> dict[str, Any]:
+    """``measure(client, sides)`` on an embedded Redis serving both sides, each warmed by
+    ``warm_jobs`` jobs (connections made, code paths taken)."""
+    from gpu_worker.redis_server import EmbeddedRedis
+
+    server = EmbeddedRedis(state).start()
+    try:
+        with ExitStack() as stack:
+            sides = [stack.enter_context(gpulanes_side(state)),
+                     stack.enter_context(plain_side(state))]
+            for side in sides:
+                side.run(warm_jobs)
+            return measure(server.client(), sides)
+    finally:
+        server.stop()
