@@ -10,9 +10,9 @@ submitting process holds it. Measured at each size:
 - ``decide_p50_us`` / ``decide_p99_us``: ``decide()`` for one job (a Zipf-drawn model;
   one in ten with a route key, see :func:`route_key`) on the view ``cache.view()`` gave
   for it, the router counting its own send after each (``note_sent``), 4,000 jobs at
-  the fleet's whole
-  service rate (``jobs_per_s``: one router feeding the fleet), over as many heartbeats
-  as that takes, after a quarter as many unmeasured (a process that has run a while);
+  the fleet's whole service rate (``jobs_per_s``: one router feeding the fleet), over as
+  many heartbeats as that takes (``MIN_BEATS`` at least), after a quarter as many
+  unmeasured (a process that has run a while);
   ``view_decide_p99_us``: the same with ``view()`` counted in; ``note_sent_p99_us``:
   counting the job's send after it (its load, the warm model it leaves, the demand);
 - ``snapshot_bytes``: the compact JSON read twice a second; ``members_bytes``: the
@@ -21,8 +21,8 @@ submitting process holds it. Measured at each size:
 - ``members_apply_ms``: applying one whose membership changed (a worker loaded a
   model; median), and ``join_apply_ms``: one where a worker joined (the ring derived).
 
-``python benchmarks/fleet_routing.py`` prints the table for 10, 100 and 1,000 workers
-(each figure the median of three runs with different seeds).
+``python benchmarks/fleet_routing.py`` prints the table for 10, 100, 1,000 and 10,000
+workers (each figure the median of three runs with different seeds).
 """
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ TIERS = ("fast", "standard", "relaxed")
 DEPTHS = {"fast": 10_000, "standard": 10_000, "relaxed": 10_000}
 #: Seconds between snapshots: beat's heartbeat as a router reads it (twice a second).
 HEARTBEAT_S = 0.5
+#: Heartbeats measured at least (10,000 workers' 4,000 jobs fill two: the median apply
+#: of two would be one noisy sample).
+MIN_BEATS = 6
 
 
 def _next(snapshot: dict, rng: random.Random, now_s: float) -> dict:
@@ -162,7 +165,7 @@ def measure(workers: int, jobs: int = 4000, load: float = 1.0, seed: int = 1,
     """The figures of one fleet size (see the module's docstring): ``jobs`` measured,
     sent at ``load`` times the fleet's service rate, after a quarter as many unmeasured."""
     per_beat = _per_beat(workers, seed, load)
-    beats = -(-jobs // per_beat)
+    beats = max(-(-jobs // per_beat), MIN_BEATS)
     warm = -(-beats // 4)
     beat = _Beat(workers, seed, warm + beats, changes)
     gc.collect()  # beat's records are gone: what is left is what a router holds
@@ -217,8 +220,8 @@ def median_of(runs: int, workers: int) -> dict:
 
 
 def main() -> None:
-    """Print the table for 10, 100 and 1,000 workers: medians of three runs."""
-    rows = [median_of(3, size) for size in (10, 100, 1000)]
+    """Print the table for 10, 100, 1,000 and 10,000 workers: medians of three runs."""
+    rows = [median_of(3, size) for size in (10, 100, 1000, 10_000)]
     print(markdown_table(COLUMNS, [[row[c] for c in COLUMNS] for row in rows]))
 
 

@@ -17,30 +17,31 @@ The warm sets are sorted so that a worker running another of its models (which m
 it to the end of its LRU order) does not make a new version; the order is in the
 compact part.
 
-``compact`` (per heartbeat; 5-7 kB at 1,000 workers and 200 models): the snapshot's
-keys but ``workers`` (``at``, ``measured_at``, ``lanes``, ``policy``, ``exhausted``,
-``levels`` and any other), plus::
+``compact`` (per heartbeat; 6 kB at 1,000 workers, 14 kB at 10,000, with 200 models,
+4 kB of it ``cold_s``): the snapshot's keys but ``workers`` (``at``, ``measured_at``, ``lanes``,
+``policy``, ``exhausted``, ``levels`` and any other), plus::
 
     "members": "<version>",
-    "loads":  b64(zlib(uint16 little-endian per host)),  # in_flight + queued, capped 65535
-    "fast":   b64(zlib(uint16 little-endian per host)),  # what a fast job would wait for
-                                           # there: fast jobs running or in its own
-                                           # queue, a model loading (``fast_work``)
-    "first":  b64(zlib(uint16 little-endian per host)),  # what a first-level standard
-                                           # job would wait for there: the same, and such
-                                           # jobs running or in its own queue
-                                           # (``first_work``)
-    "drain":  b64(zlib(uint8 per host)),   # seconds per queued job (service / concurrency):
-                                           # 0 not measured, else 10 ** ((code - 121) / 40),
-                                           # 1 ms .. 2,239 s, steps of 5.9 % (0.1 s, 1 s,
-                                           # 10 s exact)
-    "order":  b64(zlib(uint16 little-endian per host)),  # the Lehmer rank of the host's
-                                           # warm models, then loading ones, in its own
-                                           # (LRU) order, over the sorted set in members;
-                                           # 65535: see "order_over" {"<index>": rank}
+    "work":  b85(zlib(uint8 per host)),    # load << 4 | fast << 2 | (first - fast):
+                                           # load: in_flight + queued; fast: what a fast
+                                           # job would wait for there (``fast_work``);
+                                           # first: what a first-level standard job would
+                                           # (``first_work``); 0xF0: past 14, 3, 3, see:
+    "work_over": b85(zlib(uint16 LE: load, fast, first per such host, in host order)),
+    "slice": [start, stop],                # the hosts whose slow figures follow: all of
+                                           # them up to SLICE_HOSTS, else one slice in turn
+                                           # (``int(at)`` picks it), kept by routers
+    "drain": b85(zlib(uint8 per host of the slice)),  # seconds per queued job (service /
+                                           # concurrency): 0 not measured, else
+                                           # 10 ** ((code - 121) / 40), 1 ms .. 2,239 s,
+                                           # steps of 5.9 % (0.1 s, 1 s, 10 s exact)
+    "order": b85(zlib(uint8 per host of the slice)),  # the Lehmer rank of the host's warm
+                                           # models, then loading ones, in its own (LRU)
+                                           # order, over the sorted set in members;
+                                           # 255: see "order_over" {"<host index>": rank}
     "cold_s": {model: mean measured load seconds, 3 decimals}
 
-Per-host arrays follow ``members["hosts"]``; a router checks their lengths.
+Per-host figures follow ``members["hosts"]``; a router checks their lengths.
 """
 from __future__ import annotations
 
@@ -51,12 +52,15 @@ import math
 import sys
 import zlib
 from array import array
+from operator import add
 from typing import Any, Mapping, Sequence
 
 from routing.names import FAST
 from routing.placement import serving
 
-U16_MAX = 65535
+U16_MAX, U8_MAX = 65535, 255
+#: Hosts whose slow figures (drain, order) one snapshot carries at most.
+SLICE_HOSTS = 2048
 #: Drain codes: 40 per decade, 121 is 1 s (so 0.1 s, 1 s and 10 s decode exactly).
 DRAIN_PER_DECADE, DRAIN_ONE_S = 40, 121
 
@@ -134,54 +138,109 @@ def split(snapshot: dict) -> tuple[dict, dict]:
     model_mb = sizes_of(records)
     members = {"version": version_of(hosts, budget_mb, warm, model_mb), "hosts": hosts,
                "budget_mb": budget_mb, "warm": warm, "model_mb": model_mb}
-    ranks = [rank_of(sets, models) for sets, models in zip(warm, ordered)]
     compact = {key: value for key, value in snapshot.items() if key != "workers"}
+    compact["members"] = members["version"]
+    compact.update(pack_work([sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
+                              for w in records],
+                             [fast_work(w) for w in records], [first_work(w) for w in records]))
+    start, stop = slice_of(len(hosts), snapshot.get("at", 0))
+    ranks = [rank_of(warm[i], ordered[i]) for i in range(start, stop)]
     compact.update({
-        "members": members["version"],
-        "loads": pack_u16(sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
-                          for w in records),
-        "fast": pack_u16(fast_work(w) for w in records),
-        "first": pack_u16(first_work(w) for w in records),
-        "drain": pack_u8(drain_code(drain_s_of(worker)) for worker in records),
-        "order": pack_u16(ranks),
+        "slice": [start, stop],
+        "drain": pack_u8(drain_code(drain_s_of(worker)) for worker in records[start:stop]),
+        "order": pack_u8(min(rank, U8_MAX) for rank in ranks),
         "cold_s": cold_s_of(records),
     })
-    over = {str(i): rank for i, rank in enumerate(ranks) if rank >= U16_MAX}
+    over = {str(start + i): rank for i, rank in enumerate(ranks) if rank >= U8_MAX}
     if over:
         compact["order_over"] = over
     return compact, members
 
 
-# --- the packed arrays ---------------------------------------------------------------
+def slice_of(hosts: int, at: float) -> tuple[int, int]:
+    """The hosts whose slow figures (drain, order) a snapshot taken ``at`` carries: all
+    up to ``SLICE_HOSTS``, else the slice of its second, in turn."""
+    turns = -(-hosts // SLICE_HOSTS) or 1
+    size = -(-hosts // turns)
+    start = int(at) % turns * size
+    return start, min(hosts, start + size)
+
+
+# --- the packed figures ----------------------------------------------------------------
+def pack_work(loads: list[int], fast: list[int], first: list[int]) -> dict[str, str]:
+    """The ``work`` byte of each host (and ``work_over`` for the ones that do not fit)."""
+    codes, over = bytearray(), []
+    for load, ahead, more in zip(loads, fast, first):
+        if load < 15 and 0 <= ahead < 4 and 0 <= more - ahead < 4:
+            codes.append(load << 4 | ahead << 2 | more - ahead)
+        else:
+            codes.append(WORK_OVER)
+            over += (load, ahead, more)
+    packed = {"work": _packed(codes)}
+    if over:
+        packed["work_over"] = pack_u16(over)
+    return packed
+
+
+def unpack_work(compact: Mapping[str, Any],
+                count: int) -> tuple[list[int], list[int], list[int]]:
+    """(loads, fast, first) of :func:`pack_work` (ValueError unless ``count`` hosts)."""
+    codes = _unpacked(compact["work"])
+    _counted(codes, count)
+    fast = list(codes.translate(_FAST))
+    loads, first = list(codes.translate(_LOAD)), list(map(add, fast, codes.translate(_MORE)))
+    if WORK_OVER in codes:
+        over, at = unpack_u16(compact["work_over"], 3 * codes.count(WORK_OVER)), -1
+        for k in range(0, len(over), 3):
+            at = codes.index(WORK_OVER, at + 1)
+            loads[at], fast[at], first[at] = over[k:k + 3]
+    return loads, fast, first
+
+
+#: A host's work byte when its figures are in ``work_over``; the tables that read the rest.
+WORK_OVER = 0xF0
+_LOAD = bytes(code >> 4 for code in range(256))
+_FAST = bytes(code >> 2 & 3 for code in range(256))
+_MORE = bytes(code & 3 for code in range(256))
+
+
+def _packed(data: bytes) -> str:
+    return base64.b85encode(zlib.compress(data, 9)).decode()
+
+
+def _unpacked(text: str) -> bytes:
+    return zlib.decompress(base64.b85decode(text))
+
+
 def pack_u16(values: Any) -> str:
-    """base64 of the zlib of uint16 little-endian values (each capped at 65535)."""
+    """b85 of the zlib of uint16 little-endian values (each capped at 65535)."""
     packed = array("H", (min(max(int(v), 0), U16_MAX) for v in values))
     if sys.byteorder == "big":
         packed.byteswap()
-    return base64.b64encode(zlib.compress(packed.tobytes(), 9)).decode()
+    return _packed(packed.tobytes())
 
 
-def unpack_u16(text: str, count: int) -> list[int]:
+def unpack_u16(text: str, count: int | None) -> list[int]:
     """The values of :func:`pack_u16` (ValueError unless there are ``count``)."""
     values = array("H")
-    values.frombytes(zlib.decompress(base64.b64decode(text)))
+    values.frombytes(_unpacked(text))
     if sys.byteorder == "big":
         values.byteswap()
     return _counted(values.tolist(), count)
 
 
 def pack_u8(values: Any) -> str:
-    """base64 of the zlib of bytes."""
-    return base64.b64encode(zlib.compress(bytes(values), 9)).decode()
+    """b85 of the zlib of bytes."""
+    return _packed(bytes(values))
 
 
-def unpack_u8(text: str, count: int) -> list[int]:
+def unpack_u8(text: str, count: int | None) -> bytes:
     """The values of :func:`pack_u8` (ValueError unless there are ``count``)."""
-    return _counted(list(zlib.decompress(base64.b64decode(text))), count)
+    return _counted(_unpacked(text), count)
 
 
-def _counted(values: list[int], count: int) -> list[int]:
-    if len(values) != count:
+def _counted(values: Any, count: int | None) -> Any:
+    if count is not None and len(values) != count:
         raise ValueError(f"{len(values)} values for {count} hosts: snapshot and members "
                          "do not match")
     return values
@@ -220,9 +279,10 @@ def in_order(sorted_models: Sequence[str], rank: int) -> tuple[str, ...]:
     return tuple(left.pop(digit) for digit in reversed(digits))
 
 
-def ranks(compact: Mapping[str, Any], count: int) -> list[int]:
-    """Each host's order rank, with the ones too large for 16 bits filled in."""
-    found = unpack_u16(compact["order"], count)
+def slice_ranks(compact: Mapping[str, Any]) -> list[int]:
+    """The order rank of each host of the snapshot's slice, the ones over 8 bits filled in."""
+    start, stop = compact["slice"]
+    found = list(unpack_u8(compact["order"], stop - start))
     for index, rank in compact.get("order_over", {}).items():
-        found[int(index)] = rank
+        found[int(index) - start] = rank
     return found

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+from array import array
 from functools import cached_property, lru_cache
-from typing import Collection, Iterable, Iterator
+from typing import AbstractSet, Collection, Iterable, Iterator, Sequence
 
 #: Points per worker on the hash ring: enough to spread models evenly.
 VNODES = 64
@@ -39,32 +40,59 @@ def node_points(node: str) -> tuple[int, ...]:
 
 
 class HashRing(tuple):
-    """``(points, owners)``: the sorted points and the worker owning each (the plain pair
-    routing always used), and lazy walks over it."""
+    """``(points, owners)``: the sorted points and the worker owning each (the pair
+    routing always used; the points an array of 64-bit numbers, so that a derived ring
+    copies them in slices without touching an object per point), and lazy walks."""
 
     def __new__(cls, points: Iterable[int] = (), owners: Iterable[str] = ()) -> HashRing:
-        return super().__new__(cls, (tuple(points), tuple(owners)))
+        if not isinstance(points, array) or points.typecode != "Q":
+            points = array("Q", points)
+        return super().__new__(cls, (points, tuple(owners)))
 
     @cached_property
     def nodes(self) -> frozenset[str]:
         """The workers on the ring."""
         return frozenset(self[1])
 
-    def walk(self, key: str) -> Iterator[str]:
+    def walk(self, key: str, among: AbstractSet[str] | None = None,
+             points: int | None = None) -> Iterator[str]:
         """Distinct workers in ring order from ``key``'s point (lazy: a caller that stops
-        after a few steps pays for a few)."""
-        points, owners = self
-        size, total = len(points), len(self.nodes)
-        if not size:
+        after a few steps pays for a few); only those of ``among`` (skipped in C), and
+        over ``points`` points of the ring at most, when given."""
+        ring_points, owners = self
+        size = len(ring_points)
+        total = len(self.nodes) if among is None else len(among)
+        if not size or not total:
             return
-        start, seen = bisect.bisect(points, key_point(key)), set()
+        start, seen = _start_of(self, key), set()
         for begin, end in _spans(start, size):
-            for node in owners[begin:end]:  # a slice at a time: no index per step
+            chunk = owners[begin:end]  # a slice at a time: no index per step
+            for node in chunk if among is None else filter(among.__contains__, chunk):
                 if node not in seen:
                     seen.add(node)
                     yield node
                     if len(seen) == total:
                         return
+            if points is not None:
+                points -= end - begin
+                if points <= 0:
+                    return
+
+
+def _start_of(ring: HashRing, key: str) -> int:
+    """Where a walk from ``key``'s point starts on ``ring``: remembered per ring (a ring
+    never changes once made), so a job does not bisect the points again."""
+    starts = ring.__dict__.setdefault("starts", {})
+    start = starts.get(key)
+    if start is None:
+        if len(starts) >= STARTS_KEPT:
+            starts.clear()
+        start = starts[key] = bisect.bisect(ring[0], key_point(key))
+    return start
+
+
+#: Keys whose start a ring remembers.
+STARTS_KEPT = 65536
 
 
 def _spans(start: int, size: int, step: int = 128) -> Iterator[tuple[int, int]]:
@@ -87,7 +115,8 @@ def ring(nodes: Iterable[str]) -> HashRing:
 
 def derive(previous: HashRing | None, nodes: Collection[str]) -> HashRing:
     """The ring of ``nodes``, derived from ``previous`` when only a few joined or left
-    (the same ring :func:`ring` builds, without sorting every point again)."""
+    (the same ring :func:`ring` builds: the points that change are found by bisection
+    and the rest copied in slices, not sorted again)."""
     wanted = frozenset(nodes)
     if previous is None:
         return ring(wanted)
@@ -96,15 +125,43 @@ def derive(previous: HashRing | None, nodes: Collection[str]) -> HashRing:
         return previous
     if len(gone) + len(came) > DERIVE_SHARE * max(len(wanted), 1):
         return ring(wanted)
-    points, owners = list(previous[0]), list(previous[1])
-    if gone:
-        kept = [(p, o) for p, o in zip(points, owners) if o not in gone]
-        points, owners = [p for p, _ in kept], [o for _, o in kept]
-    for node in sorted(came):
+    points, owners = previous
+    edits = sorted([*_removals(points, owners, gone), *_insertions(points, owners, came)])
+    new_points, new_owners, last = array("Q"), [], 0
+    for at, removed, p, node in edits:
+        new_points += points[last:at]
+        new_owners += owners[last:at]
+        if removed:
+            last = at + 1
+        else:
+            new_points.append(p)
+            new_owners.append(node)
+            last = at
+    new_points += points[last:]
+    new_owners += owners[last:]
+    derived = HashRing(new_points, new_owners)
+    derived.__dict__["nodes"] = wanted  # known: not found again from every point
+    return derived
+
+
+def _removals(points: Sequence[int], owners: tuple[str, ...],
+              gone: Iterable[str]) -> Iterator[tuple[int, bool, int, str]]:
+    """(position, True, point, node) of each point of the ``gone`` nodes."""
+    for node in gone:
+        for p in node_points(node):
+            at = bisect.bisect_left(points, p)
+            while owners[at] != node:
+                at += 1  # equal points of other owners
+            yield at, True, p, node
+
+
+def _insertions(points: Sequence[int], owners: tuple[str, ...],
+                came: Iterable[str]) -> Iterator[tuple[int, bool, int, str]]:
+    """(position before which it goes, False, point, node) of each point of the ``came``
+    nodes (equal points ordered by owner, as sorting the pairs would)."""
+    for node in came:
         for p in node_points(node):
             at = bisect.bisect_left(points, p)
             while at < len(points) and points[at] == p and owners[at] < node:
-                at += 1  # equal points: ordered by owner, as sorting the pairs would
-            points.insert(at, p)
-            owners.insert(at, node)
-    return HashRing(points, owners)
+                at += 1
+            yield at, False, p, node

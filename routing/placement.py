@@ -44,13 +44,14 @@ MIN_CAP = 2
 #: from the job's point (a hot model is warm on hundreds of workers at scale).
 DELAY_HOLDERS = 16
 #: A model held on at least one worker in this many is "widely held": unless its
-#: order is kept for the key (``routing.ringorder.warm`` puts the keys in use in order
+#: order is kept for the key (``routing.ringorder.order_asked`` puts the keys in use in order
 #: after each snapshot, off the jobs' path), its first holders come from a walk of the
 #: ring from the job's point (one every few steps), not from the ring order of all of
 #: them (hundreds: a bisect each).
 WIDE_SHARE = 32
-#: Steps of such a walk before the holders' ring order is computed.
-WIDE_WALK_STEPS = 256
+#: Points of the ring such a walk passes (the ones of other workers skipped in C) before
+#: the holders' ring order is computed.
+WIDE_WALK_POINTS = 256
 #: A fast job goes to a warm holder with less than this much fast work (its fast job
 #: running, or those in its own fast queue, as the router estimates them now): there it
 #: starts at once, or at the running job's next step boundary (a fast job preempts
@@ -58,7 +59,7 @@ WIDE_WALK_STEPS = 256
 FAST_CAP = 0.5
 #: What the ring module exports through this one (callers import them from here).
 __all__ = ["VNODES", "MIN_CAP", "DELAY_HOLDERS", "FAST_CAP", "HashRing", "ring", "point", "serving",
-           "holders", "prewarm_targets", "assign_homes", "home", "model_mb"]
+           "holders", "prewarm_targets", "assign_homes", "home", "model_mb", "touched"]
 _NONE: frozenset[str] = frozenset()
 
 
@@ -72,6 +73,18 @@ def model_mb(model: str, sizes: Mapping[str, int] | None, budget_mb: float) -> f
     if size is None:
         size = max(sizes.values(), default=None)
     return budget_mb / 2 if size is None else size
+
+
+def touched(warm: tuple[str, ...], model: str, budget: float,
+            sizes: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """A worker's warm models, least recently used first, after it runs ``model``: the
+    least recently used go until their sizes fit its ``budget`` (MB; ``model`` stays).
+    Without ``sizes`` every model takes 1 (the budget counts models)."""
+    kept = [m for m in warm if m != model] + [model]
+    held = sum(model_mb(m, sizes, budget) for m in kept)
+    while len(kept) > 1 and held > budget:
+        held -= model_mb(kept.pop(0), sizes, budget)
+    return tuple(kept)
 
 
 def assign_homes(models: Iterable[str], hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
@@ -200,7 +213,7 @@ def home(model: str, hash_ring: tuple[tuple[int, ...], tuple[str, ...]],
                           cold_s)
     if warm_open is not None:  # (a busy front is met again in ring order, and skipped)
         return warm_open
-    return _spill(_holding_first(hash_ring, held, point_key, ordered, front),
+    return _spill(_holding_first(ordered, front),
                   _walk(hash_ring, point_key, first), loads, cap, drain_s, cold_s)
 
 
@@ -212,23 +225,19 @@ def _fast_home(hash_ring: HashRing, held: frozenset[str], key: str, first: str |
     ``tiers`` in turn (the work it would rather not preempt, then the work it would
     wait for), else by the last (``FAST_CAP``)."""
     front = first if first in held else None
-    walked = not isinstance(ordered, (list, tuple))
     for work in tiers:
-        if walked:  # a walk, read: walked again
-            ordered = _walked(hash_ring, held, key)
-        free = first_below(work, chain((front,) if front else (), ordered), FAST_CAP)
+        if front is not None and work.get(front, 0) < FAST_CAP:
+            return front
+        free = first_below(work, ordered, FAST_CAP, key)
         if free is not None:
             return free
-    return _spill(_holding_first(hash_ring, held, key, ordered, front),
+    return _spill(_holding_first(ordered, front),
                   _walk(hash_ring, key, first), tiers[-1], FAST_CAP, drain_s, cold_s)
 
 
-def _holding_first(hash_ring: HashRing, held: frozenset[str], key: str,
-                   ordered: Iterable[str], front: str | None) -> list[str]:
+def _holding_first(ordered: Iterable[str], front: str | None) -> list[str]:
     """The first ``DELAY_HOLDERS`` warm holders weighed for delay scheduling: ``front``
-    (the model's home) and the next in ring order (``ordered``, walked again if read)."""
-    if not isinstance(ordered, (list, tuple)):  # a walk, read: walked again
-        ordered = _walked(hash_ring, held, key)
+    (the model's home) and the next in ring order (``ordered``)."""
     holding = [front] if front is not None else []
     holding += islice((node for node in ordered if node != front),
                       DELAY_HOLDERS - len(holding))
@@ -265,18 +274,37 @@ def _ring_ordered(hash_ring: HashRing, model: str, held: frozenset[str],
         return kept
     if len(held) * WIDE_SHARE < len(hash_ring.nodes):
         return in_ring_order(held, key)
-    return _walked(hash_ring, held, key)
+    return _Walk(_walked(hash_ring, held, key))
+
+
+class _Walk:
+    """A walk of a widely held model's holders, read by each step of one job's choice
+    from its start: walked once, as far as the furthest reader reads."""
+
+    __slots__ = ("_walk", "_met")
+
+    def __init__(self, walk: Iterator[str]) -> None:
+        self._walk, self._met = walk, []
+
+    def __iter__(self) -> Iterator[str]:
+        met, at = self._met, 0
+        while True:
+            if at == len(met):
+                node = next(self._walk, None)
+                if node is None:
+                    return
+                met.append(node)
+            yield met[at]
+            at += 1
 
 
 def _walked(hash_ring: HashRing, held: frozenset[str], key: str) -> Iterator[str]:
-    found, wanted = 0, len(held)
-    for node in islice(hash_ring.walk(key), WIDE_WALK_STEPS):
-        if node in held:
-            yield node
-            found += 1
-            if found == wanted:
-                return
-    yield from islice(in_ring_order(held, key), found, None)
+    found = 0
+    for node in hash_ring.walk(key, among=held, points=WIDE_WALK_POINTS):
+        yield node
+        found += 1
+    if found < len(held):
+        yield from islice(in_ring_order(held, key), found, None)
 
 
 def first_below(loads: Mapping[str, float], nodes: Iterable[str], cap: float,

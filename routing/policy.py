@@ -147,7 +147,8 @@ class Admission(NamedTuple):
         return DepthLimit("over_budget", self.bound_s, self.per_job_s)
 
 
-def publish_limits(lane: str, max_depth: int, admission: Admission | None) -> tuple[DepthLimit, ...]:
+def publish_limits(lane: str, max_depth: int,
+                   admission: Admission | None) -> tuple[DepthLimit, ...]:
     """What a new job's publish to ``lane`` must pass: the lane's maximum depth (0: none;
     refused as ``full``), then, for a job that may move down, the lane's admission. A job
     accepted before (a retry, a coalesced run's heir) passes none: it is never dropped

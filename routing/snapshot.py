@@ -26,11 +26,11 @@ from typing import Any, Callable, Mapping
 
 from routing.compact import split
 from routing.fleet import Fleet, Measured, build_fleet, measure, policy_view
-from routing.fluid import DrainingSum
+from routing.fluid import Draining
 from routing.names import FAST, LANES
-from routing.placement import assign_homes, model_mb
+from routing.placement import assign_homes, touched
 from routing.policy import ADMIT_HOLD_SHARE, Admission, PolicyView
-from routing.ringorder import PATCH_MAX, changed_set, order_asked
+from routing.ringorder import changed_set, follow, order_asked
 
 log = logging.getLogger(__name__)
 #: Jobs over which a router measures each model's demand.
@@ -53,18 +53,6 @@ def base_view(snapshot: dict, epsilon: float = 0.25) -> PolicyView:
     return policy_view(measure(compact, build_fleet(members)), epsilon)
 
 
-def touched(warm: tuple[str, ...], model: str, budget: float,
-            sizes: Mapping[str, int] | None = None) -> tuple[str, ...]:
-    """A worker's warm models, least recently used first, after it runs ``model``: the
-    least recently used go until their sizes fit its ``budget`` (MB; ``model`` stays).
-    Without ``sizes`` every model takes 1 (the budget counts models)."""
-    kept = [m for m in warm if m != model] + [model]
-    held = sum(model_mb(m, sizes, budget) for m in kept)
-    while len(kept) > 1 and held > budget:
-        held -= model_mb(kept.pop(0), sizes, budget)
-    return tuple(kept)
-
-
 def full_lanes(snapshot: Mapping[str, Any], sent: Mapping[str, int],
                max_depth: Mapping[str, int]) -> frozenset[str]:
     """Lanes at their maximum depth, counting jobs this process sent since the snapshot."""
@@ -72,6 +60,17 @@ def full_lanes(snapshot: Mapping[str, Any], sent: Mapping[str, int],
     return frozenset(lane for lane in LANES
                      if lanes.get(lane, {}).get("depth", 0) + sent.get(lane, 0)
                      >= max_depth[lane])
+
+
+def _plus(counts: dict[str, int], node: str, own: bool) -> dict[str, int]:
+    """``counts`` with one more for ``node``: changed in place when ``own``, else copied
+    (views handed out read the one they were given)."""
+    counts = counts if own else dict(counts)
+    counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
+_NOBODY: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ class SnapshotCache:
         self._node_first_sent: dict[str, int] = {}  # ... fast and first-level standard
         self._warm_after: dict[str, tuple[str, ...]] = {}
         self._holders_after: dict[str, frozenset[str]] = {}
-        self._fluid = DrainingSum((), ())
+        self._fluid = Draining((), ())
         # The models of the last DEMAND_WINDOW jobs routed, and counts of each:
         # each snapshot assigns homes from them, most wanted first.
         self._recent: deque[str] = deque()
@@ -182,7 +181,7 @@ class SnapshotCache:
             if members is None:
                 return None
             fleet = self._fleet = build_fleet(members, fleet)
-        return measure(compact, fleet)
+        return measure(compact, fleet, self._state.measured if self._state else None)
 
     def _read_members(self, version: str) -> dict | None:
         if self.fetch_members is None:
@@ -244,52 +243,55 @@ class SnapshotCache:
         self._homed = (held.measured.fleet.version, frozenset(wanted))
 
     def _replay(self) -> None:
-        """The new snapshot's workers, with the sends it did not see applied again."""
-        measured, before = self._state.measured, self._holders_after
-        self._node_sent, self._warm_after, self._holders_after = {}, {}, {}
+        """The new snapshot's workers, with the sends it did not see applied again (the
+        overlays are new: changed in place, and each holder set made once)."""
+        measured = self._state.measured
+        self._node_sent, self._warm_after = {}, {}
         self._node_fast_sent, self._node_first_sent = {}, {}
-        self._sends, self._fluid = 0, DrainingSum(measured.loads, measured.rates)
+        self._sends, self._fluid = 0, Draining(measured.loads, measured.rates)
+        toggles: dict[str, set[str]] = {}
         for _, lane, node, model, first in self._log:
-            self._count(lane, node, model, first)
-        self._link(before)
+            self._count(lane, node, model, first, toggles)
+        base = measured.fleet.holders
+        # made from the members' sets: orders kept for the last ones are patched from
+        # them through their common root (``routing.ringorder.changed_set``)
+        self._holders_after = {model: changed_set(base.get(model, _NOBODY), frozenset(nodes))
+                               for model, nodes in toggles.items() if nodes}
 
-    def _link(self, before: Mapping[str, frozenset[str]]) -> None:
-        """Holder sets this process changed by its sends, as they are now: the very
-        set when it is the same, else made from it (so the ring orders kept for it are
-        patched, not compared whole, by the jobs that come next)."""
-        base, linked = self._state.measured.fleet.holders, dict(self._holders_after)
-        for model, old in before.items():
-            new = linked.get(model, base.get(model, frozenset()))
-            if new is old or abs(len(new) - len(old)) > PATCH_MAX:
-                continue
-            toggled = old ^ new
-            if len(toggled) <= PATCH_MAX:
-                linked[model] = changed_set(old, frozenset(toggled)) if toggled else old
-        self._holders_after = linked
-
-    def _count(self, lane: str, node: str | None, model: str, first: bool = False) -> None:
+    def _count(self, lane: str, node: str | None, model: str, first: bool = False,
+               toggles: dict[str, set[str]] | None = None) -> None:
         """A send to ``node``'s own queue of ``lane``, of ``model`` (``first``: a
         first-level standard job): its load (and its fast and first-level loads), and
-        the model warm there."""
+        the model warm there. ``toggles``: a replay's (model -> workers it came to or
+        left), the overlays its own."""
         held = self._state
         i = None if node is None else held.measured.fleet.index.get(node)
         if i is None:
             return
-        self._node_sent = {**self._node_sent, node: self._node_sent.get(node, 0) + 1}
+        own = toggles is not None
+        self._node_sent = _plus(self._node_sent, node, own)
         self._sends += 1
         if lane == FAST:
-            self._node_fast_sent = {**self._node_fast_sent,
-                                    node: self._node_fast_sent.get(node, 0) + 1}
+            self._node_fast_sent = _plus(self._node_fast_sent, node, own)
         if lane == FAST or first:
-            self._node_first_sent = {**self._node_first_sent,
-                                     node: self._node_first_sent.get(node, 0) + 1}
+            self._node_first_sent = _plus(self._node_first_sent, node, own)
         self._fluid.add(i)
-        before = self._warm_after.get(node) or held.base.warm[node]
+        before = self._warm_after.get(node)
+        if before is not None and before[-1] == model:
+            return  # what touched() made, with the model already last: it stays so
+        before = before or held.base.warm[node]
         fleet = held.measured.fleet
         after = touched(before, model, fleet.budget_mb[i], fleet.model_mb)
-        self._warm_after = {**self._warm_after, node: after}
+        if own:
+            self._warm_after[node] = after
+        else:
+            self._warm_after = {**self._warm_after, node: after}
         if set(before) != set(after):
-            self._holders_after = self._moved(node, before, after)
+            if toggles is None:
+                self._holders_after = self._moved(node, before, after)
+            else:
+                for moved in set(before).symmetric_difference(after):
+                    toggles.setdefault(moved, set()).symmetric_difference_update((node,))
 
     def _moved(self, node: str, before: tuple[str, ...],
                after: tuple[str, ...]) -> dict[str, frozenset[str]]:
@@ -298,6 +300,7 @@ class SnapshotCache:
         for model in set(before).symmetric_difference(after):
             held = changed.get(model, base.get(model, frozenset()))
             changed[model] = changed_set(held, frozenset((node,)))
+            follow(model, changed[model])
         return changed
 
     def note_sent(self, lane: str, node: str | None = None, model: str = "",
@@ -382,8 +385,8 @@ class SnapshotCache:
         base, fast, first = held.base, held.base.fast_loads, held.base.first_loads
         return base.but(full=full_lanes(snapshot, sent, self.max_depth),
                         loads=base.loads.at(node_sent, elapsed_s, sends), load_sum=load_sum,
-                        fast_loads=None if fast is None else
-                        fast.at(fast_sent, elapsed_s),  # read without a key: no sends count
-                        first_loads=None if first is None else first.at(first_sent, elapsed_s),
+                        fast_loads=None if fast is None else fast.at(fast_sent, elapsed_s, sends),
+                        first_loads=None if first is None else
+                        first.at(first_sent, elapsed_s, sends),
                         warm=base.warm.sent(warm_after),
                         holders=base.holders.sent(holders_after))

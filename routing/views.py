@@ -8,11 +8,11 @@ overlays are replaced whole, never changed in place: a view handed out stays as 
 """
 from __future__ import annotations
 
-import math
+from itertools import chain
 from typing import AbstractSet, Any, Iterable, Iterator, Mapping, Sequence
 
 from routing.compact import in_order
-from routing.ringorder import common_prefix
+from routing.busy import BusyRun, next_run, resumed
 
 _EMPTY: Mapping[str, Any] = {}
 _NONE: frozenset[str] = frozenset()
@@ -61,13 +61,10 @@ class Loads(_ByHost):
                  elapsed_s: float = 0.0, sends: int = 0, busy: dict | None = None) -> None:
         self._index, self._measured, self._drain = index, measured, drain_s
         self._sent, self._elapsed_s, self._sends = sent, elapsed_s, sends
-        # key -> (holders in ring order, cap, n, until, sends): with ``sends`` of this
-        # process counted, the first n were all at or over cap until ``until`` (seconds
-        # after the measurement). Within one snapshot a load only grows with sends and
-        # falls with time, so they still are, before then, with as many sends or more
-        # and under any lower cap: a hot model's long run of busy holders is read once,
-        # not per job. Shared by the views of one snapshot.
-        self._busy: dict = {} if busy is None else busy
+        # key -> the run of its busy holders (``routing.busy.BusyRun``): a hot model's
+        # long run of busy holders is read once, not per job. Shared by the views of one
+        # snapshot.
+        self._busy: dict[str, BusyRun] = {} if busy is None else busy
 
     def at(self, sent: Mapping[str, int], elapsed_s: float, sends: int = 0) -> Loads:
         """The same workers ``elapsed_s`` after the measurement, with ``sent`` (host ->
@@ -87,37 +84,34 @@ class Loads(_ByHost):
                     key: str | None = None) -> str | None:
         """The first of ``hosts`` whose load is under ``cap`` (> 0), in one loop; for a
         model's holders in ring order (a sequence) and its ``key``, from the first
-        holder not known to be busy."""
+        holder not known to be busy, after those of the busy run that may have drained
+        since or came in among them (``routing.busy``)."""
         if key is None or not isinstance(hosts, (tuple, list)):
             for host, load in self._each(hosts):
                 if load < cap:
                     return host
             return None
-        start, until = self._known_busy(hosts, cap, key)
+        known = self._busy.get(key)
+        count, ends, fresh, known_cap = resumed(known, hosts, cap, self._elapsed_s, self._sends)
         index, measured, drain = self._index, self._measured, self._drain
-        sent, elapsed_s = self._sent, self._elapsed_s
-        for at in range(start, len(hosts)):
+        sent, elapsed_s, new = self._sent, self._elapsed_s, []
+        found = None
+        for at in chain(fresh, range(count, len(hosts))) if fresh else range(count, len(hosts)):
             host = hosts[at]
             i = index[host]
             load = measured[i] + sent.get(host, 0)
             seconds = drain[i] if drain else 0.0
             if (load - elapsed_s / seconds if seconds else load) < cap:
-                self._busy[key] = (hosts, cap, at, until, self._sends)
-                return host
+                found = at
+                break
             if seconds:  # busy until its drain takes it under the cap (a margin for rounding)
-                until = min(until, (load - cap) * seconds - 1e-9)
-        self._busy[key] = (hosts, cap, len(hosts), until, self._sends)
-        return None
-
-    def _known_busy(self, hosts: Sequence[str], cap: float, key: str) -> tuple[int, float]:
-        """How many first ``hosts`` are known busy for ``key``, and until when."""
-        known = self._busy.get(key)
-        if known is not None and cap <= known[1] and self._elapsed_s < known[3] and \
-                self._sends >= known[4]:  # still busy; and in this order, if still first
-            shared = common_prefix(hosts, known[0])
-            if shared is not None:
-                return min(known[2], shared), known[3]
-        return 0, math.inf
+                new.append(((load - cap) * seconds - 1e-9, host))
+        if new or fresh or found != count or known is None or ends is not known.ends or \
+                hosts is not known.order:  # else (the common case) the run stays as it is
+            run = next_run(known, hosts, count, ends, fresh, found, new)
+            if run is not None:
+                self._busy[key] = BusyRun(hosts, known_cap, *run, self._sends)
+        return None if found is None else hosts[found]
 
     def _each(self, hosts: Iterable[str]) -> Iterator[tuple[str, float]]:
         """(host, :meth:`get` of it) for each of ``hosts``, with the lookups hoisted."""

@@ -12,10 +12,12 @@ from collections import deque
 
 import pytest
 
-from routing.compact import (DRAIN_S, U16_MAX, drain_code, in_order, rank_of, ranks, split,
-                             unpack_u8, unpack_u16)
-from routing.fleet import build_fleet
-from routing.fluid import DrainingSum
+from routing.compact import (DRAIN_S, U16_MAX, drain_code, in_order, rank_of, slice_ranks,
+                             split, unpack_u8, unpack_work)
+from routing import compact
+from routing.fleet import build_fleet, measure
+from routing.fluid import Draining, DrainingSum
+from routing import hashring
 from routing.hashring import derive, ring
 from routing.placement import DELAY_HOLDERS, assign_homes, home, serving
 from routing.policy import decide
@@ -279,10 +281,10 @@ def unsplit(compact, members):
     """Per serving host, what routing knows of it: ``load``, ``fast``, ``drain_s`` (None: not
     measured), ``budget_mb`` and ``warm`` (in the worker's order)."""
     hosts = members["hosts"]
-    loads = unpack_u16(compact["loads"], len(hosts))
+    loads, fast, _ = unpack_work(compact, len(hosts))
+    assert compact["slice"] == [0, len(hosts)]  # a small fleet's slow figures come whole
     drains = unpack_u8(compact["drain"], len(hosts))
-    order = ranks(compact, len(hosts))
-    fast = unpack_u16(compact["fast"], len(hosts)) if "fast" in compact else [0] * len(hosts)
+    order = slice_ranks(compact)
     return {host: {"load": loads[i], "fast": fast[i], "drain_s": DRAIN_S[drains[i]],
                    "budget_mb": members["budget_mb"][i],
                    "warm": in_order(members["warm"][i], order[i])}
@@ -421,13 +423,20 @@ def test_a_derived_ring_is_the_ring():
     rng = random.Random(13)
     nodes = {f"w{i}" for i in range(80)}
     current = ring(nodes)
-    assert tuple(current) == old_ring(nodes)
+    assert (tuple(current[0]), current[1]) == old_ring(nodes)
     for _ in range(30):
         nodes -= set(rng.sample(sorted(nodes), rng.randint(0, 4)))
         nodes |= {f"n{rng.randrange(10**6)}" for _ in range(rng.randint(0, 4))}
         current = derive(current, nodes)
-        assert tuple(current) == old_ring(nodes)
+        assert (tuple(current[0]), current[1]) == old_ring(nodes)
     assert derive(current, set(nodes)) is current
+
+
+def test_a_ring_remembers_where_each_walk_starts():
+    """A ring's remembered start of a key's walk is the bisection of its points."""
+    current = ring({f"w{i}" for i in range(50)})
+    for key in [f"m{i}" for i in range(40)] * 2:
+        assert hashring._start_of(current, key) == bisect.bisect(current[0], hashring.point(key))
 
 
 def test_holders_in_ring_order_stay_right_as_the_set_changes():
@@ -446,14 +455,15 @@ def test_holders_in_ring_order_stay_right_as_the_set_changes():
 def test_holders_known_busy_are_skipped_only_while_they_surely_are():
     """The run of busy holders a view remembers (per snapshot) is skipped by later jobs
     only while it must still be busy: the same or a patched order (up to the patch),
-    no lower load from time passing, no view with fewer of this process's sends, no
-    higher cap. Each answer is the one of a view that remembers nothing."""
+    no view with fewer of this process's sends, no higher cap; each busy holder is read
+    again once time may have drained it. Each answer is the one of a view that
+    remembers nothing."""
     rng = random.Random(21)
     hosts = [f"w{i}" for i in range(60)]
     index = {host: i for i, host in enumerate(hosts)}
     for trial in range(40):
         measured = [rng.choice((0, 1, 3, 6, 9, 12)) for _ in hosts]
-        drain = [rng.choice((0.2, 1.0, 4.0)) for _ in hosts] if trial % 4 else ()
+        drain = [rng.choice((0.05, 0.2, 1.0, 4.0)) for _ in hosts] if trial % 4 else ()
         busy, key = {}, f"busy-{trial}"
         held, sent, t, seen = frozenset(rng.sample(hosts, 40)), {}, 0.0, []
         for _ in range(80):
@@ -465,7 +475,7 @@ def test_holders_known_busy_are_skipped_only_while_they_surely_are():
                 node = rng.choice(hosts)
                 sent = {**sent, node: sent.get(node, 0) + rng.choice((1, 5))}
             else:
-                t += rng.choice((0.0, 0.1, 1.0))
+                t += rng.choice((0.0, 0.02, 0.1, 0.3, 1.0))
             seen.append((sent, len(seen), t))
             sent_then, sends, t_then = seen[-1] if rng.random() < 0.8 else rng.choice(seen)
             order, cap = in_ring_order(held, key), rng.choice((2, 3, 5, 8))
@@ -475,12 +485,13 @@ def test_holders_known_busy_are_skipped_only_while_they_surely_are():
                 fresh.first_below(order, cap, key)
 
 
-def test_the_draining_sum_is_the_sum_of_each_estimate():
+@pytest.mark.parametrize("kind", [DrainingSum, Draining])
+def test_the_draining_sum_is_the_sum_of_each_estimate(kind):
     rng = random.Random(15)
     for _ in range(50):
         x = [rng.choice((0, 0, 1, 2, 5, 30)) for _ in range(40)]
         r = [rng.choice((0.0, 0.5, 1.0, 10.0)) for _ in range(40)]
-        total, t = DrainingSum(x, r), 0.0
+        total, t = kind(x, r), 0.0
         for _ in range(60):
             if rng.random() < 0.5:
                 i = rng.randrange(40)
@@ -594,3 +605,59 @@ def test_a_membership_change_that_keeps_the_hosts_keeps_the_ring():
     assert second.holders["brand-new"] == {host}
     unchanged = [m for m in first.holders if first.holders[m] == second.holders.get(m)]
     assert unchanged and all(second.holders[m] is first.holders[m] for m in unchanged)
+
+
+def test_a_fleet_derived_from_the_last_is_the_fleet_built_afresh():
+    """Members versions one after another (models loaded, workers joining, leaving,
+    sickening): each fleet derived from the last, and the figures carried from the
+    last snapshot, are those of one built from nothing."""
+    rng = random.Random(9)
+    snapshot, fleet, held = random_snapshot(rng, workers=30), None, None
+    for step in range(40):
+        snapshot = evolve(rng, snapshot, 1000.0 + step)
+        compact, members = split(snapshot)
+        fresh = build_fleet(members)
+        fleet = build_fleet(members, fleet)
+        assert (fleet.hosts, fleet.warm, fleet.budget_mb, fleet.capacity, dict(fleet.index)) == \
+            (fresh.hosts, fresh.warm, fresh.budget_mb, fresh.capacity, dict(fresh.index))
+        assert fleet.holders == fresh.holders and tuple(map(tuple, fleet.ring)) == \
+            tuple(map(tuple, fresh.ring)) and fleet.ring.nodes == frozenset(fresh.hosts)
+        carried = measure(compact, fleet, held)
+        by_name = None if held is None else measure(compact, fresh, held)
+        assert by_name is None or (carried.codes, carried.ranks) == (by_name.codes, by_name.ranks)
+        held = carried
+
+
+def test_a_router_carries_the_slow_figures_of_each_slice(monkeypatch):
+    """Past ``SLICE_HOSTS`` a snapshot carries the drain and order of one slice of the
+    hosts in turn: a router that applied each slice holds what a whole one gives, and
+    keeps them, by host, through a new membership."""
+    rng = random.Random(8)
+    snapshot = random_snapshot(rng, workers=40)
+    whole_compact, members = split(snapshot)
+    fleet = build_fleet(members)
+    whole = measure(whole_compact, fleet)
+    monkeypatch.setattr(compact, "SLICE_HOSTS", 8)
+    held, seen = None, set()
+    for second in range(-(-len(fleet.hosts) // 8)):
+        sliced, _ = split({**snapshot, "at": 1000.0 + second})
+        start, stop = sliced["slice"]
+        assert stop - start <= 8 and len(json.dumps(sliced)) < len(json.dumps(whole_compact))
+        seen.update(range(start, stop))
+        held = measure(sliced, fleet, held)
+        assert held.loads == whole.loads and held.fast == whole.fast
+    assert seen == set(range(len(fleet.hosts)))
+    assert (held.codes, held.ranks, held.drain_s, held.rates) == \
+        (whole.codes, whole.ranks, whole.drain_s, whole.rates)
+    host = next(h for h in fleet.hosts if len(members["warm"][fleet.index[h]]) > 1)
+    loaded = {**snapshot, "at": 2000.0, "workers": {**snapshot["workers"], host: {
+        **snapshot["workers"][host], "warm_models": ["brand-new"], "loading_models": []}}}
+    sliced, moved = split(loaded)
+    after = measure(sliced, build_fleet(moved, fleet), held)
+    start, stop = sliced["slice"]
+    for i, name in enumerate(after.fleet.hosts):
+        was = fleet.index[name]
+        assert after.codes[i] == held.codes[was]
+        if name != host and not start <= i < stop:
+            assert after.ranks[i] == held.ranks[was]
+    assert after.ranks[after.fleet.index[host]] == 0  # a new warm set: no old order
