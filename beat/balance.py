@@ -10,6 +10,7 @@ own queues; one pipelined read, whatever the number of workers.
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import time
 from typing import Any, Callable, Iterable, Mapping
@@ -60,40 +61,45 @@ Read = Callable[[list[str], int], list[list[tuple[str, float, Any]]]]
 
 
 def choose(workers: Mapping[str, Mapping[str, Any]], keys: Iterable[str], read: Read,
-           now: float, heartbeat_s: float, default_drain_s: float) -> list[tuple[Queued, str]]:
+           now: float, heartbeat_s: float, default_drain_s: float,
+           idle_hosts: list[str] | None = None) -> list[tuple[Queued, str]]:
     """The (job, worker) moves of a round: fast jobs stuck in a worker's own queue a
     heartbeat or more to a holder with no fast work (``rescue_fast``), then jobs to idle
     workers (``hand_out``). ``workers``: the record with beat's ``queued`` counts;
     ``keys``: the lists holding jobs; ``read``: the youngest ``READ_PER_LIST`` messages
     of some of them. A job's wait where it is: its worker's backlog less the jobs
     behind it (the youngest of a list waits for all the rest; an approximation, as
-    the worker's other lists may run first or after)."""
-    idle_hosts = idle(workers)
+    the worker's other lists may run first or after). ``idle_hosts``: the idle
+    workers, in order, as beat keeps them (else found here)."""
+    idle_hosts = idle(workers) if idle_hosts is None else idle_hosts
     idle_set = set(idle_hosts)
-    drains = {host: drain_s_of(w) for host, w in workers.items()}
+    owners = {key: node for key in keys if (node := node_of(key)) in workers}
+    # only the workers with queued jobs or idle are weighed: their drain, and its pace
+    weighed = idle_set.union(owners.values())
+    drains = {host: drain_s_of(workers[host]) for host in weighed}
     # a worker that has measured no job yet goes at the pace the others measured; while
     # none has, how long a queue waits is not known and nothing moves to idle workers
     measured = sorted(drain for drain in drains.values() if drain)
     pace_s = measured[len(measured) // 2] if measured else None
     drains = {host: drain or pace_s for host, drain in drains.items()}
-    waits = {host: backlog_s(w, drain) for host, w in workers.items()
-             if serving(w) and (drain := drains[host])}
-    busy = [(waits.get(node, 0.0), key) for key in keys
-            if (node := node_of(key)) in workers and serving(workers[node])
-            and node not in idle_set]
+    busy_hosts = {host for host in weighed - idle_set if serving(workers[host])}
+    waits = {host: backlog_s(workers[host], drains[host]) for host in busy_hosts
+             if drains[host]}
+    busy = [(waits.get(node, 0.0), key) for key, node in owners.items() if node in busy_hosts]
     # a stuck fast job's wait is its own (it waited a heartbeat): any busy worker's
-    fast = [key for _, key in sorted(busy, reverse=True) if lane_of(key) == FAST][:LISTS_MOST]
-    own = [(wait_s, key) for wait_s, key in busy if node_of(key) in waits]
-    longest = sorted(own, reverse=True)[:lists_to_read(len(idle_hosts))] if idle_hosts else []
+    fast = [key for _, key in heapq.nlargest(
+        LISTS_MOST, (item for item in busy if lane_of(item[1]) == FAST))]
+    own = [(wait_s, key) for wait_s, key in busy if owners[key] in waits]
+    longest = heapq.nlargest(lists_to_read(len(idle_hosts)), own) if idle_hosts else []
     to_read = list(dict.fromkeys([*fast, *(key for _, key in longest)]))
     if not to_read:
         return []
     idle_drains = sorted(drains[host] or default_drain_s for host in idle_hosts) or [0.0]
     per_host = per_worker(heartbeat_s, idle_drains[len(idle_drains) // 2])
     found = dict(zip(to_read, read(to_read, max(READ_PER_LIST, per_host))))
-    moves = rescue_fast(workers, [
-        Queued(key, model, now - clock, (0, 0), ref) for key in fast
-        for model, clock, ref in found[key] if model and now - clock >= heartbeat_s])
+    stuck = [Queued(key, model, now - clock, (0, 0), ref) for key in fast
+             for model, clock, ref in found[key] if model and now - clock >= heartbeat_s]
+    moves = rescue_fast(workers, stuck) if stuck else []
     if not idle_hosts:
         return moves
     rescued, used = {id(job.ref) for job, _ in moves}, {host for _, host in moves}
@@ -102,25 +108,43 @@ def choose(workers: Mapping[str, Mapping[str, Any]], keys: Iterable[str], read: 
               for wait_s, key in longest
               for young, (model, _, ref) in enumerate(found[key])
               if model and id(ref) not in rescued]
-    cold = cold_s_of(list(workers.values()))
+    cold = cold_s_of([workers[host] for host in weighed])
     return moves + hand_out(
-        {host: warm_of(workers[host]) for host in idle_hosts if host not in used}, queued,
-        cold, sum(cold.values()) / len(cold) if cold else 0.0, per_host, heartbeat_s)
+        takers(workers, [host for host in idle_hosts if host not in used], queued),
+        queued, cold, sum(cold.values()) / len(cold) if cold else 0.0, per_host, heartbeat_s)
+
+
+def takers(workers: Mapping[str, Mapping[str, Any]], idle_hosts: list[str],
+           queued: list[Queued]) -> dict[str, tuple[str, ...]]:
+    """The idle workers worth weighing for ``queued`` jobs, in order, with their warm
+    models: every one holding a queued job's model, and as many others as there are
+    jobs (each takes one cold at most): a round costs what it can move, not the
+    number of idle workers."""
+    wanted = {job.model for job in queued}
+    warm = {host: warm_of(workers[host]) for host in idle_hosts}
+    others = iter(range(len(queued)))
+    return {host: models for host, models in warm.items()
+            if not wanted.isdisjoint(models) or next(others, None) is not None}
 
 
 def give_idle_work(client: redis.Redis, workers: Mapping[str, Mapping[str, Any]],
                    lengths: Mapping[str, Mapping[str, int]], heartbeat_s: float,
-                   default_drain_s: float, now: float | None = None) -> int:
+                   default_drain_s: float, now: float | None = None,
+                   idle_hosts: list[str] | None = None) -> int:
     """Move stuck fast jobs and queued jobs for idle workers (``lengths``: per lane,
-    each list's length); how many moved."""
+    each list's length; ``idle_hosts``: the idle workers, in order, else found here);
+    how many moved. With no idle worker only the fast lists are weighed."""
     def read(keys: list[str], count: int) -> list[list[tuple[str, float, Any]]]:
         with client.pipeline(transaction=False) as pipe:
             for key in keys:
                 pipe.lrange(key, 0, count - 1)  # kombu pushes on the left: the young end
             return [[(*_model_and_clock(raw), raw) for raw in raws] for raws in pipe.execute()]
 
-    moves = choose(workers, (key for per_list in lengths.values() for key in per_list),
-                   read, time.time() if now is None else now, heartbeat_s, default_drain_s)
+    idle_hosts = idle(workers) if idle_hosts is None else idle_hosts
+    weighed = lengths.values() if idle_hosts else [lengths.get(FAST, {})]
+    moves = choose(workers, (key for per_list in weighed for key in per_list), read,
+                   time.time() if now is None else now, heartbeat_s, default_drain_s,
+                   idle_hosts)
     moved = hand_over(client, [(job.key, target_key(job.key, host), job.ref)
                                for job, host in moves]) if moves else 0
     if moved:

@@ -3,8 +3,8 @@
 Jobs differ in size (a 1024 px 50-step image is not a 256 px 20-step one): each
 message carries its model's ``cost(inputs)`` (``tasks.broker.message.Job.cost``)
 and each worker reports, per model, its service time as a line in the cost
-(``cost_ms``: ``gpu_worker.costfit``). Each round beat reads up to ``SAMPLE_PER_LANE`` messages of each
-lane, the next to run first, spread over its longest lists, and
+(``cost_ms``: ``gpu_worker.costfit``). Each round beat reads up to
+``SAMPLE_PER_LANE`` messages of each lane, the next to run first, spread over its longest lists, and
 ``beat.snapshot.lane_loads`` prices them. The read is bounded per lane, whatever
 the depth or the number of workers' own queues.
 """

@@ -1,13 +1,15 @@
 """Heartbeats: ask every worker for its load; write the snapshot routers read.
 
-Each round: read the stats every worker pushed (``gpu_worker.stats``: from a thread of
-its own, even mid-job; one read, no broadcast to wait on), fold them into the worker
-record (a worker that misses ``MISSES_ALLOWED`` rounds in a row is dead),
-measure the lanes from their depth counters and the slots each keeps busy, state each
-budgeted lane's admission (what a publish lets in), step the lane policy, and publish it all
-as one snapshot in Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs
-queued for a worker that is dead or sick (it stepped aside, ``sick`` in its
-reply) go back to the shared lanes. Fast jobs stuck behind fast work move to another
+Each round: read the stats the workers pushed (``gpu_worker.stats``: from a thread of
+its own, even mid-job; no broadcast to wait on) and fold them into the worker record
+beat keeps as leader (``beat.record``: only what changed since the last round; a
+worker that misses ``MISSES_ALLOWED`` rounds in a row is dead), measure the lanes from
+their depth counters (``beat.depths``: only the lists whose depth changed move the
+workers' counts) and the slots each keeps busy, state each budgeted lane's admission
+(what a publish lets in), step the lane policy, and publish it all as one snapshot in
+Redis, fenced by the leader's epoch (``tasks.broker.leader``). Jobs queued for a worker
+that is dead or sick (it stepped aside, ``sick`` in its reply) go back to the shared
+lanes. Fast jobs stuck behind fast work move to another
 holder of their model, and idle workers take queued jobs of the models they hold warm
 (``beat.balance``). Dead letters past ``DEAD_TTL_S`` are dropped, a bounded
 batch per round, read from their index (nothing due: one cheap call).
@@ -17,20 +19,22 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import redis
 
 from beat import scaling
 from beat.balance import give_idle_work
 from beat.costs import queued_sample
+from beat.depths import Depths
 from beat.health import MISSES_ALLOWED, requeue_dead, unheard_holders
+from beat.record import FORGET_AFTER_S, RECORD
 from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
-from beat.snapshot import QueuedJob, lane_loads, next_policy
+from beat.snapshot import QueuedJob, Sums, lane_loads, next_policy
+from beat.standing import Standing
 from routing.compact import split
 from routing.names import FAST, HEARTBEAT_TASK, LANES, first_level
-from routing.placement import serving
 from routing.policy import (FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES, admission_waits,
                             relax_levels)
 from tasks.broker import leader, scripts
@@ -50,6 +54,7 @@ from tasks.broker.keys import (
     PRIORITY_SEP,
     SNAPSHOT_KEY,
     USAGE_BUCKET_S,
+    WORKERS_BY_KEY,
     WORKERS_KEY,
     lane_of_key,
     members_key,
@@ -59,8 +64,6 @@ from tasks.jobs.deadletter import drop_dead
 from tasks.settings import settings
 
 log = logging.getLogger(__name__)
-#: A worker silent this long is dropped from the record altogether.
-FORGET_AFTER_S = 600.0
 #: Service time assumed for a lane before any of its jobs was measured.
 DEFAULT_SERVICE_S = 1.0
 #: How late a worker's stats push may be, past a heartbeat, and still count for a round.
@@ -76,47 +79,10 @@ MEMBERS_TTL_S = 600
 ROUND_GAP_HEARTBEATS = 2.5
 #: When this process's last round was written (None: it has not led a round yet).
 _last_round_at: list[float | None] = [None]
-
-
-def merge(previous: dict[str, dict], replies: dict[str, dict], now: float,
-          misses_allowed: int, count_misses: bool = True) -> dict[str, dict]:
-    """Fold this round's replies into the record: pure, so tests drive it directly.
-    ``count_misses`` False: the first round after a gap, where silence is no miss."""
-    record: dict[str, dict] = {}
-    for host, old in previous.items():
-        if host not in replies and now - old["last_seen"] < FORGET_AFTER_S:
-            missed = old.get("missed", 0) + (1 if count_misses else 0)
-            alive = missed < misses_allowed and not old.get("unheard")
-            record[host] = {**old, "missed": missed, "alive": alive}
-    for host, stats in replies.items():
-        record[host] = {**stats, "last_seen": now, "missed": 0, "alive": True,
-                        "busy": busy_slots(previous.get(host), stats)}
-    return record
-
-
-#: Weight of the newest round in a worker's busy slots (``busy_slots``): a lane's
-#: share of the pool moves the wait estimates of the lanes below it, and a round's
-#: share alone swings with the few jobs a worker finishes in it.
-BUSY_ALPHA = 0.3
-
-
-def busy_slots(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, float]:
-    """The job slots of a worker each lane's jobs hold on average: the growth of their
-    time in flight (``busy_s``, ``gpu_worker.runtime.Runtime.busy_until``) since its last
-    reply ``old`` over the time between, averaged with the rounds before. A first
-    reply, or a restarted worker's, has measured nothing yet."""
-    if not old or old.get("incarnation") != new.get("incarnation"):
-        return {}
-    before = old.get("busy") or {}
-    span_s = (new.get("at") or 0.0) - (old.get("at") or 0.0)
-    if span_s <= 0:
-        return dict(before)
-    then, busy = old.get("busy_s") or {}, {}
-    for lane, busy_s in (new.get("busy_s") or {}).items():
-        share = max(0.0, (busy_s - then.get(lane, 0.0)) / span_s)
-        last = before.get(lane)
-        busy[lane] = round(share if last is None else last + BUSY_ALPHA * (share - last), 3)
-    return busy
+#: The lists' depths and each worker's queued counts, as this process read them last.
+DEPTHS = Depths()
+#: The idle workers and those that serve no more, as this process's record has them.
+STANDING = Standing()
 
 
 def ask_workers(client: redis.Redis) -> dict[str, dict]:
@@ -132,9 +98,10 @@ def list_lengths(client: redis.Redis) -> dict[str, dict[str, int]]:
     of workers and lists."""
     lengths: dict[str, dict[str, int]] = {lane: {} for lane in LANES}
     for key, count in client.hgetall(LIST_DEPTHS_KEY).items():
-        key = key.decode() if isinstance(key, bytes) else key
-        if lane_of_key(key) in lengths and int(count) > 0:
-            lengths[lane_of_key(key)][key] = int(count)
+        if (count := int(count)) > 0:
+            key = key.decode() if isinstance(key, bytes) else key
+            if (lane := lane_of_key(key)) in lengths:
+                lengths[lane][key] = count
     return lengths
 
 
@@ -143,7 +110,8 @@ def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
     """Queued jobs per lane (from ``lengths``, else read); each worker record gets its
     own ``queued`` count, ``queued_fast``: those of its own fast queue, and
     ``queued_first``: those of its own standard queue's first level
-    (``routing.names.FIRST_STEPS``)."""
+    (``routing.names.FIRST_STEPS``); the records whose counts change are marked in
+    ``beat.record.RECORD``."""
     workers = {} if workers is None else workers
     lengths = list_lengths(client) if lengths is None else lengths
     queued: dict[str, int] = {}
@@ -159,20 +127,12 @@ def lane_depths(client: redis.Redis, workers: dict[str, dict] | None = None,
             elif node and first_level(lane, int(step or 0)):
                 queued_first[node] = queued_first.get(node, 0) + count
     for host, worker in workers.items():
-        worker["queued"] = queued.get(host, 0)
-        worker["queued_fast"] = queued_fast.get(host, 0)
-        worker["queued_first"] = queued_first.get(host, 0)
+        counts = (queued.get(host, 0), queued_fast.get(host, 0), queued_first.get(host, 0))
+        if counts != (worker.get("queued"), worker.get("queued_fast"),
+                      worker.get("queued_first")):
+            worker["queued"], worker["queued_fast"], worker["queued_first"] = counts
+            RECORD.mark_changed([host])
     return {lane: sum(per_list.values()) for lane, per_list in lengths.items()}
-
-
-def unknown_owners(lengths: Mapping[str, Mapping[str, int]],
-                   workers: Mapping[str, dict]) -> set[str]:
-    """Workers not in the record whose own queues hold jobs (a worker forgotten after
-    ``FORGET_AFTER_S`` of silence): no one consumes those queues, so beat hands them
-    back to the shared lanes like a dead worker's."""
-    owners = {key.split(PRIORITY_SEP, 1)[0].partition(".")[2]
-              for per_list in lengths.values() for key in per_list}
-    return owners - set(workers) - {""}
 
 
 def recent_usage(client: redis.Redis, now: float) -> dict[str, float]:
@@ -199,19 +159,24 @@ def _log_changes(previous: dict, policy: dict, loads: dict) -> None:
 
 def build_snapshot(client: redis.Redis, workers: dict, now: float,
                    lengths: Mapping[str, Mapping[str, int]] | None = None,
-                   sample: dict[str, list[QueuedJob]] | None = None) -> dict[str, Any]:
+                   sample: dict[str, list[QueuedJob]] | None = None,
+                   sums: Sums | None = None,
+                   depths: Mapping[str, int] | None = None) -> dict[str, Any]:
     """Measure lanes, step the policy, gather accounts: the snapshot for routers
     (``lengths``: the lists' lengths, read here if not given; ``sample``: a dict that
-    receives the sample of the queued jobs)."""
+    receives the sample of the queued jobs; ``sums``: the serving workers' figures as
+    beat keeps them, ``beat.tally``; ``depths``: queued jobs per lane, the workers'
+    counts already in their records: else counted here, ``lane_depths``)."""
     previous = json.loads(client.get(SNAPSHOT_KEY) or "{}").get("policy", {})
     measured_at = time.time()  # routers count their own sends from here on
     lengths = list_lengths(client) if lengths is None else lengths
     queued = queued_sample(client, lengths)
     if sample is not None:
         sample.update(queued)
-    loads = lane_loads(workers, lane_depths(client, workers, lengths),
-                       DEFAULT_SERVICE_S, queued,
-                       admission_waits(settings.max_wait_s, RELEASE_RATIO))
+    if depths is None:
+        depths = lane_depths(client, workers, lengths)
+    loads = lane_loads(workers, depths, DEFAULT_SERVICE_S, queued,
+                       admission_waits(settings.max_wait_s, RELEASE_RATIO), sums)
     policy = next_policy(previous, loads, settings.max_wait_s, RELEASE_RATIO, RELEASE_SAMPLES)
     _log_changes(previous, policy, loads)
     return {"at": now, "measured_at": measured_at, "epoch": int(leader.epoch() or 0),
@@ -229,17 +194,25 @@ class _Written:
     version = ""
 
 
-def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict]) -> bool:
-    """Store the worker record, the members doc and the compact snapshot routers read
-    (``routing.compact``), fenced by beat's epoch (one step); False, having written
-    nothing, when another beat leads."""
+def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict],
+                changed: Iterable[str] | None = None, mark: str = "") -> bool:
+    """Store the worker record (whole, or only the workers ``changed``: those gone from
+    ``workers`` are dropped), the members doc and the compact snapshot routers read
+    (``routing.compact``), fenced by beat's epoch (one step), marked by ``mark``; False,
+    having written nothing, when another beat leads."""
     compact, members = split({**snapshot, "workers": workers})
     version = members["version"]
-    records = [item for host, worker in workers.items() for item in (host, json.dumps(worker))]
-    for doc in ("" if _Written.version == version else json.dumps(members), json.dumps(members)):
+    hosts = workers if changed is None else changed
+    records = [item for host in hosts for item in
+               (host, json.dumps(workers[host]) if host in workers else "")]
+    docs = iter((lambda: "" if _Written.version == version else json.dumps(members),
+                 lambda: json.dumps(members)))
+    for doc in docs:
         written = scripts.run(client, "beat_write",
-                              [BEAT_EPOCH_KEY, SNAPSHOT_KEY, WORKERS_KEY, members_key(version)],
-                              [leader.epoch(), json.dumps(compact), doc, MEMBERS_TTL_S, *records])
+                              [BEAT_EPOCH_KEY, SNAPSHOT_KEY, WORKERS_KEY, members_key(version),
+                               WORKERS_BY_KEY],
+                              [leader.epoch(), json.dumps(compact), doc(), MEMBERS_TTL_S,
+                               "1" if changed is None else "", mark, *records])
         if written != -1:  # -1: the doc to renew was gone (evicted, flushed): write it whole
             break
     _Written.version = version if written == 1 else ""
@@ -289,31 +262,37 @@ def heartbeat() -> str:
     client = redis_client()
     if refused := takes_no_writes(client):
         return f"Redis refuses writes ({refused}): no round, no worker judged"
-    previous = {h: json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
-    replies = ask_workers(client)
     now = time.time()
-    holding = holders(client)
     last = _last_round_at[0]
     steady = last is not None and now - last <= ROUND_GAP_HEARTBEATS * settings.heartbeat_s
-    workers = merge(previous, replies, now, MISSES_ALLOWED, count_misses=steady)
-    workers.update(unheard_holders(holding, workers, now))
-    lengths, sample = list_lengths(client), {}
-    snapshot = build_snapshot(client, workers, now, lengths, sample)
-    if not write_round(client, snapshot, workers):
+    workers = RECORD.round(client, now, settings.heartbeat_s + PUSH_GRACE_S, MISSES_ALLOWED,
+                           steady)
+    holding = holders(client)
+    RECORD.add(unheard_holders(holding, workers, now))
+    touched = DEPTHS.read(client)  # the owners of lists whose depth changed
+    RECORD.mark_changed(DEPTHS.counted(workers, workers if RECORD.changed is None else
+                                       RECORD.changed | touched))
+    STANDING.update(workers, RECORD.changed)
+    tally, lengths, sample = RECORD.tallied(), DEPTHS.lengths, {}
+    snapshot = build_snapshot(client, workers, now, lengths, sample, tally.serving(),
+                              DEPTHS.totals())
+    mark = RECORD.new_mark(leader.epoch())
+    if not write_round(client, snapshot, workers, RECORD.changed, mark):
         return "another beat leads: nothing written"
+    RECORD.written(mark)
     scaling.write(client, scaling.plan(scaling.read(client), workers, snapshot["lanes"],
-                                       sample, settings.max_wait_s, now), now)
+                                       sample, settings.max_wait_s, now, tally), now)
     _last_round_at[0] = now
     requeue_dead(client, workers, holding, MISSES_ALLOWED)
-    for host, worker in workers.items():
-        if not serving(worker) and worker.get("queued"):  # dead, or sick: not consuming
-            return_to_shared_lanes(client, host, "is sick" if worker["alive"] else "is gone")
-    for host in unknown_owners(lengths, workers):  # forgotten, or never heard of
+    for host in sorted(STANDING.unserved & DEPTHS.owners.keys()):  # dead, or sick
+        return_to_shared_lanes(client, host, "is sick" if workers[host]["alive"] else "is gone")
+    for host in DEPTHS.unknown(workers):  # forgotten, or never heard of
         return_to_shared_lanes(client, host, "is unknown")
     keep_replicas(app, workers, settings.min_replicas)
     expire_dead_letters(client, now)
-    give_idle_work(client, workers, lengths, settings.heartbeat_s, DEFAULT_SERVICE_S)
-    alive = sum(w["alive"] for w in workers.values())
+    give_idle_work(client, workers, lengths, settings.heartbeat_s, DEFAULT_SERVICE_S,
+                   idle_hosts=sorted(STANDING.idle))
+    alive = sum(pool.alive for pool in tally.pools.values())
     return f"{alive}/{len(workers)} workers alive; " + ", ".join(
         f"{lane} {load['depth']} queued ~{load['expected_wait_s']:.1f}s"
         for lane, load in snapshot["lanes"].items())

@@ -17,13 +17,11 @@ from typing import Any, Mapping
 import redis
 
 from beat.snapshot import QueuedJob
+from beat.tally import DEFAULT_POOL, Pool, Tally
 from routing.names import LANES
-from routing.placement import serving
 from routing.scaling import LaneMeasure, scale_round
 from tasks.broker.keys import SCALING_KEY
 
-#: The pool of a worker that names none.
-DEFAULT_POOL = "default"
 #: Seconds a new worker takes to start before it loads its models (a container's
 #: scheduling and start); its models' load time, as measured, is added.
 BOOT_S = 60.0
@@ -35,14 +33,15 @@ WITHIN = {"fast": 0.999, "standard": 0.95}
 POOL_MEMORY_S = 86400.0
 
 
-def pools_of(workers: Mapping[str, dict], previous: Mapping[str, dict]) -> dict[str, set[str]]:
+def pools_of(workers: Mapping[str, dict] | Tally,
+             previous: Mapping[str, dict]) -> dict[str, set[str]]:
     """Each pool's models: those its living workers hold or load, and those it had."""
+    tally = workers if isinstance(workers, Tally) else Tally.of(workers)
     pools = {name: set(doc.get("models", ())) for name, doc in previous.items()}
     pools.setdefault(DEFAULT_POOL, set())
-    for worker in workers.values():
-        if worker.get("alive"):
-            pools.setdefault(worker.get("pool") or DEFAULT_POOL, set()).update(
-                worker.get("warm_models", ()), worker.get("loading_models", ()))
+    for name, pool in tally.pools.items():
+        if pool.alive:
+            pools.setdefault(name, set()).update(pool.models)
     return pools
 
 
@@ -64,51 +63,45 @@ def shares(pools: Mapping[str, set[str]], sample: list[QueuedJob]) -> dict[str, 
 
 def plan(previous: Mapping[str, dict], workers: Mapping[str, dict],
          loads: Mapping[str, Mapping[str, Any]], sample: Mapping[str, list[QueuedJob]],
-         budgets_s: Mapping[str, float], now: float) -> dict[str, dict]:
-    """Every pool's scale after this round (pure): the doc beat stores and shows."""
-    pools = pools_of(workers, previous)
+         budgets_s: Mapping[str, float], now: float,
+         tally: Tally | None = None) -> dict[str, dict]:
+    """Every pool's scale after this round (pure): the doc beat stores and shows
+    (``tally``: the workers' figures as beat keeps them; else added up here)."""
+    tally = Tally.of(workers) if tally is None else tally
+    pools = pools_of(tally, previous)
     share = {lane: shares(pools, sample.get(lane, [])) for lane in LANES}
     found = {}
     for name, models in sorted(pools.items()):
-        members = [w for w in workers.values() if (w.get("pool") or DEFAULT_POOL) == name]
+        members = tally.pools.get(name, Pool())
         old = previous.get(name, {})
-        if not members and not old.get("wanted") and name != DEFAULT_POOL and \
+        if not members.members and not old.get("wanted") and name != DEFAULT_POOL and \
                 now - old.get("seen", now) > POOL_MEMORY_S:
             continue
         found[name] = _pool(name, old, members, models, loads, share, budgets_s, now)
     return found
 
 
-def _pool(name: str, old: Mapping[str, Any], members: list[dict], models: set[str],
+def _pool(name: str, old: Mapping[str, Any], members: Pool, models: set[str],
           loads: Mapping[str, Mapping[str, Any]], share: Mapping[str, Mapping[str, float]],
           budgets_s: Mapping[str, float], now: float) -> dict[str, Any]:
-    """One pool's scale: its measures per lane, then ``routing.scaling.scale_round``."""
-    live = [w for w in members if serving(w)]
-    warm_s = BOOT_S + _load_s(members)
-    slots = sum(w.get("concurrency", 1) for w in live) / len(live) if live else 1.0
+    """One pool's scale: its measures per lane, then ``routing.scaling.scale_round``.
+    A new worker takes ``BOOT_S`` and the longest load a member measured to warm up."""
+    warm_s = BOOT_S + max(members.load_s, default=0.0)
+    sums = members.sums
+    slots = sums.slots / members.live if members.live else 1.0
     measures = {}
     for lane in LANES:
         load = loads.get(lane, {})
-        service_s = _service_s(live, lane) or load.get("service_s") or 1.0
+        measured_s = sums.service_ms[lane] / sums.measured[lane] / 1000 \
+            if sums.measured[lane] else None
+        service_s = measured_s or load.get("service_s") or 1.0
         measures[lane] = LaneMeasure(
-            busy=sum(w.get("busy", {}).get(lane, 0.0) for w in live), service_s=service_s,
+            busy=sums.busy[lane], service_s=service_s,
             queued=load.get("depth", 0) * share[lane].get(name, 0.0),
             queued_job_s=load.get("queued_job_s"))
     scale = scale_round(old, measures, budgets_s, WITHIN, slots, warm_s, now, DOWN_AFTER_S)
-    return {**scale, "current": len(live), "warm_s": round(warm_s, 1), "models": sorted(models),
-            "seen": now if members else old.get("seen", now)}
-
-
-def _service_s(live: list[dict], lane: str) -> float | None:
-    """The pool's mean seconds of a ``lane`` job, as its workers measured them."""
-    found = [w["service_ms"][lane] for w in live if (w.get("service_ms") or {}).get(lane)]
-    return sum(found) / len(found) / 1000 if found else None
-
-
-def _load_s(members: list[dict]) -> float:
-    """Seconds a new worker of the pool takes to load its models, as its workers did."""
-    found = [sum((w.get("load_ms") or {}).values()) / 1000 for w in members if w.get("load_ms")]
-    return max(found, default=0.0)
+    return {**scale, "current": members.live, "warm_s": round(warm_s, 1),
+            "models": sorted(models), "seen": now if members.members else old.get("seen", now)}
 
 
 def read(client: redis.Redis) -> dict[str, dict]:

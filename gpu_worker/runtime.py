@@ -63,7 +63,7 @@ class Runtime:
     cost_fits: dict[str, CostFit] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
     #: Per lane, its jobs' time in flight summed (job-seconds) up to ``_counted_at``: beat
-    #: reads from its growth the slots each lane keeps busy (``beat.heartbeat.busy_slots``).
+    #: reads from its growth the slots each lane keeps busy (``beat.record.busy_slots``).
     busy_s: dict[str, float] = field(default_factory=dict)
     _counted_at: dict[str, float] = field(default_factory=dict, repr=False)
     #: The clock of ``busy_s`` and of the replies' ``at`` (a simulation sets its own).

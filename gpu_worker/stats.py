@@ -1,7 +1,8 @@
 """A worker pushes its own stats every heartbeat, from a thread of its own.
 
-Beat reads what every worker pushed in one round trip (``tasks.broker.stats``), so a
-round costs the same whatever the number of workers and never waits on replies. The
+Beat reads the stats changed since its last round (``tasks.broker.stats``: the same
+stats as the last push are only stamped), so a round costs what changed, not the number
+of workers, and never waits on replies. The
 thread runs beside the jobs (threads pool): a busy worker keeps reporting, a frozen or
 dead one stops, and beat counts its missed rounds.
 """

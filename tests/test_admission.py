@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from beat.heartbeat import BUSY_ALPHA, busy_slots, merge
+from beat.record import BUSY_ALPHA, busy_slots, merge
 from beat.snapshot import lane_loads
 from routing.policy import (
     ADMIT_HOLD_SHARE,

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from beat.health import dead_incarnations, unheard_holders
-from beat.heartbeat import merge
+from beat.record import merge
 from beat.snapshot import lane_loads, next_policy
 from routing.policy import (
     FAST_OVERLOADED,

@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterable, Mapping
 from beat.balance import choose, node_of, target_key
 from beat.costs import sample_plan
 from beat.health import dead_incarnations
-from beat.heartbeat import lane_depths, merge
+from beat.heartbeat import lane_depths
+from beat.record import merge
 from beat.movers import moved_to
 from beat.snapshot import lane_loads, next_policy
 from routing.compact import split

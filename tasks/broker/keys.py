@@ -26,6 +26,15 @@ WORKERS_KEY = f"{PREFIX}:workers"
 WORKER_STATS_KEY = f"{PREFIX}:stats"
 #: Sorted set: worker hostname -> when (Redis' clock, unix s) it last pushed them.
 WORKER_STATS_AT_KEY = f"{PREFIX}:stats:at"
+#: Sorted set: worker hostname -> when (Redis' clock) the stats it pushed last changed:
+#: beat reads only the records changed since its last round.
+WORKER_STATS_CHANGED_KEY = f"{PREFIX}:stats:changed"
+#: Hash: worker hostname -> its push before its stats last changed (Redis' clock): the
+#: stats were the same from then back to that change.
+WORKER_STATS_QUIET_KEY = f"{PREFIX}:stats:quiet"
+#: String: which beat process and epoch wrote ``WORKERS_KEY`` last: a leader whose own
+#: mark is there holds the record in memory; any other reads it whole.
+WORKERS_BY_KEY = f"{PREFIX}:workers:by"
 #: JSON: the latest load snapshot written by beat.
 SNAPSHOT_KEY = f"{PREFIX}:snapshot"
 #: JSON: each pool's workers wanted and current, and its scale's state (``beat.scaling``).

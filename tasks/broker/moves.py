@@ -171,9 +171,14 @@ def _move_call(client: redis.Redis, source: str, target: str, raw: bytes | str, 
 
 def _run_moves(client: redis.Redis, batch: list[tuple[list, list]], back: bool = False) -> int:
     """Run the moves (oldest first in ``batch``) so that they keep that order in their
-    target: youngest first to its front, oldest first to its back."""
-    return sum(scripts.run(client, "move", keys, args)
-               for keys, args in (batch if back else reversed(batch)))
+    target: youngest first to its front, oldest first to its back. One pipelined round
+    trip: each move is still its own atomic step, in that order."""
+    if not batch:
+        return 0
+    with client.pipeline(transaction=False) as pipe:
+        for keys, args in (batch if back else reversed(batch)):
+            scripts.run(pipe, "move", keys, args)
+        return sum(pipe.execute())
 
 
 def hand_over(client: redis.Redis, moves: list[tuple[str, str, bytes | str]]) -> int:
