@@ -164,9 +164,10 @@ def redis_server():
 
 
 def drop_keys(client) -> None:
-    """Drop every key but the queue bindings: no job or state of an earlier test."""
+    """Drop every key but the queue bindings and the idle consumers' wake sets (a
+    module's workers live on across its tests): no job or state of an earlier test."""
     keys = [k for k in client.scan_iter(count=1000)
-            if not k.startswith((b"_kombu.binding", b"gpulanes:bindings:"))]
+            if not k.startswith((b"_kombu.binding", b"gpulanes:bindings:", b"gpulanes:wake:"))]
     if keys:
         client.delete(*keys)
 

@@ -10,9 +10,11 @@ import time
 from conftest import SMALL
 
 from beat.movers import age_relaxed, enforce_deadlines
+from routing.names import JOB_TASK
 from tasks import submit
 from tasks.broker import handover
 from tasks.broker.keys import HELD_PREFIX, LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys
+from tasks.broker.publish import Message, Pushed, envelope_of, publish
 from tasks.settings import settings
 
 
@@ -203,3 +205,14 @@ def test_an_ack_that_redis_does_not_answer_still_frees_the_workers_hand(app, cle
         monkeypatch.setattr(handover, "ack", ack)
         assert channel.basic_get("standard") is None  # the next take settles it first
         assert handover.held(clean_redis, holder()) == {}
+
+
+def test_the_depths_per_list_stay_a_hash_table_past_a_few_dozen_lists(app, clean_redis):
+    """Redis' compact hash finds a field by scanning them all: with a list per worker, a
+    push would cost more with each worker (up to the compact encoding's limit)."""
+    queues = [f"standard.gpu0@node{i}" for i in range(70)]
+    for i, queue in enumerate(queues):
+        sent = envelope_of(app, f"j{i}", JOB_TASK, {}, queue)
+        assert publish(clean_redis, Message(queue, queue, sent, time.time())) == Pushed()
+    assert clean_redis.object("encoding", LIST_DEPTHS_KEY) == b"hashtable"
+    assert _depths(clean_redis) == ({"standard": 70}, {queue: 1 for queue in queues})

@@ -353,8 +353,13 @@ ONE_AT_A_TIME = Plan(name="one", fast_seconds=3600, concurrent_fast=1, concurren
 
 
 def test_each_job_that_ends_lets_its_accounts_next_parked_one_in(worker, clean_redis):
-    results = [submit("p", account="acme", plan=ONE_AT_A_TIME, **SMALL) for _ in range(4)]
+    gate = new_gate()  # the first job is held running while the others are sent
+    results = [submit(f"gate:{gate} hold", model="flaky", account="acme", plan=ONE_AT_A_TIME,
+                      **SMALL)]
+    results += [submit("p", account="acme", plan=ONE_AT_A_TIME, **SMALL) for _ in range(3)]
+    wait_at_gate(results[0], gate)
     assert clean_redis.llen(parked_key("acme")) == 3  # one admitted, three parked
+    open_gate(gate)
     done = [r.get(timeout=60) for r in results]
     assert [d["attempts"] for d in done] == [1] * 4
     wait_until(lambda: clean_redis.zcard(admitted_key("acme")) == 0, 10,

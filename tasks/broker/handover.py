@@ -1,7 +1,8 @@
 """The queue protocol: a message is always in a list or in its holder's records.
 
 - A push adds a message to a list, counts it, indexes it for beat's movers and wakes
-  the queue's consumers, in one step (``lua/push.lua``).
+  one idle consumer of its queue, in one step (``lua/push.lua``): a take that finds
+  nothing records its taker as idle, one that finds a job drops that record.
 - A take (``lua/hand_over.lua``) moves the next message of the first list that holds
   one into the taker's records (``keys.held_key``: take token -> list and message), in
   one step. Redis never holds a message that is in no list and no record.
@@ -42,6 +43,9 @@ from tasks.settings import settings
 
 #: The depth counters every script of the protocol keeps, in the order they take them.
 DEPTHS = (LANE_DEPTHS_KEY, LIST_DEPTHS_KEY)
+#: Seconds an idle consumer's record is kept: it records itself again with each idle
+#: take (``tasks.broker.lanes.IDLE_TAKE_S``, 5 s), so one older is of a consumer gone.
+IDLE_KEPT_S = 30
 
 
 @dataclass(frozen=True)
@@ -65,14 +69,17 @@ def push(client: redis.Redis, key: str, raw: str, *, front: bool = False,
 
 
 def take(client: redis.Redis, holder: str, keys: Iterable[str], token: str, *,
-         record: bool = True) -> Taken | None:
+         record: bool = True, wake: str = "") -> Taken | None:
     """Hand over the next message of the first of ``keys`` that holds one, recorded as
     ``holder``'s under ``token`` (``record``: False for a consumer that never acks). A
-    take sent again with its token (its answer was lost) answers what it took then."""
+    take sent again with its token (its answer was lost) answers what it took then.
+    ``wake``: the taker's wake-up channel; found empty, it is recorded as idle on the
+    lists' queues, where the next push wakes it (``keys.wake_key``)."""
     keys = list(keys)
     indexed = "".join("1" if due_clock(key, 1.0) and is_lane_list(key) else "0" for key in keys)
     got = scripts.run(client, "hand_over", [held_key(holder), *DEPTHS, HOLDING_KEY, *keys],
-                      [token, "1" if record else "", DUE_PREFIX, indexed, holder])
+                      [token, "1" if record else "", DUE_PREFIX, indexed, holder, wake,
+                       WAKE_PREFIX, IDLE_KEPT_S])
     return Taken(token, _text(got[0]), _text(got[1]), bool(got[2])) if got else None
 
 

@@ -242,10 +242,21 @@ PREEMPT_CLAIMS_KEY = f"{PREFIX}:preempt:claims"
 HELD_PREFIX = f"{PREFIX}:held:"
 #: Set: every holder that takes with records, so that beat finds a dead one's.
 HOLDING_KEY = f"{PREFIX}:holding"
-#: Pub/sub channels: a message pushed to a queue's lists wakes its consumers on this
-#: prefix plus the queue's name; a fanout exchange's messages go out on ``FANOUT_PREFIX``.
+#: Sorted sets: a queue's idle consumers, to wake, under this prefix (``wake_key``); a
+#: fanout exchange's messages go out on pub/sub channels of ``FANOUT_PREFIX``.
 WAKE_PREFIX = f"{PREFIX}:wake:"
 FANOUT_PREFIX = f"{PREFIX}:fanout:"
+#: Pub/sub channel per consumer (a kombu channel): its own wake-ups, this prefix plus its id.
+CONSUMER_WAKE_PREFIX = f"{PREFIX}:wake-consumer:"
+
+
+def wake_key(queue: str) -> str:
+    """Sorted set: the consumers of ``queue`` whose last take found its lists empty, each
+    named by its own wake-up channel, scored by when (Redis' clock): a push to the queue
+    wakes one of them (``lua/queue.lua``)."""
+    return f"{WAKE_PREFIX}{queue}"
+
+
 #: List: "<list>\n<problem>\n<item>" of each item a consumer took that was not a message.
 UNREADABLE_KEY = f"{PREFIX}:unreadable"
 #: Set per direct or topic exchange: its bindings, "routing key\x06\x16pattern\x06\x16queue".

@@ -12,9 +12,11 @@ Sentinels go whole in the ``url`` option, which kombu does not split into altern
   the queues were consumed, recorded as this process's in the same step.
 - An ack drops the record; a reject with requeue, or a channel closed with messages
   unacked, gives each back to the front of its list in the step that drops its record.
-- Nothing polls: a push publishes a wake-up on its queue's channel, and the
-  transport waits on one pub/sub connection, subscribed to the queues it consumes and
-  to the fanout exchanges they are bound to (Celery's remote control and events).
+- Nothing polls: a take that finds nothing records its channel as idle on the queues it
+  took from, and a push wakes one idle consumer of its queue, on that consumer's own
+  pub/sub channel (``handover.take``). The transport waits on one pub/sub connection,
+  subscribed to its channels' own and to the fanout exchanges their queues are bound
+  to (Celery's remote control and events).
 - Bindings of direct and topic exchanges are kept in Redis, for every process
   (``tasks.broker.bindings``).
 - A message kombu publishes to a lane goes through the broker's publish
@@ -40,7 +42,7 @@ from tasks.broker.bindings import PRIORITY_STEPS, Bindings, is_lane, list_of, li
 from tasks.broker.bus import Bus
 from tasks.broker.holder import PENDING, TOKENS, give_back, settled
 from tasks.broker.holder import holder as process_holder
-from tasks.broker.keys import FANOUT_PREFIX, PRIORITY_SEP, WAKE_PREFIX
+from tasks.broker.keys import CONSUMER_WAKE_PREFIX, FANOUT_PREFIX, PRIORITY_SEP, wake_key
 from tasks.broker.moves import lane_clock_of
 from tasks.broker.outage import OUTAGE, stopping, when_stopping
 from tasks.broker.publish import Message, publish
@@ -48,8 +50,9 @@ from tasks.broker.store import bare, connect
 
 log = logging.getLogger(__name__)
 #: Seconds an idle consumer waits on its wake-ups before it takes once anyway: for an
-#: item pushed without a wake-up (a hand-typed LPUSH), and a wake-up missed while its
-#: connection was down; not a poll (one Lua call per idle period).
+#: item pushed without a wake-up (a hand-typed LPUSH), a wake-up missed while its
+#: connection was down, or one sent to a consumer frozen or gone since; not a poll (one
+#: Lua call per idle period, which records it as idle again).
 IDLE_TAKE_S = 5.0
 
 
@@ -75,7 +78,9 @@ class QoS(virtual.QoS):
 
     def room_made(self) -> None:
         """Wake the consumer: a place under its prefetch limit is free (none to wake
-        once its channel closed)."""
+        once its channel closed). It takes at once: the next message, or else its
+        record as idle, which no push finds while it is busy."""
+        self.channel.ready = True
         if self.channel.connection is not None:
             self.channel.connection.room_made()
 
@@ -94,6 +99,8 @@ class Channel(virtual.Channel):
         self.bindings = Bindings(self.client)
         self.inbox: deque[tuple[dict, str]] = deque()  # fanout messages to deliver
         self.ready, self.took_at = True, 0.0
+        #: This channel's own wake-up channel: a push to a queue it found empty wakes it.
+        self.wake = CONSUMER_WAKE_PREFIX + uuid.uuid4().hex
         #: ``on_unreadable(problem, {"queue", "item"})``: what to do with an item taken
         #: that is not a message (None: set it aside, ``handover.set_aside``).
         self.on_unreadable: Callable[[str, dict[str, Any]], None] | None = None
@@ -165,7 +172,12 @@ class Channel(virtual.Channel):
         return super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
 
     def basic_cancel(self, consumer_tag: str) -> Any:
-        self.consuming.pop(consumer_tag, None)
+        queue, _ = self.consuming.pop(consumer_tag, (None, False))
+        if queue is not None and all(queue != q for q, _ in self.consuming.values()):
+            try:  # no push wakes it for that queue any more (else its record ages out)
+                self.client.zrem(wake_key(queue), self.wake)
+            except OUTAGE:
+                pass
         return super().basic_cancel(consumer_tag)
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
@@ -196,23 +208,25 @@ class Channel(virtual.Channel):
             if queues:
                 groups.append((queues, not no_ack))
         for queues, record in groups:
-            if (got := self.take(queues, record)) is not None:
-                payload, queue, more = got
-                self.ready = more or len(groups) > 1  # else woken by the next push
-                self.connection.on_message_ready(self, payload, queue)
+            if (got := self.take(queues, record, wake=self.wake)) is not None:
+                # it takes again once it has room: the next message, or its idle record
+                self.ready = True
+                self.connection.on_message_ready(self, *got)
                 return True
         self.ready, self.took_at = False, time.monotonic()
         return False
 
-    def take(self, queues: list[str], record: bool) -> tuple[dict, str, bool] | None:
+    def take(self, queues: list[str], record: bool, wake: str = "") -> tuple[dict, str] | None:
         """Take the next message of ``queues`` (in order, each level by level): its
-        payload, its queue and whether they may hold more; None when they are all empty.
-        An unreadable item is refused (:meth:`refuse`) and the next one taken."""
+        payload and its queue; None when they are all empty (``wake``: this channel's
+        wake-up channel, recorded then as idle on them, ``handover.take``). An unreadable
+        item is refused (:meth:`refuse`) and the next one taken."""
         holder = process_holder()
         PENDING.settle(self.client, holder)
         while True:
             token = PENDING.unanswered = PENDING.unanswered or uuid.uuid4().hex
-            got = handover.take(self.client, holder, self.lists(queues), token, record=record)
+            got = handover.take(self.client, holder, self.lists(queues), token, record=record,
+                                wake=wake)
             PENDING.unanswered = ""
             self.took_at = time.monotonic()
             if got is None:
@@ -229,7 +243,7 @@ class Channel(virtual.Channel):
             tag = payload["properties"]["delivery_tag"]
             if record:
                 TOKENS[tag] = token
-            return payload, got.key.split(PRIORITY_SEP, 1)[0], got.more
+            return payload, got.key.split(PRIORITY_SEP, 1)[0]
 
     def refuse(self, taken: handover.Taken, problem: str) -> None:
         """An item that is not a message never reaches kombu (it would stop the consumer):
@@ -288,9 +302,9 @@ class Transport(virtual.Transport):
 
     def listen(self, channel: Channel, queue: str) -> None:
         """Wake ``channel`` for what arrives in ``queue`` (its fanout exchange's messages,
-        or a push to its lists)."""
+        or, on the channel's own wake-up channel, a push to its lists)."""
         exchange = channel.fanout_of.get(queue)
-        name = FANOUT_PREFIX + exchange if exchange else WAKE_PREFIX + queue
+        name = FANOUT_PREFIX + exchange if exchange else channel.wake
         hearing = self.listening.setdefault(name, [])
         if (channel, queue) not in hearing:
             hearing.append((channel, queue))

@@ -2,7 +2,7 @@
 -- lists, the job's run (a coalesced run it leads; absent if none)[, the account's jobs
 -- waiting in the lane it leaves (its fast places in fast), and that lane's accounts
 -- with jobs waiting].
--- ARGV: message, rewritten, job id, the wake channels' prefix, the target lane's rank
+-- ARGV: message, rewritten, job id, the wake prefix (keys.wake_key), the target lane's rank
 -- (0: fast), the rewritten job's lane clock (0: not indexed), due prefix, beat's epoch
 -- ('' : not beat), '1' to push it at the back of the target (taken after what is there),
 -- else the front[, the job's account].
