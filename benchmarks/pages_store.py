@@ -152,7 +152,7 @@ def _span(ratios: list[float]) -> str:
 
 
 def fleet(data: dict[str, Any]) -> Page:
-    """``benchmarks/fleet.py``: routing, publishing and beat at 10 to 1,000 workers."""
+    """``benchmarks/fleet.py``: routing, publishing and beat at 10 to 10,000 workers."""
     sizes = data["sizes"]
     base = sizes[0]["publish_us"]
     page = _fleet_page(sizes).add("## Sizes", table(
@@ -164,12 +164,26 @@ def fleet(data: dict[str, Any]) -> Page:
           " / ".join(num(r["publish_us"][lane]) for lane in r["publish_us"]),
           " / ".join(ratio(div(r["publish_us"][lane], base[lane])) for lane in base),
           f"{num(r['round_ms'], 0)} (max {num(r['round_max_ms'], 0)})"] for r in sizes]))
+    if "goals" in data:
+        page.add(f"## Goals at {data['goals']['workers']:,} workers", table(
+            ["figure", "goal", "met"],
+            [[label, f"≤ {data['goals'][name]:,g}{unit}",
+              "yes" if data["met"][name] else "**no**"] for name, label, unit in FLEET_GOALS]))
     if live := data.get("live"):
         page.add(f"With real processes: {live['processes']} worker processes (echo model) up "
                  f"in {live['started_s']:.0f} s, {live['alive']} alive in beat's record; a "
                  f"beat round {live['round_ms']:.0f} ms (max {live['round_max_ms']:.0f}); "
                  f"{live['jobs']} jobs through `submit()` at {live['jobs_per_s']:.0f} jobs/s.")
     return page
+
+
+#: the fleet's goals as the page names them: (key, label, unit)
+FLEET_GOALS = (("decide_p99_us", "`decide()` p99", " µs"),
+               ("snapshot_bytes", "compact snapshot", " bytes"),
+               ("apply_ms", "applying a new snapshot", " ms"),
+               ("round_ms", "beat round, median", " ms"),
+               ("round_max_ms", "beat round, most (the heartbeat)", " ms"),
+               ("publish_ratio", "publish's Redis time over the smallest size's", "x"))
 
 
 def _fleet_page(sizes: list[dict[str, Any]]) -> Page:
