@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Collection, Mapping
 
 import redis
 
@@ -33,10 +33,10 @@ from beat.replicas import keep_replicas
 from beat.shared import return_to_shared_lanes
 from beat.snapshot import QueuedJob, Sums, lane_loads, next_policy
 from beat.standing import Standing
-from routing.compact import split
 from routing.names import FAST, HEARTBEAT_TASK, LANES, first_level
 from routing.policy import (FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES, admission_waits,
                             relax_levels)
+from routing.splitter import Splitter
 from tasks.broker import leader, scripts
 from tasks.broker.app import app, redis_client
 from tasks.broker.handover import holders
@@ -83,6 +83,8 @@ _last_round_at: list[float | None] = [None]
 DEPTHS = Depths()
 #: The idle workers and those that serve no more, as this process's record has them.
 STANDING = Standing()
+#: The snapshot's two parts (``routing.compact``), as this process's record gives them.
+SPLIT = Splitter()
 
 
 def ask_workers(client: redis.Redis) -> dict[str, dict]:
@@ -195,12 +197,13 @@ class _Written:
 
 
 def write_round(client: redis.Redis, snapshot: dict, workers: Mapping[str, dict],
-                changed: Iterable[str] | None = None, mark: str = "") -> bool:
+                changed: Collection[str] | None = None, mark: str = "") -> bool:
     """Store the worker record (whole, or only the workers ``changed``: those gone from
     ``workers`` are dropped), the members doc and the compact snapshot routers read
-    (``routing.compact``), fenced by beat's epoch (one step), marked by ``mark``; False,
-    having written nothing, when another beat leads."""
-    compact, members = split({**snapshot, "workers": workers})
+    (``routing.compact``: only the changed workers worked out again, ``SPLIT``), fenced
+    by beat's epoch (one step), marked by ``mark``; False, having written nothing, when
+    another beat leads."""
+    compact, members = SPLIT.split({**snapshot, "workers": workers}, changed)
     version = members["version"]
     hosts = workers if changed is None else changed
     records = [item for host in hosts for item in

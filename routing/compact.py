@@ -39,7 +39,7 @@ compact part.
                                            # models, then loading ones, in its own (LRU)
                                            # order, over the sorted set in members;
                                            # 255: see "order_over" {"<host index>": rank}
-    "cold_s": {model: mean measured load seconds, 3 decimals}
+    "cold_s": {model: mean measured load seconds, 3 decimals; by model}
 
 Per-host figures follow ``members["hosts"]``; a router checks their lengths.
 """
@@ -72,12 +72,19 @@ def drain_s_of(worker: Mapping[str, Any]) -> float | None:
 
 
 def cold_s_of(workers: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean measured load seconds per model over the workers that loaded it."""
+    """Mean measured load seconds per model over the workers that loaded it, by model
+    (the exact sum, rounded once: the same whatever the order of the workers)."""
     samples: dict[str, list[float]] = {}
     for worker in workers:
-        for model, load_ms in worker.get("load_ms", {}).items():
-            samples.setdefault(model, []).append(load_ms / 1000)
-    return {model: round(sum(s) / len(s), 3) for model, s in samples.items()}
+        for model, load_s in load_s_of(worker):
+            samples.setdefault(model, []).append(load_s)
+    return {model: round(math.fsum(s) / len(s), 3) for model, s in sorted(samples.items())}
+
+
+def load_s_of(worker: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    """(model, seconds) of each load ``worker`` measured (finite ones)."""
+    return tuple((model, load_ms / 1000) for model, load_ms in worker.get("load_ms", {}).items()
+                 if math.isfinite(load_ms))
 
 
 def fast_work(worker: Mapping[str, Any]) -> int:
@@ -127,34 +134,54 @@ def sizes_of(workers: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return sizes
 
 
+def work_of(worker: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(load, fast, first) of ``worker``: its jobs in flight and queued for it, its
+    ``fast_work`` and its ``first_work``."""
+    return (sum(worker.get("in_flight", {}).values()) + worker.get("queued", 0),
+            fast_work(worker), first_work(worker))
+
+
 def split(snapshot: dict) -> tuple[dict, dict]:
-    """(compact, members) of beat's full snapshot (see the module's docstring)."""
+    """(compact, members) of beat's full snapshot (see the module's docstring;
+    ``routing.splitter`` keeps it up to date from round to round)."""
     workers = snapshot.get("workers", {})
     hosts = sorted(host for host, worker in workers.items() if serving(worker))
     records = [workers[host] for host in hosts]
     ordered = [warm_of(worker) for worker in records]
     warm = [sorted(models) for models in ordered]
-    budget_mb = [int(worker.get("memory_mb", 0)) for worker in records]
-    model_mb = sizes_of(records)
-    members = {"version": version_of(hosts, budget_mb, warm, model_mb), "hosts": hosts,
-               "budget_mb": budget_mb, "warm": warm, "model_mb": model_mb}
-    compact = {key: value for key, value in snapshot.items() if key != "workers"}
-    compact["members"] = members["version"]
-    compact.update(pack_work([sum(w.get("in_flight", {}).values()) + w.get("queued", 0)
-                              for w in records],
-                             [fast_work(w) for w in records], [first_work(w) for w in records]))
+    members = members_of(hosts, [int(worker.get("memory_mb", 0)) for worker in records], warm,
+                         sizes_of(records))
+    work = [work_of(worker) for worker in records]
     start, stop = slice_of(len(hosts), snapshot.get("at", 0))
-    ranks = [rank_of(warm[i], ordered[i]) for i in range(start, stop)]
-    compact.update({
-        "slice": [start, stop],
-        "drain": pack_u8(drain_code(drain_s_of(worker)) for worker in records[start:stop]),
-        "order": pack_u8(min(rank, U8_MAX) for rank in ranks),
-        "cold_s": cold_s_of(records),
-    })
+    compact = compact_of(snapshot, members["version"],
+                         pack_work([w[0] for w in work], [w[1] for w in work],
+                                   [w[2] for w in work]),
+                         start, [drain_code(drain_s_of(worker)) for worker in records[start:stop]],
+                         [rank_of(warm[i], ordered[i]) for i in range(start, stop)],
+                         cold_s_of(records))
+    return compact, members
+
+
+def members_of(hosts: list[str], budget_mb: list[int], warm: list[list[str]],
+               model_mb: dict[str, int]) -> dict[str, Any]:
+    """The members part of these figures (see the module's docstring)."""
+    return {"version": version_of(hosts, budget_mb, warm, model_mb), "hosts": hosts,
+            "budget_mb": budget_mb, "warm": warm, "model_mb": model_mb}
+
+
+def compact_of(snapshot: Mapping[str, Any], version: str, work: Mapping[str, str], start: int,
+               drains: Sequence[int], ranks: Sequence[int], cold_s: dict[str, float]) -> dict:
+    """The compact part of ``snapshot`` for the members ``version``: ``work`` packed
+    (``pack_work``), the drain codes and order ranks of the slice from ``start``."""
+    compact = {key: value for key, value in snapshot.items() if key != "workers"}
+    compact["members"] = version
+    compact.update(work)
+    compact.update({"slice": [start, start + len(ranks)], "drain": pack_u8(drains),
+                    "order": pack_u8(min(rank, U8_MAX) for rank in ranks), "cold_s": cold_s})
     over = {str(start + i): rank for i, rank in enumerate(ranks) if rank >= U8_MAX}
     if over:
         compact["order_over"] = over
-    return compact, members
+    return compact
 
 
 def slice_of(hosts: int, at: float) -> tuple[int, int]:
@@ -170,12 +197,22 @@ def slice_of(hosts: int, at: float) -> tuple[int, int]:
 def pack_work(loads: list[int], fast: list[int], first: list[int]) -> dict[str, str]:
     """The ``work`` byte of each host (and ``work_over`` for the ones that do not fit)."""
     codes, over = bytearray(), []
-    for load, ahead, more in zip(loads, fast, first):
-        if load < 15 and 0 <= ahead < 4 and 0 <= more - ahead < 4:
-            codes.append(load << 4 | ahead << 2 | more - ahead)
-        else:
-            codes.append(WORK_OVER)
-            over += (load, ahead, more)
+    for figures in zip(loads, fast, first):
+        codes.append(work_code(*figures))
+        if codes[-1] == WORK_OVER:
+            over += figures
+    return packed_work(codes, over)
+
+
+def work_code(load: int, ahead: int, more: int) -> int:
+    """A host's ``work`` byte: ``WORK_OVER`` when its figures do not fit."""
+    if load < 15 and 0 <= ahead < 4 and 0 <= more - ahead < 4:
+        return load << 4 | ahead << 2 | more - ahead
+    return WORK_OVER
+
+
+def packed_work(codes: bytes, over: list[int]) -> dict[str, str]:
+    """``work`` of the hosts' codes, and ``work_over`` of the figures of those over."""
     packed = {"work": _packed(codes)}
     if over:
         packed["work_over"] = pack_u16(over)

@@ -12,7 +12,9 @@ from beat.heartbeat import heartbeat
 from beat.lease import Leadership
 from beat.record import BUSY_ALPHA, RECORD, busy_slots
 from beat.tally import Tally
+from routing.compact import split
 from tasks.broker.keys import (
+    SNAPSHOT_KEY,
     WORKER_STATS_AT_KEY,
     WORKER_STATS_CHANGED_KEY,
     WORKERS_BY_KEY,
@@ -39,6 +41,15 @@ def _stored(client) -> dict[str, dict]:
     return {h.decode(): json.loads(v) for h, v in client.hgetall(WORKERS_KEY).items()}
 
 
+def _split_as_written(client) -> None:
+    """The snapshot's split parts as written are those of the whole record (beat works
+    out only the changed workers' again: ``beat.heartbeat.SPLIT``)."""
+    written = json.loads(client.get(SNAPSHOT_KEY))
+    compact, members = split({"at": written["at"], "workers": RECORD.workers})
+    assert {key: written[key] for key in compact if key != "at"} == \
+        {key: value for key, value in compact.items() if key != "at"}
+
+
 @pytest.fixture
 def epoch(clean_redis):
     lead = Leadership(clean_redis)
@@ -63,6 +74,13 @@ def test_a_leader_folds_in_and_writes_back_only_what_changed(clean_redis, epoch)
         assert RECORD.changed is None and set(_stored(clean_redis)) == set(HOSTS)
         _push(clean_redis, **{"gpu1@h": {"in_flight": {"standard": 1}}})
         heartbeat()
+        _split_as_written(clean_redis)
+        _push(clean_redis, **{"gpu2@h": {"loading_models": ["other"]}})
+        heartbeat()
+        _split_as_written(clean_redis)
+        _push(clean_redis, **{"gpu1@h": {"in_flight": {"standard": 1}},
+                              "gpu2@h": {"loading_models": ["other"]}})
+        heartbeat()
     assert RECORD.changed == {"gpu1@h"}  # the others pushed the same stats: not read
     stored = _stored(clean_redis)
     assert stored["gpu1@h"]["in_flight"] == {"standard": 1}
@@ -82,6 +100,7 @@ def test_a_silent_worker_misses_its_rounds_found_by_score(clean_redis, epoch):
         heartbeat()
         silent = _stored(clean_redis)["gpu2@h"]
         assert silent["missed"] == 2 and not silent["alive"]  # MISSES_ALLOWED: dead
+        _split_as_written(clean_redis)
         _push(clean_redis)  # back, with the same stats as before: heard again
         heartbeat()
     back = _stored(clean_redis)["gpu2@h"]
