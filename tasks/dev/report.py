@@ -29,14 +29,15 @@ class Progress:
             self.out.flush()
 
     def wait(self, results: list[AsyncResult], timeout_s: float) -> list[dict]:
-        """Successful result dicts; a failed job is reported, not raised."""
-        pending, done, failed = list(results), [], 0
+        """Successful result dicts, in the order of ``results``; a failed job is
+        reported, not raised."""
+        pending, done, failed = list(results), {}, 0
         deadline, last = time.monotonic() + timeout_s, -1
         while pending and time.monotonic() < deadline:
             for result in [r for r in pending if r.ready()]:
                 pending.remove(result)
                 if result.successful():
-                    done.append(result.result)
+                    done[result.id] = result.result
                 else:
                     failed += 1
                     print(f"\njob {result.id} failed: {result.result}", file=self.out)
@@ -44,7 +45,7 @@ class Progress:
                 last = len(done) + failed
                 self.draw(last, failed)
             time.sleep(0.2)  # one GET per pending job per poll: keep it light
-        return done
+        return [done[result.id] for result in results if result.id in done]
 
 
 def _percentile(values: list[float], q: float) -> float:
