@@ -8,9 +8,9 @@ import pytest
 from conftest import SMALL, wait_until
 
 from routing.names import worker_queue
-from routing.placement import assign_homes, home, model_mb, ring
+from routing.placement import assign_homes, home, model_mb, ring, touched
 from routing.policy import PolicyView, decide
-from routing.snapshot import SnapshotCache, touched
+from routing.snapshot import SnapshotCache
 from tasks import submit
 from tasks.broker.keys import WORKERS_KEY
 

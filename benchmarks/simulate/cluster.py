@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from gpu_worker.runtime import Runtime
 from routing.names import FAST, LANES, first_level
-from routing.snapshot import touched
+from routing.placement import touched
 from tasks.broker.keys import PRIORITY_SEP
 
 from benchmarks.simulate.engine import Clock
