@@ -113,9 +113,15 @@ def one_torch_thread():
     torch.set_num_threads(previous)
 
 
+#: The gates made by the test now running: each is opened as it ends, pass or fail, so a
+#: failed test leaves no job held at a gate for the tests after it on the same workers.
+_GATES: list[str] = []
+
+
 def new_gate() -> str:
     """A fresh gate name for ``gate:NAME`` prompts of the flaky model."""
-    return uuid.uuid4().hex[:12]
+    _GATES.append(uuid.uuid4().hex[:12])
+    return _GATES[-1]
 
 
 #: Lines of each cluster log a failed test's report ends with, of what it wrote meanwhile.
@@ -184,6 +190,9 @@ def clean_redis(redis_server):
         snapshot_cache().forget()
     _places_taken.clear()  # what this process learnt of the deleted fast places
     yield client
+    from tests.flaky_model import open_gate
+    while _GATES:
+        open_gate(_GATES.pop())
     drop_keys(client)
 
 

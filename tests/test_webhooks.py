@@ -167,3 +167,26 @@ def test_a_receiver_that_never_answers_does_not_delay_another(http, owner, worke
                              what="the quick receiver's webhook while the other is silent")
         open_gate(gate)
         assert started and silent.tried >= 8
+
+
+def test_a_sender_held_up_past_its_lease_leaves_the_delivery_to_the_next_take(clean_redis):
+    """A delivery whose lease has less left than one attempt's timeout is not sent (the
+    next take sends it): a sender held up since it took it sends no second copy."""
+    import asyncio
+    import time
+
+    from tasks.front import hooks
+
+    async def attempt(sender, lease_left_s: float):
+        delivery = hooks.Delivery(f"{hooks.PREDICTION_PREFIX}{uuid.uuid4()} 1-0", time.time() + lease_left_s,
+                                  0)
+        try:
+            return await sender.attempt(delivery, hooks.Prepared(receiver.url, "{}", "c2VjcmV0"))
+        finally:
+            await sender.http.aclose()
+
+    with Receiver() as receiver, override(webhook_allow_private=True):
+        assert asyncio.run(attempt(hooks.Sender(clean_redis), hooks.TIMEOUT_S - 1)) is None
+        assert receiver.tried == 0
+        assert asyncio.run(attempt(hooks.Sender(clean_redis), hooks.TIMEOUT_S + 1)) == ""
+        assert receiver.tried == 1

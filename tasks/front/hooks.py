@@ -5,8 +5,9 @@ A prediction's events that its webhook's filter takes are put in the outbox in t
 same step as they are logged (``lua/events.lua``): a sorted set of deliveries by when
 each is due. A sender takes the due ones with a lease (``lua/webhook_take.lua``: each is
 due again when the lease ends, so a sender killed mid-delivery loses none: another
-sender, or itself restarted, sends it then), and settles each (``lua/webhook_settle.lua``)
-as delivered, or due again after a backoff.
+sender, or itself restarted, sends it then; a sender held up until its lease has too little
+left for a whole attempt leaves it to that next take rather than send it twice), and
+settles each (``lua/webhook_settle.lua``) as delivered, or due again after a backoff.
 
 Each delivery is the prediction as ``GET /v1/predictions/{id}`` shows it at the time of
 sending, signed the Standard Webhooks way with its account's secret
@@ -191,15 +192,22 @@ class Sender:
                 sent = await self.attempt(delivery, prepared)
             finally:
                 self.per_host[host] -= 1
-            await asyncio.to_thread(self.settle_attempt, delivery, sent)
+            if sent is not None:
+                await asyncio.to_thread(self.settle_attempt, delivery, sent)
         except OUTAGE as exc:  # its lease lapses and it is due again
             log.warning("webhook %s: Redis away (%s)", delivery.webhook_id, exc)
 
-    async def attempt(self, delivery: Delivery, prepared: Prepared) -> str:
-        """Send it once: '' when the receiver took it, else why not."""
+    async def attempt(self, delivery: Delivery, prepared: Prepared) -> str | None:
+        """Send it once: '' when the receiver took it, else why not; None: not sent, as
+        its lease would lapse before the attempt could end (this sender was held up since
+        it took it: it is due again, and another take sends it, once)."""
         refusal = await asyncio.to_thread(webhooks.refused, prepared.url)
         if refusal:
             return f"refused: {refusal}"
+        if time.time() + TIMEOUT_S > delivery.lease:
+            log.info("webhook %s: its lease lapses before an attempt could end; left to "
+                     "the next take", delivery.webhook_id)
+            return None
         now = datetime.now(timezone.utc)
         signature = Webhook(prepared.secret).sign(delivery.webhook_id, now, prepared.body)
         headers = {"content-type": "application/json", "webhook-id": delivery.webhook_id,
