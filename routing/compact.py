@@ -22,20 +22,20 @@ compact part.
 ``policy``, ``exhausted``, ``levels`` and any other), plus::
 
     "members": "<version>",
-    "work":  b85(zlib(uint8 per host)),    # load << 4 | fast << 2 | (first - fast):
+    "work":  b64(zlib(uint8 per host)),    # load << 4 | fast << 2 | (first - fast):
                                            # load: in_flight + queued; fast: what a fast
                                            # job would wait for there (``fast_work``);
                                            # first: what a first-level standard job would
                                            # (``first_work``); 0xF0: past 14, 3, 3, see:
-    "work_over": b85(zlib(uint16 LE: load, fast, first per such host, in host order)),
+    "work_over": b64(zlib(uint16 LE: load, fast, first per such host, in host order)),
     "slice": [start, stop],                # the hosts whose slow figures follow: all of
                                            # them up to SLICE_HOSTS, else one slice in turn
                                            # (``int(at)`` picks it), kept by routers
-    "drain": b85(zlib(uint8 per host of the slice)),  # seconds per queued job (service /
+    "drain": b64(zlib(uint8 per host of the slice)),  # seconds per queued job (service /
                                            # concurrency): 0 not measured, else
                                            # 10 ** ((code - 121) / 40), 1 ms .. 2,239 s,
                                            # steps of 5.9 % (0.1 s, 1 s, 10 s exact)
-    "order": b85(zlib(uint8 per host of the slice)),  # the Lehmer rank of the host's warm
+    "order": b64(zlib(uint8 per host of the slice)),  # the Lehmer rank of the host's warm
                                            # models, then loading ones, in its own (LRU)
                                            # order, over the sorted set in members;
                                            # 255: see "order_over" {"<host index>": rank}
@@ -242,15 +242,15 @@ _MORE = bytes(code & 3 for code in range(256))
 
 
 def _packed(data: bytes) -> str:
-    return base64.b85encode(zlib.compress(data, 9)).decode()
+    return base64.b64encode(zlib.compress(data, 9)).decode()
 
 
-def _unpacked(text: str) -> bytes:
-    return zlib.decompress(base64.b85decode(text))
+def _unpacked(text: str) -> bytes:  # base64, not b85: decoded in C, 30x faster
+    return zlib.decompress(base64.b64decode(text, validate=True))
 
 
 def pack_u16(values: Any) -> str:
-    """b85 of the zlib of uint16 little-endian values (each capped at 65535)."""
+    """base64 of the zlib of uint16 little-endian values (each capped at 65535)."""
     packed = array("H", (min(max(int(v), 0), U16_MAX) for v in values))
     if sys.byteorder == "big":
         packed.byteswap()
@@ -267,7 +267,7 @@ def unpack_u16(text: str, count: int | None) -> list[int]:
 
 
 def pack_u8(values: Any) -> str:
-    """b85 of the zlib of bytes."""
+    """base64 of the zlib of bytes."""
     return _packed(bytes(values))
 
 
