@@ -1,4 +1,5 @@
-"""gpulanes public API: ``from tasks import submit``; ``celery -A tasks`` finds ``app``.
+"""gpulanes public API: ``from tasks import submit`` (and ``result``: a job's
+``AsyncResult`` by its id, on its cell's Redis); ``celery -A tasks`` finds ``app``.
 
 Attributes load lazily so that leaf modules (``tasks.errors``) import without
 building the Celery app.
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["app", "submit"]
+__all__ = ["app", "result", "submit"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +21,7 @@ def __getattr__(name: str) -> Any:
     if name == "submit":
         from tasks.api import submit
         return submit
+    if name == "result":
+        from tasks.broker.cells import result
+        return result
     raise AttributeError(f"module 'tasks' has no attribute {name!r}")

@@ -16,8 +16,10 @@ from typing import Any, Iterator
 
 from celery.result import AsyncResult
 
+from tasks.broker import cell, cells
 from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place, snapshot_cache
 from tasks.broker.keys import idempotency_key as same_key
+from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
 from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
@@ -80,8 +82,18 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     """
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
+    if not settings.cells:
+        return _submit(job, str(uuid.uuid4()), idempotency_key, cancel_after, plan, inputs)
+    name = cells.cell_for(job.model)  # with cells: the cell of its model, its id names it
+    with cell.within(name):
+        found = _submit(job, cell.new_job_id(name), idempotency_key, cancel_after, plan, inputs)
+    return cells.bound(found, name)
+
+
+def _submit(job: Job, job_id: str, idempotency_key: str | None, cancel_after: float | None,
+            plan: Plan | None, inputs: dict[str, Any]) -> AsyncResult:
+    """:func:`submit` of a validated job, on the Redis of its cell."""
     check_fits(job.model, snapshot_cache().members())
-    job_id = str(uuid.uuid4())
     caller = _caller(job, job_id, idempotency_key, cancel_after, plan)
     if plan is not None:
         job = replace(job, admitted=True)

@@ -12,10 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal, cast
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from tasks.errors import ConfigError
+from tasks.settings_cells import parse_cells
 from tasks.settings_retired import retired_in
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -79,10 +80,12 @@ class Settings(BaseSettings):
     """An fsspec URL (http://, s3://, file://) workers fetch checkpoints from into
     MODEL_DIR; unset: MODEL_DIR only."""
     broker_url: str | None = None
-    """The Redis jobs go through (``redis://``, ``rediss://``, ``sentinel://``).
-    Unset: the embedded Redis on ``<STATE_DIR>/redis.sock``, started by the launcher."""
+    """The Redis jobs go through (``redis://``, ``rediss://``, ``sentinel://``), or
+    several, one per pool: ``pool=url`` pairs separated by commas (cells, see
+    ``docs/scaling.md``). Unset: the embedded Redis on ``<STATE_DIR>/redis.sock``,
+    started by the launcher."""
     result_backend: str | None = None
-    """The Redis results are kept in. Unset: the broker."""
+    """The Redis results are kept in. Unset: the broker (with cells, each cell's)."""
     sentinel_master: str | None = None
     """The master's name when the URLs are ``sentinel://h1:26379;sentinel://h2:26379``."""
 
@@ -253,10 +256,24 @@ class Settings(BaseSettings):
             raise ValueError("must be user:password")
         return raw
 
+    _cells: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("broker_url")
+    @classmethod
+    def _cells_named(cls, raw: str | None) -> str | None:
+        parse_cells(raw or "")  # ValueError: a malformed list of cells
+        return raw
+
     @model_validator(mode="after")
     def _derived(self) -> "Settings":
         """Defaults that follow other settings, and rules across settings."""
         self.model_dir = self.model_dir or self.state_dir / "models"
+        if cells := parse_cells(self.broker_url or ""):
+            if self.result_backend:
+                raise ConfigError(f"{PREFIX}RESULT_BACKEND", "with cells, each keeps its own "
+                                  "results: leave it unset")
+            self._cells = cells
+            self.broker_url = cells.get(self.pool) or next(iter(cells.values()))
         self.broker_url = self.broker_url or f"redis+socket://{self.embedded_socket}"
         self.result_backend = self.result_backend or self.broker_url
         _check_across(self)
@@ -267,6 +284,12 @@ class Settings(BaseSettings):
     def embedded_socket(self) -> Path:
         """The embedded Redis' Unix socket (used when no broker URL is set)."""
         return self.state_dir / "redis.sock"
+
+    @property
+    def cells(self) -> dict[str, str]:
+        """The cells the broker URL names ({pool: Redis URL}, in order); {}: one Redis
+        (``broker_url``, which with cells is this process's own pool's, else the first)."""
+        return self._cells
 
     @property
     def embedded_broker(self) -> bool:

@@ -15,6 +15,7 @@ from celery import Celery
 from celery.backends.redis import RedisBackend, SentinelBackend
 
 from tasks.broker import backend, lanes  # noqa: F401  registers the transport
+from tasks.broker.cell import url_now
 from tasks.broker.store import broker_client
 
 #: Members of Celery's Redis result backends that gpulanes' overrides or reads, pinned
@@ -31,7 +32,12 @@ app = Celery("gpulanes", include=["tasks.worker.generate"],
 app.config_from_object("celeryconfig")
 
 
-@lru_cache(maxsize=1)
 def redis_client() -> redis.Redis:
-    """A redis-py client on the broker's Redis, for gpulanes' own keys."""
-    return broker_client()
+    """A redis-py client on the broker's Redis, for gpulanes' own keys (inside
+    ``tasks.broker.cell.within``, on that cell's)."""
+    return _client(url_now())
+
+
+@lru_cache(maxsize=None)
+def _client(url: str | None) -> redis.Redis:
+    return broker_client()  # (url: the cell in force, which broker_client reads too)

@@ -29,6 +29,7 @@ from routing.policy import (
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app, redis_client
 from tasks.broker.bindings import PRIORITY_STEPS, Bindings, list_of
+from tasks.broker.cell import url_now
 from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
     FAST_BALANCE_KEY,
@@ -148,11 +149,16 @@ def publish_deadline() -> float:
     return time.time() + _redis_clock_offset_s[0] + settings.redis_timeout_s - margin_s
 
 
-@lru_cache(maxsize=1)
 def snapshot_cache() -> SnapshotCache:
-    """This process's copy of the lane snapshot: read in the first ``submit()``'s own
-    call, before it routes, then refreshed in the background; each read gives up within
-    ``GPULANES_REDIS_TIMEOUT_S`` (one second at most: routing falls back to the tiers)."""
+    """This process's copy of the lane snapshot (inside ``tasks.broker.cell.within``,
+    of that cell's): read in the first ``submit()``'s own call, before it routes, then
+    refreshed in the background; each read gives up within ``GPULANES_REDIS_TIMEOUT_S``
+    (one second at most: routing falls back to the tiers)."""
+    return _snapshot_cache(url_now())
+
+
+@lru_cache(maxsize=None)
+def _snapshot_cache(url: str | None) -> SnapshotCache:
     read_s = min(1.0, settings.redis_timeout_s)
     client = broker_client(socket_timeout=read_s, socket_connect_timeout=read_s)
     return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
@@ -378,10 +384,18 @@ def _fair(queue: str, account: str, lane: str, level: int) -> Fair:
                 waiting_accounts_key(lane))
 
 
-@lru_cache(maxsize=1)
 def bindings() -> Bindings:
-    """The bindings this process's publishes are addressed by."""
+    """The bindings this process's publishes are addressed by (a cell's, inside
+    ``tasks.broker.cell.within``)."""
+    return _bindings(url_now())
+
+
+@lru_cache(maxsize=None)
+def _bindings(url: str | None) -> Bindings:
     return Bindings(redis_client())
+
+
+snapshot_cache.cache_info = _snapshot_cache.cache_info  # type: ignore[attr-defined]
 
 
 def addressed(exchange: str, sent: Envelope, entered_at: float) -> Message:

@@ -136,7 +136,10 @@ def connect(broker_url: str, master_name: str | None = None, timeout_s: float = 
 
 
 def broker_client(**kwargs) -> redis.Redis:
-    """A new client of the broker's Redis as the settings name it, every call giving up
-    after ``GPULANES_REDIS_TIMEOUT_S`` (unless ``kwargs`` say otherwise)."""
-    return connect(settings.broker_url, settings.sentinel_master,
+    """A new client of the broker's Redis as the settings name it (inside
+    ``tasks.broker.cell.within``, that cell's), every call giving up after
+    ``GPULANES_REDIS_TIMEOUT_S`` (unless ``kwargs`` say otherwise)."""
+    from tasks.broker.cell import url_now
+
+    return connect(url_now() or settings.broker_url, settings.sentinel_master,
                    timeout_s=settings.redis_timeout_s, **kwargs)

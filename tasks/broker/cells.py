@@ -1,0 +1,70 @@
+"""Cells: the pools spread over several Redis instances (``tasks.settings_cells``).
+
+A cell is a whole gpulanes cluster on its own Redis; workers and beat use their own pool's
+and never learn of the others. A submitting process knows them all: it reads each
+cell's snapshot, and publishes each job to the cell of its model (:func:`cell_for`),
+inside ``tasks.broker.cell.within`` that cell, in the one round trip a publish always
+takes, there. The job's id names its cell, so :func:`result` reads a job's result from
+the right Redis however its id reached the reader.
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from celery.result import AsyncResult
+
+from tasks.broker.app import app
+from tasks.broker.cell import named_by, within
+from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.store import result_url
+from tasks.settings import settings
+
+
+@lru_cache(maxsize=None)
+def app_of(name: str) -> Any:
+    """A Celery app on cell ``name``'s Redis: its results, its control commands."""
+    url = settings.cells[name]
+    cell = Celery("gpulanes", set_as_current=False,
+                  control="tasks.broker.control:LanesControl")
+    cell.config_from_object("celeryconfig")
+    cell.conf.update(broker_url=f"gpulanes+{url.split(';')[0]}", result_backend=result_url(url),
+                     broker_transport_options={**cell.conf.broker_transport_options,
+                                               "url": url})
+    return cell
+
+
+def bound(found: Any, name: str) -> Any:
+    """``found`` (what a submit in cell ``name`` answered) read from that cell's Redis: an
+    ``AsyncResult`` is bound to the cell's app (a cached result, answered at once, is
+    left as it is)."""
+    if type(found) is not AsyncResult:
+        return found
+    return AsyncResult(found.id, app=app_of(name))
+
+
+def result(job_id: str) -> Any:
+    """The ``AsyncResult`` of ``job_id``, on the Redis of the cell its id names."""
+    name = named_by(job_id)
+    return AsyncResult(job_id, app=app if name is None else app_of(name))
+
+
+def cell_for(model: str) -> str:
+    """The cell ``model``'s jobs go to: of the cells where a worker holds it warm (by
+    each cell's snapshot), else of all, the first by rendezvous hashing on the model,
+    so that its jobs keep to one cell while it stays warm there, and one cell warms
+    it when none holds it."""
+    names = list(settings.cells)
+    warm = []
+    for name in names:
+        with within(name):
+            view = snapshot_cache().members()
+        if view is not None and view.holders.get(model):
+            warm.append(name)
+    return max(warm or names, key=lambda name: _rank(name, model))
+
+
+def _rank(name: str, model: str) -> bytes:
+    return hashlib.blake2b(f"{name}/{model}".encode(), digest_size=8).digest()

@@ -1,0 +1,121 @@
+"""Cells: pools on Redis instances of their own. Two real cells (a Redis, a worker and
+beat each), one submitting process that knows both."""
+from __future__ import annotations
+
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import STATE_DIR, wait_until
+
+from gpu_worker.redis_server import EmbeddedRedis
+from tasks.broker import cell, cells
+from tasks.errors import ConfigError
+from tasks.settings import load, override
+from tasks.settings_cells import parse_cells
+
+#: Each cell's pool, and the model its worker holds warm.
+WARM = {"cell-a": "echo", "cell-b": "typed"}
+
+
+def test_the_broker_url_names_cells_and_each_pool_uses_its_own():
+    spec = "gpu-a=redis://r1:6379/0, gpu-b=sentinel://s1:26379;sentinel://s2:26379"
+    assert parse_cells(spec) == {"gpu-a": "redis://r1:6379/0",
+                                 "gpu-b": "sentinel://s1:26379;sentinel://s2:26379"}
+    assert parse_cells("redis://h:6379/0?socket_timeout=3") == {}  # one Redis
+    mine = load(broker_url="gpu-a=redis://r1/0 gpu-b=redis://r2/0", pool="gpu-b")
+    assert mine.broker_url == mine.result_backend == "redis://r2/0"
+    assert list(mine.cells) == ["gpu-a", "gpu-b"]
+    assert load(broker_url="gpu-a=redis://r1/0", pool="other").broker_url == "redis://r1/0"
+    for bad, says in (("gpu-a=redis://r1/0, redis://r2/0", "not a cell"),
+                      ("GPU=redis://r1/0", "not a cell"),
+                      ("a=redis://r1/0 a=redis://r2/0", "named twice")):
+        with pytest.raises(ConfigError, match=says) as refused:
+            load(broker_url=bad)
+        assert refused.value.variable == "GPULANES_BROKER_URL"
+    with pytest.raises(ConfigError) as refused:
+        load(broker_url="a=redis://r1/0", result_backend="redis://r3/0")
+    assert refused.value.variable == "GPULANES_RESULT_BACKEND"
+
+
+def test_a_job_id_is_a_uuid_that_names_its_cell():
+    with override(broker_url=", ".join(f"c{i}=redis://r{i}/0" for i in range(40))):
+        for name in ("c0", "c17", "c39"):
+            job_id = cell.new_job_id(name)
+            assert str(uuid.UUID(job_id)) == job_id and uuid.UUID(job_id).version == 4
+            assert cell.named_by(job_id) == name
+        assert cell.named_by(str(uuid.UUID(int=0xFF))) is None  # no cell 255
+    assert cell.named_by(str(uuid.uuid4())) is None  # no cells
+
+
+@pytest.fixture(scope="module")
+def two_cells(redis_server):
+    """Two cells, each its own Redis, one worker and beat; the test process knows both."""
+    from tasks.dev.cluster import LocalCluster
+
+    folders = {name: Path(tempfile.mkdtemp(prefix=f"gl-{name}-", dir="/tmp")) for name in WARM}
+    spec = ", ".join(f"{name}={EmbeddedRedis(folder).url}" for name, folder in folders.items())
+    started = []
+    with override(broker_url=spec):
+        try:
+            for name, folder in folders.items():
+                cluster = LocalCluster(folder, workers=1, device="cpu", beat=True, env={
+                    "GPULANES_BROKER_URL": spec, "GPULANES_POOL": name,
+                    "GPULANES_WARM_MODELS": WARM[name]},
+                    log_dir=STATE_DIR / "logs" / f"test_cells-{name}")
+                started.append(cluster)
+                cluster.start(cells.app_of(name), timeout_s=120, fresh=True)
+            yield {name: cluster for name, cluster in zip(folders, started)}
+        finally:
+            for cluster in started:
+                cluster.stop()
+
+
+def test_each_job_goes_to_the_cell_of_its_model_and_its_result_comes_from_there(
+        two_cells, clean_redis):
+    from tasks import result, submit
+
+    def warm_in(name: str, model: str) -> bool:
+        with cell.within(name):
+            from tasks.broker.enqueue import snapshot_cache
+            view = snapshot_cache().members()
+        return view is not None and bool(view.holders.get(model))
+
+    wait_until(lambda: all(warm_in(name, model) for name, model in WARM.items()), 60,
+               "each cell's snapshot to show its warm model")
+    jobs = {name: [submit(model=model, tier=tier, **({"text": tier} if model == "echo" else
+                                                      {"count": i}))
+                   for i, tier in enumerate(("fast", "standard", "relaxed"))]
+            for name, model in WARM.items()}
+    for name, sent in jobs.items():
+        client = two_cells[name].redis.client()
+        for job in sent:
+            assert cell.named_by(job.id) == name
+            done = job.get(timeout=60)
+            assert done["model"] == WARM[name] and done["attempts"] == 1
+            assert result(job.id).get(timeout=5) == done  # by its id alone
+            assert client.exists(f"celery-task-meta-{job.id}")  # its result: in its cell
+            other = two_cells[next(n for n in WARM if n != name)].redis.client()
+            assert not other.exists(f"celery-task-meta-{job.id}")
+    assert not clean_redis.keys("celery-task-meta-*")  # the submitter's own Redis: none
+
+
+def test_a_cell_down_leaves_the_other_serving(two_cells):
+    """One cell's Redis stopped: its jobs are refused at submit
+    (``BrokerUnavailable``), the other cell's still run."""
+    import os
+    import signal
+
+    from tasks import submit
+    from tasks.errors import BrokerUnavailable
+
+    down = two_cells["cell-b"].redis
+    os.kill(down.process.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(BrokerUnavailable):
+            submit(model="typed", count=1)
+        assert submit(model="echo", text="still here").get(timeout=60)["model"] == "echo"
+    finally:
+        os.kill(down.process.pid, signal.SIGCONT)
+    assert submit(model="typed", count=1).get(timeout=60)["model"] == "typed"
