@@ -34,6 +34,7 @@ import time
 
 import redis
 
+from beat import fastsplit
 from beat.balance import node_of
 from routing.names import MOVERS_TASK, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, next_lane
@@ -106,4 +107,6 @@ def move_queued() -> str:
     if any(moved.values()) or lifted:
         log.warning("moved past budget: %s; relaxed jobs lifted by age: %d", moved, lifted)
     let_in, renewed = admission.sweep(client), renew_spent(client, time.time())
-    return f"deadline moves {moved}, aged {lifted}, parked let in {let_in}, renewed {renewed}"
+    spread = fastsplit.spread_round(time.time()) if fastsplit.leads_the_cells() else 0
+    return (f"deadline moves {moved}, aged {lifted}, parked let in {let_in}, renewed "
+            f"{renewed}, fast seconds spread over the cells for {spread}")

@@ -195,7 +195,7 @@ def _caller(job: Any, job_id: str, idempotency_key: Any, cancel_after: Any,
                   record=predictions.record(job_id, job.account, job.model, job.tier,
                                             job.inputs, cancel_after, hook),
                   plan=admission.plan_args(job.account, plan),
-                  period=f"{period} {plan.period_s} {plan.fast_seconds!r}",
+                  period=f"{period} {plan.period_s} {cell.share(plan.fast_seconds)!r}",
                   relax=plan.relax, renews_at=float((period + 1) * plan.period_s))
 
 

@@ -119,3 +119,62 @@ def test_a_cell_down_leaves_the_other_serving(two_cells):
     finally:
         os.kill(down.process.pid, signal.SIGCONT)
     assert submit(model="typed", count=1).get(timeout=60)["model"] == "typed"
+
+
+def test_parts_of_an_account_spread_by_use_and_keep_their_sum():
+    from beat.fastsplit import parts_by_use
+
+    moved = parts_by_use({"a": -2.0, "b": 50.0, "c": 0.0}, {"a": 30.0})
+    assert sum(moved.values()) == pytest.approx(48.0) and moved["a"] > 47.9
+    assert parts_by_use({"a": 4.0, "b": 2.0}, {}) == {"a": 3.0, "b": 3.0}  # unused: equal
+    assert parts_by_use({"a": -1.0, "b": 0.0}, {"a": 5.0}) == {"a": -1.0, "b": 0.0}
+    spent = parts_by_use({"a": -3.0, "b": 1.0}, {"a": 1.0, "b": 1.0})  # less than nothing
+    assert all(part <= 0 for part in spent.values()) and sum(spent.values()) == -2.0
+
+
+def test_beat_moves_an_accounts_seconds_to_the_cell_where_it_ran_out(tmp_path):
+    """Two Redis: an account spent in one cell, with seconds in the other, gets them
+    where it spends, its sum kept and its spent mark dropped; a plan's account and one
+    spent everywhere stay as they are."""
+    import time
+
+    from beat.fastsplit import spread
+    from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, FAST_PERIOD_KEY
+    from tasks.broker.keys import USAGE_BUCKET_S, usage_key
+
+    servers = [EmbeddedRedis(tmp_path / name).start() for name in ("a", "b")]
+    try:
+        a, b = (server.client() for server in servers)
+        now = time.time()
+        a.hset(FAST_BALANCE_KEY, mapping={"spends": -2, "plan": -1, "out": -1})
+        a.sadd(FAST_EXHAUSTED_KEY, "spends", "plan", "out")
+        a.hset(FAST_PERIOD_KEY, "plan", "1 3600 10")
+        a.hset(usage_key(int(now) // USAGE_BUCKET_S), "spends", 30)
+        b.hset(FAST_BALANCE_KEY, mapping={"spends": 50, "plan": 5, "out": 0})
+        assert spread({"a": a, "b": b}, now) == 1
+        parts = [float(c.hget(FAST_BALANCE_KEY, "spends")) for c in (a, b)]
+        assert sum(parts) == pytest.approx(48.0) and parts[0] > 47.9
+        assert not a.sismember(FAST_EXHAUSTED_KEY, "spends")
+        assert [a.hget(FAST_BALANCE_KEY, "plan"), b.hget(FAST_BALANCE_KEY, "plan")] == [
+            b"-1", b"5"]
+        assert spread({"a": a, "b": b}, now) == 0  # nothing left to move
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def test_a_fast_job_of_an_account_spent_in_its_cell_runs_fast_once_beat_spreads(
+        two_cells):
+    from tasks import submit
+    from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
+    from tasks.jobs.accounts import fast_seconds_left
+
+    a, b = (two_cells[name].redis.client() for name in WARM)
+    a.hset(FAST_BALANCE_KEY, "studio", 100)
+    b.hset(FAST_BALANCE_KEY, "studio", -1)
+    b.sadd(FAST_EXHAUSTED_KEY, "studio")
+    wait_until(lambda: float(b.hget(FAST_BALANCE_KEY, "studio")) > 0, 30,
+               "the first cell's beat to spread the account's seconds")
+    assert fast_seconds_left("studio") == pytest.approx(99.0, abs=0.01)
+    done = submit(model="typed", tier="fast", account="studio", count=7).get(timeout=60)
+    assert done["lane"] == "fast"

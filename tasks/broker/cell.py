@@ -48,3 +48,10 @@ def named_by(job_id: str) -> str | None:
     except ValueError:
         return None
     return names[number] if names and number < len(names) else None
+
+
+def share(seconds: float) -> float:
+    """A cell's part of an account's ``seconds`` of fast time, as the account starts (or
+    a plan's period renews it): the whole with one Redis, an equal part with cells;
+    beat moves the parts where they are spent (``beat.fastsplit``)."""
+    return seconds / max(1, len(settings.cells))

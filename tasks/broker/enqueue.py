@@ -29,7 +29,7 @@ from routing.policy import (
 from routing.snapshot import SnapshotCache
 from tasks.broker.app import app, redis_client
 from tasks.broker.bindings import PRIORITY_STEPS, Bindings, list_of
-from tasks.broker.cell import url_now
+from tasks.broker.cell import share, url_now
 from tasks.broker.envelope import Envelope
 from tasks.broker.keys import (
     FAST_BALANCE_KEY,
@@ -342,7 +342,8 @@ def _fast_conditions(job: Job, where: Route, over_fast_limit: bool,
     if settings.fast_jobs_per_account and not over_fast_limit:
         places = (fast_queued_key(job.account), settings.fast_jobs_per_account, PLACE_LAPSE_S)
     return {"fast_places": places,
-            "fast_time": (FAST_BALANCE_KEY, job.account, settings.fast_seconds_default)}
+            "fast_time": (FAST_BALANCE_KEY, job.account,
+                          share(settings.fast_seconds_default))}
 
 
 def _publish(job: Job, job_id: str, where: Route, run: tuple[str, str] | None,

@@ -23,6 +23,7 @@ from routing.names import FAIR_LANES
 from tasks.broker import scripts
 from tasks.broker.app import redis_client
 from tasks.broker.backend import Entry
+from tasks.broker.cell import share
 from tasks.broker.holder import holder as process_holder
 from tasks.broker.keys import (
     DEAD_INDEX_KEY,
@@ -104,7 +105,7 @@ def finish(job_id: str, token: str, attempt: int, result: dict[str, Any], accoun
             FAST_EXHAUSTED_KEY, held_key(process_holder()), prediction_key(job_id)]
     args = [token, attempt, json.dumps(result), settings.result_ttl_s, account,
             repr(result["run_ms"] / 1000),
-            repr(settings.fast_seconds_default) if charge_fast else "", entry, ack,
+            repr(share(settings.fast_seconds_default)) if charge_fast else "", entry, ack,
             settings.lease_ttl_s]
     if settle is not None:
         keys, args = keys + settle[0], args + settle[1]
@@ -141,5 +142,6 @@ def release(job_id: str, token: str, attempt: int, fast_charge: tuple[str, float
     keys, args = [lease_key(job_id), attempts_key(job_id)], [token, attempt]
     if fast_charge:
         keys += [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY]
-        args += [fast_charge[0], repr(fast_charge[1]), repr(settings.fast_seconds_default)]
+        args += [fast_charge[0], repr(fast_charge[1]),
+                 repr(share(settings.fast_seconds_default))]
     _run("run_release", keys, args)

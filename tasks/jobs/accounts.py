@@ -23,6 +23,7 @@ import math
 import redis
 
 from tasks.broker import scripts
+from tasks.broker.cell import share, within
 from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY, FAST_PERIOD_KEY
 from tasks.errors import InvalidJob
 from tasks.jobs.schema import check_account
@@ -37,7 +38,8 @@ def _client() -> redis.Redis:
 
 def _add(account: str, seconds: float, client: redis.Redis | None = None) -> float:
     left = scripts.run(client or _client(), "fast_add", [FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY],
-                       [account, repr(float(seconds)), repr(settings.fast_seconds_default)])
+                       [account, repr(float(seconds)),
+                        repr(share(settings.fast_seconds_default))])
     return float(left)
 
 
@@ -51,9 +53,20 @@ def grant_fast_seconds(account: str, seconds: float) -> float:
 
 
 def fast_seconds_left(account: str) -> float:
-    """Fast seconds ``account`` has left (the starting balance if never charged)."""
-    left = _client().hget(FAST_BALANCE_KEY, account)
-    return settings.fast_seconds_default if left is None else float(left)
+    """Fast seconds ``account`` has left (the starting balance if never charged); with
+    cells, its parts in all of them."""
+    if not settings.cells:
+        return _left(_client(), account)
+    total = 0.0
+    for name in settings.cells:
+        with within(name):
+            total += _left(_client(), account)
+    return total
+
+
+def _left(client: redis.Redis, account: str) -> float:
+    left = client.hget(FAST_BALANCE_KEY, account)
+    return share(settings.fast_seconds_default) if left is None else float(left)
 
 
 def balances() -> dict[str, float]:
