@@ -39,6 +39,7 @@ if not __package__:  # run as a script: make the project importable
 import redis  # noqa: E402
 
 from benchmarks.common import finish, json_option, markdown_table, run_private  # noqa: E402
+from benchmarks.fleet_cells import CELLS, cells_row  # noqa: E402
 
 SIZES = (10, 100, 1000, 10000)
 #: One worker in this many pushes changed stats each round (as a busy one does).
@@ -188,6 +189,20 @@ def round_ms(client: Any, size: int = 0) -> tuple[float, float, float]:
     return statistics.median(times[1:]), max(times[1:]), times[0]
 
 
+def settled(client: Any, timeout_s: float = 120.0) -> None:
+    """Wait until Redis rewrites no file in the background (a build of 10,000 workers
+    grows its append-only file past its rewrite size: the child that rewrites it takes a
+    core of this machine's few for seconds)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = client.info("persistence")
+        if not any(found.get(busy) for busy in ("aof_rewrite_in_progress",
+                                                "aof_rewrite_scheduled",
+                                                "rdb_bgsave_in_progress")):
+            return
+        time.sleep(0.2)
+
+
 def live_cluster(processes: int, state: Path) -> dict[str, Any]:
     """``processes`` real worker processes serving ``echo`` (no weights) on the private
     Redis: beat rounds run here as the leader with every worker pushing its stats, and
@@ -232,16 +247,26 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
         for db, size in enumerate(args.sizes, start=1):
             populate(client, app, size)
             median_ms, max_ms, first_ms = round_ms(client, size)
+            settled(client)  # routing is measured alone, not beside Redis' own rewrite
             rows.append({"workers": size, **median_of(3, size), "round_ms": round(median_ms, 1),
                          "round_max_ms": round(max_ms, 1), "takeover_ms": round(first_ms, 1)})
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             client.swapdb(0, db)  # kept aside: the publishes of all sizes take turns
             kept[size] = redis.Redis(unix_socket_path=str(server.socket), db=db)
-        for row, (size, lanes) in zip(rows, publish_us(kept).items()):
+        cells = None
+        if args.cells:
+            first_db = len(args.sizes) + 1
+            cells = cells_row(server, client, app, args.sizes[-1], args.cells, first_db)
+            print(f"  {cells}", file=sys.stderr, flush=True)
+            kept["cells"] = redis.Redis(unix_socket_path=str(server.socket), db=first_db)
+        for row, (size, lanes) in zip([*rows, cells], publish_us(kept).items()):
             row["publish_us"] = lanes
     finally:
         server.stop()
     report = {"sizes": rows, **judged(rows)}
+    if cells is not None:
+        found = judged([rows[0], cells])
+        report["cells"] = {**cells, "goals": found["goals"], "met": found["met"]}
     if args.processes:
         report["live"] = live_cluster(args.processes, state)
         print(f"  {report['live']}", file=sys.stderr, flush=True)
@@ -279,6 +304,15 @@ def report(figures: dict[str, Any]) -> None:
               f"{live['round_ms']:.0f} ms (max {live['round_max_ms']:.0f}); {live['jobs']} jobs "
               f"through submit() at {live['jobs_per_s']:.0f} jobs/s, outputs right: "
               f"{live['done_right']}")
+    if cells := figures.get("cells"):
+        print(f"\n{cells['workers']:,} workers in {cells['cells']} cells of "
+              f"{cells['workers_per_cell']:,}: per cell decide() p99 {cells['decide_p99_us']} us, "
+              f"snapshot {cells['snapshot_bytes']:,} B, apply {cells['apply_ms']} ms, beat round "
+              f"{cells['round_ms']} ms (max {cells['round_max_ms']}), publish "
+              + " / ".join(f"{us:.1f}" for us in cells["publish_us"].values())
+              + f" us; choosing the cell p50/p99 {cells['choose_cell_p50_us']} / "
+              f"{cells['choose_cell_p99_us']} us; goals "
+              + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in cells["met"].items()))
     print(f"\ngoals at {figures['goals']['workers']:,} workers: " + ", ".join(
         f"{name} <= {figures['goals'][name]:g} {'met' if met else 'NOT met'}"
         for name, met in figures["met"].items()))
@@ -290,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                         default=list(SIZES), help="fleet sizes, comma-separated")
+    parser.add_argument("--cells", type=int, default=CELLS,
+                        help=f"also spread the largest fleet over this many cells "
+                             f"(default {CELLS}; 0: not)")
     parser.add_argument("--processes", type=int, default=0,
                         help="also run a real cluster of this many worker processes (e.g. 64)")
     json_option(parser, "fleet")

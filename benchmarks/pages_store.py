@@ -169,6 +169,19 @@ def fleet(data: dict[str, Any]) -> Page:
             ["figure", "goal", "met"],
             [[label, f"≤ {data['goals'][name]:,g}{unit}",
               "yes" if data["met"][name] else "**no**"] for name, label, unit in FLEET_GOALS]))
+    if cells := data.get("cells"):
+        found = {**cells, "publish_ratio": max(div(cells["publish_us"][lane], base[lane])
+                                               for lane in base)}
+        page.add(f"## {cells['workers']:,} workers in {cells['cells']} cells", table(
+            ["figure (one cell)", "measured", "goal", "met"],
+            [[label, f"{num(found[name], PLACES.get(name, 1))}{unit}",
+              f"≤ {cells['goals'][name]:,g}{unit}",
+              "yes" if cells["met"][name] else "**no**"] for name, label, unit in FLEET_GOALS]),
+            f"Each cell holds {cells['workers_per_cell']:,} workers on its own Redis (a "
+            "database of the benchmark's, built as a size is); the cells are alike, so one "
+            "is measured. A submit chooses its model's cell from every cell's snapshot in "
+            f"{num(cells['choose_cell_p50_us'])} µs (p99 {num(cells['choose_cell_p99_us'])}), "
+            "before its route in that cell.")
     if live := data.get("live"):
         page.add(f"With real processes: {live['processes']} worker processes (echo model) up "
                  f"in {live['started_s']:.0f} s, {live['alive']} alive in beat's record; a "
@@ -177,6 +190,8 @@ def fleet(data: dict[str, Any]) -> Page:
     return page
 
 
+#: decimals a fleet figure is shown with (else 1)
+PLACES = {"snapshot_bytes": 0, "apply_ms": 2, "publish_ratio": 2}
 #: the fleet's goals as the page names them: (key, label, unit)
 FLEET_GOALS = (("decide_p99_us", "`decide()` p99", " µs"),
                ("snapshot_bytes", "compact snapshot", " bytes"),

@@ -56,15 +56,27 @@ def cell_for(model: str) -> str:
     each cell's snapshot), else of all, the first by rendezvous hashing on the model,
     so that its jobs keep to one cell while it stays warm there, and one cell warms
     it when none holds it."""
-    names = list(settings.cells)
-    warm = []
-    for name in names:
-        with within(name):
-            view = snapshot_cache().members()
+    caches = _caches(tuple(settings.cells.items()))
+    order = _order(model, tuple(caches))
+    for name in order:
+        view = caches[name].members()
         if view is not None and view.holders.get(model):
-            warm.append(name)
-    return max(warm or names, key=lambda name: _rank(name, model))
+            return name
+    return order[0]
 
 
-def _rank(name: str, model: str) -> bytes:
-    return hashlib.blake2b(f"{name}/{model}".encode(), digest_size=8).digest()
+@lru_cache(maxsize=None)
+def _caches(cells: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """Each cell's snapshot cache (``tasks.broker.enqueue.snapshot_cache``)."""
+    found = {}
+    for name, _ in cells:
+        with within(name):
+            found[name] = snapshot_cache()
+    return found
+
+
+@lru_cache(maxsize=4096)
+def _order(model: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` by rendezvous hashing on ``model``, highest first."""
+    return tuple(sorted(names, key=lambda name: hashlib.blake2b(
+        f"{name}/{model}".encode(), digest_size=8).digest(), reverse=True))

@@ -1,0 +1,77 @@
+"""The largest fleet of ``benchmarks/fleet.py`` spread over cells (``tasks.settings_cells``).
+
+Every cell is built as ``fleet.py`` builds a size, with the fleet's workers shared out
+among them, each in a database of the private Redis (a Redis instance of its own in a
+real fleet: a database's structures and so Redis' time per call are its own). The
+cells are alike, so one is measured as ``fleet.py`` measures a size: the router on its
+snapshot, a beat round, Redis' time per publish (taking turns with the other sizes).
+Then, with all of them named in the broker URL, a submit's choice of cell
+(``tasks.broker.cells.cell_for``, on each cell's real snapshot) is timed over
+:data:`CHOICES` jobs of Zipf-drawn models.
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from benchmarks.common import percentile
+
+#: Cells the largest fleet is spread over (``--cells``).
+CELLS = 8
+#: Submits whose choice of cell is timed.
+CHOICES = 4000
+
+
+def cells_row(server: Any, client: Any, app: Any, size: int, cells: int,
+              first_db: int) -> dict[str, Any]:
+    """The figures of ``size`` workers in ``cells`` cells (databases ``first_db`` on):
+    those of one cell, and what choosing a cell costs a submit."""
+    from benchmarks.fleet import populate, round_ms, settled
+    from benchmarks.fleet_routing import median_of
+
+    per_cell = size // cells
+    row: dict[str, Any] = {"cells": cells, "workers": size, "workers_per_cell": per_cell}
+    for i in range(cells):
+        populate(client, app, per_cell)
+        if i == 0:
+            median_ms, max_ms, first_ms = round_ms(client, per_cell)
+            settled(client)
+            row.update({**median_of(3, per_cell), "workers": size,
+                        "round_ms": round(median_ms, 1), "round_max_ms": round(max_ms, 1),
+                        "takeover_ms": round(first_ms, 1)})
+        client.swapdb(0, first_db + i)
+    urls = {f"cell-{i}": f"redis+socket://{server.socket}?db={first_db + i}"
+            for i in range(cells)}
+    row["choose_cell_p50_us"], row["choose_cell_p99_us"] = choice_us(urls)
+    return row
+
+
+def choice_us(urls: dict[str, str]) -> tuple[float, float]:
+    """p50 and p99 microseconds of ``cell_for`` over the cells ``urls`` names, each
+    cell's snapshot fresh (a round of its beat just before)."""
+    from beat.heartbeat import heartbeat
+    from beat.lease import Leadership
+    from tasks.broker.app import redis_client
+    from tasks.broker.cell import within
+    from tasks.broker.cells import cell_for
+    from tasks.broker.leader import fenced
+    from tasks.settings import override
+    from benchmarks.fleet import MODELS
+    from tests.harness.fleet import WEIGHTS
+
+    with override(broker_url=", ".join(f"{name}={url}" for name, url in urls.items())):
+        for name in urls:
+            with within(name):
+                lead = Leadership(redis_client())
+                with fenced(lead.renew()):
+                    heartbeat()
+                lead.stop()
+        rng, took = random.Random(1), []
+        for model in rng.choices(MODELS, WEIGHTS, k=CHOICES // 4):
+            cell_for(model)  # each cell's snapshot read once, as a process starts
+        for model in rng.choices(MODELS, WEIGHTS, k=CHOICES):
+            began = time.perf_counter()
+            cell_for(model)
+            took.append((time.perf_counter() - began) * 1e6)
+    return round(percentile(took, 0.5), 1), round(percentile(took, 0.99), 1)
