@@ -35,7 +35,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], Page]] = {**PATHS, **LOAD, **FAI
 #: the index's order: the job's path, a busy pool, models, the fleet, Redis' guarantees
 ORDER = ("lanes", "submit", "api", "perjob", "overload", "fairness", "lane_fairness",
          "preempt", "affinity", "coldstart", "cache", "models", "batching", "estimate",
-         "fleet", "redis_capacity", "simulate", "simulate_flood", "autoscale", "autoscale_sim", "durability", "failover")
+         "fleet", "redis_capacity", "simulate", "simulate_10000", "simulate_flood", "autoscale", "autoscale_sim", "durability", "failover")
 INTRO = """\
 # Benchmarks
 

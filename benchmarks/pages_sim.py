@@ -12,10 +12,11 @@ COLORS = {"fast": "tab:red", "standard": "tab:blue", "relaxed": "tab:green"}
 STYLES = {"gpulanes": "-", "plain": ":"}
 
 
-def simulate(data: dict[str, Any]) -> Page:
-    """``python -m benchmarks.simulate``: every scenario on a simulated fleet, both modes."""
+def simulate(data: dict[str, Any], name: str = "simulate") -> Page:
+    """``python -m benchmarks.simulate``: every scenario on a simulated fleet, both modes
+    (``name``: the page's, of its JSON)."""
     scenarios = data["scenarios"]
-    page = _page(data)
+    page = _page(data, name)
     page.add("## gpulanes against plain lanes", table(
         ["scenario", "served jobs/s", "standard in budget", "fast in budget",
          "gpulanes worst wait s", "plain p99 wait s"],
@@ -30,20 +31,21 @@ def simulate(data: dict[str, Any]) -> Page:
         [[name, mode, *(_quantiles(f["lanes"][lane]) for lane in LANES), f["refused"],
           f"{f['cold_loads']:,}", f["mode_changes_per_min"]]
          for name, s in scenarios.items() for mode, f in s["modes"].items()], "ll" + "r" * 6))
-    for name, found in scenarios.items():
-        page.plot(Plot(f"simulate-{name}.png", f"{name}: p95 wait per lane over time",
-                       _waits_plot(name, found["series"]), (8.0, 3.2)))
+    prefix = name.replace("_", "-")
+    for scenario, found in scenarios.items():
+        page.plot(Plot(f"{prefix}-{scenario}.png", f"{scenario}: p95 wait per lane over time",
+                       _waits_plot(scenario, found["series"]), (8.0, 3.2)))
     return page
 
 
-def _page(data: dict[str, Any]) -> Page:
+def _page(data: dict[str, Any], page_name: str) -> Page:
     """The page's intro; headline and ratio: served jobs/s where gpulanes gains most."""
     served = {name: s["versus"]["served_jobs_s"] for name, s in data["scenarios"].items()
               if s.get("versus")}
     name, (ours, plain) = max(served.items(), key=lambda item: item[1][0] / item[1][1])
     return Page(
-        "simulate", "Scheduling simulator",
-        f"A fleet of {data['gpus']:,} simulated GPU workers on a virtual clock "
+        page_name, f"Scheduling simulator, {data['gpus']:,} GPUs",
+        f"A fleet of {data['gpus']:,} simulated GPU workers{_cells(data)} on a virtual clock "
         f"(deterministic for seed {data['seed']}), {data['minutes']:g} simulated minutes "
         "of offered load per scenario, driven through the project's own decisions: the "
         "router, beat's policy, the movers and the health check are the real functions; "
@@ -54,6 +56,17 @@ def _page(data: dict[str, Any]) -> Page:
         f"{name}: gpulanes serves {num(ours)} jobs/s, plain lanes {num(plain)}",
         f"served jobs/s {ratio(ours / plain)} ({name}); "
         f"{min(s[0] / s[1] for s in served.values()):.2f}x at worst")
+
+
+def _cells(data: dict[str, Any]) -> str:
+    """How the fleet is spread over cells, if it is (``--cells``)."""
+    cells = data.get("cells")
+    if not cells:
+        return ""
+    sizes = sorted(cell["workers"] for cell in cells)
+    return (f" in {len(cells)} cells, each on a Redis of its own with its own beat "
+            f"({sizes[0]:,} to {sizes[-1]:,} workers, sized by the load of the models "
+            "dealt to it; a model's jobs go to its cell)")
 
 
 def _budgets(data: dict[str, Any]) -> str:
@@ -85,4 +98,5 @@ def _waits_plot(name: str, series: dict[str, Any]) -> Callable[[Any], None]:
     return draw
 
 
-RENDERERS = {"simulate": simulate}
+RENDERERS = {"simulate": simulate,
+             "simulate_10000": lambda data: simulate(data, "simulate_10000")}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import json_option, write_json
+from benchmarks.simulate.cells import run_cells
 from benchmarks.simulate.config import SimConfig
 from benchmarks.simulate.report import print_report, versus
 from benchmarks.simulate.scenarios import SCENARIOS, run_scenario
@@ -23,6 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help=f"comma-separated, of: {', '.join(SCENARIOS)} (default: all)")
     parser.add_argument("--seed", type=int, default=1, help="seed of fleet and jobs")
+    parser.add_argument("--cells", type=int, default=0,
+                        help="spread the fleet over this many cells, each on a Redis of its "
+                             "own (default 0: one Redis)")
     json_option(parser, "simulate")
     parser.add_argument("--plots", type=Path, default=Path("/tmp/gpulanes-simulate"),
                         metavar="DIR", help="PNG folder (default: /tmp/gpulanes-simulate)")
@@ -32,9 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "see python -m benchmarks.simulate.validate --help)")
     args = parser.parse_args(argv)
     unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
-    if unknown or args.gpus < 1 or args.minutes <= 0:
+    if unknown or args.gpus < 1 or args.minutes <= 0 or not 0 <= args.cells <= args.gpus:
         parser.error(f"unknown scenario(s) {sorted(unknown)}" if unknown
-                     else "--gpus must be >= 1 and --minutes > 0")
+                     else "--gpus must be >= 1, --minutes > 0 and --cells 0 to --gpus")
     return args
 
 
@@ -42,7 +46,9 @@ def simulate_all(args: argparse.Namespace, config: SimConfig) -> dict[str, Any]:
     """Run each chosen scenario (both modes on the same jobs) into one report."""
     began, scenarios, capacity = time.process_time(), {}, None
     for name in args.scenarios.split(","):
-        found = run_scenario(SCENARIOS[name], args.gpus, args.minutes * 60, args.seed, config)
+        found = run_cells(SCENARIOS[name], args.gpus, args.minutes * 60, args.seed, args.cells,
+                          config) if args.cells else \
+            run_scenario(SCENARIOS[name], args.gpus, args.minutes * 60, args.seed, config)
         capacity = found["capacity_jobs_s"]
         modes = {mode: o.figures for mode, o in found["outcomes"].items()}
         scenarios[name] = {"modes": modes, "versus": versus(modes),
@@ -50,6 +56,7 @@ def simulate_all(args: argparse.Namespace, config: SimConfig) -> dict[str, Any]:
         print(f"  {name}: done ({sum(f['sim_cpu_s'] for f in modes.values()):.0f} s CPU)",
               file=sys.stderr, flush=True)
     return {"gpus": args.gpus, "minutes": args.minutes, "seed": args.seed,
+            **({"cells": found["cells"]} if args.cells else {}),
             "budgets_s": dict(config.budgets_s), "relaxed_budget_s": config.relaxed_budget_s,
             "capacity_jobs_s": capacity, "scenarios": scenarios,
             "cpu_s": round(time.process_time() - began, 1)}

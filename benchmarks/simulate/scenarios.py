@@ -54,7 +54,7 @@ def capacity_jobs_s(gpus: int, profile: Profile, seed: int, overhead_s: float = 
     return gpus / (mean_run_s(profile, model_specs(profile, seed)) + overhead_s)
 
 
-def _faults(scenario: Scenario, hosts: list[str], window_s: float, seed: int) -> list[Fault]:
+def faults_for(scenario: Scenario, hosts: list[str], window_s: float, seed: int) -> list[Fault]:
     rng, faults = random.Random(f"faults-{seed}"), []
     for share, at, back in scenario.faults:
         chosen = tuple(sorted(rng.sample(hosts, max(1, round(share * len(hosts))))))
@@ -72,7 +72,7 @@ def run_scenario(scenario: Scenario, gpus: int, window_s: float, seed: int,
     jobs = arrivals(scenario.shape(window_s, seed), scenario.peak, capacity, window_s,
                     Drawer(profile, specs, random.Random(f"jobs-{seed}")))
     fleet = Fleet(gpus)
-    faults = _faults(scenario, fleet.host_names(), window_s, seed)
+    faults = faults_for(scenario, fleet.host_names(), window_s, seed)
     outcomes = {mode: Run(jobs, specs, fleet, mode, config, window_s, seed, faults).go()
                 for mode in modes}
     return {"capacity_jobs_s": round(capacity, 2), "outcomes": outcomes}
