@@ -52,6 +52,9 @@ class SimWorker:
         # the last stats built, until a job or a load changes them (most pushes of a
         # worker running a job of several seconds repeat the last one)
         self._stats: dict | None = None
+        #: What its last push stored (``push``), and the stats built it came from.
+        self._pushed: dict | None = None
+        self._pushed_from: dict | None = None
         #: The clock its runtime counts busy time by (the cluster's virtual one).
         self.clock: Callable[[], float] = lambda: 0.0
 
@@ -93,6 +96,28 @@ class SimWorker:
         reply["at"], reply["busy_s"] = now, self.runtime.busy_until(now)
         return reply
 
+    def push(self, now: float) -> tuple[dict | None, bool]:
+        """What its push stores now (``tasks.broker.stats.push_stats``: its stats, less
+        its own clock ``at``), None when they are the ones it pushed last (the push only
+        stamps them: nothing started, ended or loaded since, the same stats built, and
+        no job in flight adding busy time); and whether only its busy time moved (then
+        only that: ``{"busy_s": ...}``)."""
+        same = self._stats is not None and self._stats is self._pushed_from
+        if same and not any(self.runtime.in_flight.values()):
+            return None, False
+        reply = self.stats(now)
+        if same and self._pushed is not None:
+            if reply["busy_s"] == self._pushed["busy_s"]:
+                return None, False
+            self._pushed["busy_s"] = reply["busy_s"]
+            return {"busy_s": reply["busy_s"]}, True
+        stats = {key: value for key, value in reply.items() if key != "at"}
+        self._pushed_from = reply
+        if stats == self._pushed:
+            return None, False
+        self._pushed = stats
+        return stats, False
+
 
 class Cluster:
     """The workers, the lists they read, and the jobs they hold (unacked)."""
@@ -114,6 +139,9 @@ class Cluster:
         self.idle: OrderedDict[str, None] = OrderedDict()  # BRPOP-blocked, longest first
         #: job id -> (job, incarnation holding it, when taken, the list it came from)
         self.held: dict[int, tuple[SimJob, str, float, str]] = {}
+        #: incarnation -> (the order it took its job in, the job's id): what it holds.
+        self.holding: dict[str, tuple[int, int]] = {}
+        self._takes = itertools.count()
         self.cold_loads = 0
         #: incarnation -> when it died (its runs' leases lapse from then).
         self.died: dict[str, float] = {}
@@ -170,6 +198,7 @@ class Cluster:
         worker.changed()
         worker.running = job
         self.held[job.id] = (job, worker.incarnation, now, key)
+        self.holding[worker.incarnation] = (next(self._takes), job.id)
         job.run_began_at = now + load_s
         run_s = job.arrival.run_s * (1 - job.steps_done / job.arrival.steps)
         # the worker's time on it, but for ``unmeasured_s`` at its end (the real postrun):
@@ -195,6 +224,7 @@ class Cluster:
                                     first_level(job.lane, job.priority))
         worker.changed()
         del self.held[job.id]
+        del self.holding[incarnation]
         worker.running = None
         self.on_done(job)
         if self.unmeasured_s:  # the ack, the next fetch: then the next job
@@ -211,6 +241,7 @@ class Cluster:
         worker.runtime.job_finished(job.lane, None, first=first_level(job.lane, job.priority))
         worker.changed()
         del self.held[job.id]
+        del self.holding[worker.incarnation]
         worker.running = None
         self.push(job, list_key(own_queue, job.priority), front=True)
         self.clock.after(self.overhead_s, self._next, worker, worker.incarnation)
@@ -236,5 +267,6 @@ class Cluster:
 
     def put_back(self, job_id: int) -> None:
         """A held job of a dead incarnation goes back to the front of its list."""
-        job, _, _, key = self.held.pop(job_id)
+        job, who, _, key = self.held.pop(job_id)
+        del self.holding[who]
         self.push(job, key, front=True)

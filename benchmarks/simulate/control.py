@@ -1,41 +1,55 @@
-"""Beat's rounds on the virtual clock, through beat's own pure functions.
+"""Beat's rounds on the virtual clock, through beat's own pure functions and its
+round-to-round state.
 
-Called as ``beat.heartbeat.heartbeat`` calls them: ``merge`` (the worker record, misses
-and deaths), ``lane_depths`` (per-worker queued counts, from the list lengths),
-``beat.costs.sample_plan`` (which queued jobs price each lane), ``lane_loads`` (expected
-waits), ``next_policy`` (hysteresis), ``relax_levels``, ``routing.compact.split`` (the
-two parts routers read), ``beat.health.dead_incarnations``, ``beat.balance.choose``
-(stuck fast jobs and idle workers' share of queued jobs). What has no pure function
-underneath its Redis calls is done here, the decision each makes kept as the real code
-states it: reading the pushed stats (``tasks.broker.stats.fresh_stats``: stats pushed
-within a heartbeat and the reply time), putting a dead worker's held jobs back
-(``tasks.broker.handover.put_back_all``: once its lease lapsed), handing a dead worker's own queues back
-(``beat.shared``), and both movers (``beat.movers``: the ``due`` closures inside
-``enforce_deadlines`` and ``age_relaxed``).
+Called as ``beat.heartbeat.heartbeat`` calls them: the worker record kept in memory
+(``beat.record.Record``: only the stats changed since the last round folded in, the
+workers fallen silent missed, the waning ones' busy slots decayed; a worker that
+misses ``misses_allowed`` rounds in a row is dead), the lists' depths and each worker's
+queued counts (``beat.depths.Depths``: only the lists whose depth changed), the idle and
+the unserved workers (``beat.standing.Standing``) and the pools' figures
+(``beat.tally.Tally``) kept a changed worker at a time, ``beat.costs.sample_plan``
+(which queued jobs price each lane), ``lane_loads`` (expected waits, on the tally's
+sums), ``next_policy`` (hysteresis), ``relax_levels``, ``routing.splitter.Splitter``
+(the two parts routers read, only the changed workers worked out again),
+``beat.health.dead_incarnations``, ``beat.balance.choose`` (stuck fast jobs and idle
+workers' share of queued jobs, the idle workers as beat keeps them). A round costs
+what changed, not the number of workers; a running worker's busy time changes every
+round, and of a worker whose busy slots alone changed only the pools' busy slots are
+taken in anew (what the rest reads of it is as it was). What has no pure function
+underneath its Redis calls is done here, the decision each makes kept as the real
+code states it: the stats pushes and a round's read of them
+(``benchmarks.simulate.stats``, after ``tasks.broker.stats``), putting a dead worker's
+held jobs back (``tasks.broker.handover.put_back_all``: once its lease lapsed), handing
+a dead or unknown worker's own queues back (``beat.shared``), and both movers
+(``beat.movers``: the ``due`` closures inside ``enforce_deadlines`` and
+``age_relaxed``).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from beat.balance import choose, node_of, target_key
 from beat.costs import sample_plan
+from beat.depths import Depths
 from beat.health import dead_incarnations
-from beat.heartbeat import lane_depths
-from beat.record import merge
 from beat.movers import moved_to
+from beat.record import FORGET_AFTER_S, Record
 from beat.snapshot import lane_loads, next_policy
-from routing.compact import split
-from routing.names import LANES, RELAXED, worker_queue
-from routing.placement import serving
+from beat.standing import Standing
+from beat.tally import Tally
+from routing.names import FAST, LANES, RELAXED, worker_queue
 from routing.policy import WAITED_PAST_BUDGET, admission_waits, next_lane, relax_levels
+from routing.splitter import Splitter
 from tasks.broker.keys import PRIORITY_SEP, USAGE_BUCKET_S, lane_keys
 from tasks.broker.moves import MOVES_PER_ROUND
+from tasks.broker.stats import Round
 
 from benchmarks.simulate.cluster import Cluster
 from benchmarks.simulate.config import SimConfig
 from benchmarks.simulate.engine import Clock
-from benchmarks.simulate.queues import SimJob
+from benchmarks.simulate.queues import Lists, SimJob
+from benchmarks.simulate.stats import Pushed
 
 #: Members documents kept (a router reads the newest; a few older ones for a slow one).
 MEMBERS_KEPT = 8
@@ -47,11 +61,16 @@ class Store:
     def __init__(self) -> None:
         self.compact: str | None = None
         self.members: dict[str, str] = {}
+        self.splitter = Splitter()
 
-    def write(self, snapshot: dict) -> None:
-        compact, members = split(snapshot)
+    def write(self, snapshot: dict, changed: Collection[str] | None = None) -> None:
+        """``heartbeat.write_round``: the two parts of ``snapshot`` (``changed``: the
+        workers whose record changed since the last write; None: any), a members doc
+        written whole only for a version not written yet."""
+        compact, members = self.splitter.split(snapshot, changed)
         self.compact = json.dumps(compact, separators=(",", ":"))
-        self.members[members["version"]] = json.dumps(members, separators=(",", ":"))
+        if members["version"] not in self.members:
+            self.members[members["version"]] = json.dumps(members, separators=(",", ":"))
         while len(self.members) > MEMBERS_KEPT:
             del self.members[next(iter(self.members))]
 
@@ -96,6 +115,72 @@ def _summed(buckets: Iterable[Mapping[str, float]]) -> dict[str, float]:
     return usage
 
 
+class Tallied(Tally):
+    """``beat.tally.Tally``, and a cheaper way to take in workers whose busy slots alone
+    changed (what a running worker's push changes, round after round)."""
+
+    def rebusy(self, workers: Mapping[str, Mapping[str, Any]], hosts: Iterable[str]) -> None:
+        """Take the busy slots of ``hosts`` as they are now, their other figures as
+        they were: what ``update`` gives them (its subtraction and addition)."""
+        for host in hosts:
+            part = self.parts[host]
+            if part.sums is None:  # serves no jobs: counts no busy slots
+                continue
+            busy, mine = workers[host].get("busy") or {}, part.sums.busy
+            total = self.pools[part.pool].sums.busy
+            for lane in LANES:
+                total[lane] += -mine[lane]
+                mine[lane] = 0.0 + busy.get(lane, 0.0)
+                total[lane] += mine[lane]
+
+
+class Kept(Record):
+    """``beat.record.Record`` as a leader whose mark is on the stored record keeps it:
+    each round folds in what a round's read found (``Record.round``, steady)."""
+
+    def __init__(self) -> None:
+        super().__init__(tally=Tallied())
+        #: Of the changed workers, those whose busy slots alone changed this round (a
+        #: running worker's push, a waning worker's decay): beat's own parts of them,
+        #: but for the pools' busy slots, are as they were.
+        self.busy_only: set[str] = set()
+
+    def fold(self, found: Round, now: float, misses_allowed: int,
+             busy_only: Iterable[str] = ()) -> dict[str, dict]:
+        """``Record._fold`` of ``found``; ``busy_only``: the workers heard whose stats
+        differ from their last in their busy time alone."""
+        before = self.workers
+        steady = {host for host in busy_only
+                  if (old := before.get(host)) is not None and old.get("alive")
+                  and not old.get("missed")}
+        self._fold(found, now, misses_allowed)
+        decayed = {host for host in self.changed or () if host not in found.heard
+                   and host not in self.silent and host in self.workers}
+        self.busy_only = steady | decayed
+        return self.workers
+
+    def tallied(self) -> Tally:
+        """``Record.tallied``, the changed workers taken in order (the same sums on any
+        machine: floats added in another order may round apart), those whose busy
+        slots alone changed only for those."""
+        self.tally.update(self.workers, sorted((self.changed or set()) - self.busy_only))
+        self.tally.rebusy(self.workers, sorted(self.busy_only))
+        return self.tally
+
+
+class ListDepths(Depths):
+    """``beat.depths.Depths`` over the simulated lists: a round takes in the lists whose
+    depth changed (``Lists.changed_lists``), as ``Depths.read`` takes in those whose
+    counter differs from the last read."""
+
+    def take(self, lists: Lists) -> set[str]:
+        """Take in the lists' depths now; the owners whose counts changed."""
+        touched: set[str] = set()
+        for key in lists.changed_lists():
+            self._set(key, lists.list_depth.get(key, 0), touched)
+        return touched
+
+
 class Beat:
     """The leading beat: a heartbeat round, then the movers, every ``heartbeat_s``."""
 
@@ -104,9 +189,14 @@ class Beat:
         self.clock, self.cluster, self.lists = clock, cluster, cluster.lists
         self.config, self.store, self.accounts = config, store, accounts
         self.on_round = on_round
-        self.record: dict[str, dict] = {}
+        self.kept, self.depths, self.standing = Kept(), ListDepths(), Standing()
         self.policy: dict[str, dict] = {}
-        self.pushed: dict[str, tuple[float, dict]] = {}
+        self.pushed = Pushed()
+
+    @property
+    def record(self) -> dict[str, dict]:
+        """The worker record as of the last round."""
+        return self.kept.workers
 
     # --- the workers' own pushes -------------------------------------------------------
     def schedule_pushes(self, until: Callable[[], bool]) -> None:
@@ -121,21 +211,30 @@ class Beat:
                              self.clock.now + period * (k + 0.5) / phases, until)
 
     def _push(self, hosts: list[str]) -> None:
-        now, workers = self.clock.now, self.cluster.workers
+        now, workers, pushed = self.clock.now, self.cluster.workers, self.pushed
         for host in hosts:
             worker = workers[host]
             if worker.alive:
-                self.pushed[host] = (now, worker.stats(now))
+                pushed.push(host, *worker.push(now), now)
+            else:
+                pushed.skipped(host)
 
     # --- a round -----------------------------------------------------------------------
     def round(self) -> None:
         """One heartbeat (snapshot, health) and one movers round."""
-        now = self.clock.now
-        window = self.config.heartbeat_s + self.config.heartbeat_reply_s
-        replies = {host: stats for host, (at, stats) in self.pushed.items() if at >= now - window}
-        self.record = merge(self.record, replies, now, self.config.misses_allowed)
-        snapshot = self._snapshot(now)
-        self.store.write(snapshot)
+        now, config, kept = self.clock.now, self.config, self.kept
+        found = self.pushed.read_round(now, config.heartbeat_s + config.heartbeat_reply_s,
+                                       kept.cutoff, FORGET_AFTER_S, sorted(kept.silent))
+        workers = kept.fold(found, now, config.misses_allowed, self.pushed.busy_only)
+        touched = self.depths.take(self.lists)  # the owners of lists whose depth changed
+        kept.mark_changed(self.depths.counted(workers, kept.changed | touched))
+        kept.busy_only -= touched
+        # what idle, unserved and the split read of a worker but its busy slots: the
+        # same for those whose busy slots alone changed
+        changed = kept.changed - kept.busy_only
+        self.standing.update(workers, changed)
+        snapshot = self._snapshot(now, kept.tallied())
+        self.store.write(snapshot, changed)
         self._heal(now)
         handed = self.give_idle_work()
         moved = self.enforce_deadlines(now)
@@ -143,13 +242,14 @@ class Beat:
         self.on_round({"at": now, "lanes": snapshot["lanes"], "policy": snapshot["policy"],
                        "moved": moved, "lifted": lifted, "handed": handed})
 
-    def _snapshot(self, now: float) -> dict[str, Any]:
-        """``heartbeat.build_snapshot`` over the simulated lists."""
-        config, lengths = self.config, self.lists.lengths()
-        depths = lane_depths(None, self.record, lengths)
-        loads = lane_loads(self.record, depths, config.default_service_s,
+    def _snapshot(self, now: float, tally: Tally) -> dict[str, Any]:
+        """``heartbeat.build_snapshot`` over the simulated lists, on the pools' figures
+        as beat keeps them (``tally``) and the depths it read."""
+        config, lengths = self.config, self.depths.lengths
+        loads = lane_loads(self.record, self.depths.totals(), config.default_service_s,
                            self._queued_sample(lengths),
-                           admission_waits(config.budgets_s, config.release_ratio))
+                           admission_waits(config.budgets_s, config.release_ratio),
+                           tally.serving())
         policy = next_policy(self.policy, loads, config.budgets_s, config.release_ratio,
                              config.release_samples)
         self.policy = policy
@@ -157,7 +257,7 @@ class Beat:
                 "workers": self.record, "exhausted": sorted(self.accounts.exhausted),
                 "levels": relax_levels(self.accounts.recent(now), config.fair_unit_s)}
 
-    def _queued_sample(self, lengths: dict[str, dict[str, int]]) -> dict[str, list]:
+    def _queued_sample(self, lengths: Mapping[str, Mapping[str, int]]) -> dict[str, list]:
         """``beat.costs.queued_sample`` over the simulated lists (the same plan)."""
         sample: dict[str, list] = {}
         for lane, per_list in lengths.items():
@@ -169,18 +269,20 @@ class Beat:
 
     # --- health ------------------------------------------------------------------------
     def _heal(self, now: float) -> None:
-        """Held jobs of dead incarnations back to their lists (once the dead runner's
-        lease lapsed); a dead worker's own queues back to the shared lanes."""
-        held = self.cluster.held
-        dead = dead_incarnations({who for _, who, _, _ in held.values()}, self.record,
-                                 self.config.misses_allowed)
-        died = self.cluster.died
-        for job_id, (_, who, _, _) in list(held.items()):
-            if who in dead and who in died and now - died[who] >= self.config.lease_s:
-                self.cluster.put_back(job_id)
-        for host, worker in self.record.items():
-            if not serving(worker) and worker.get("queued"):
-                self.return_to_shared(host)
+        """``heartbeat.requeue_dead``: held jobs of dead incarnations back to their lists
+        (once the dead runner's lease lapsed; only a dead process's lease lapses); then
+        the own queues of the workers that serve no more, and of unknown ones, back to
+        the shared lanes."""
+        cluster, died, holding = self.cluster, self.cluster.died, self.cluster.holding
+        holders = [who for who in died if who in holding]
+        dead = dead_incarnations(holders, self.record, self.config.misses_allowed)
+        for who in sorted(dead, key=holding.__getitem__):  # in the order they took them
+            if now - died[who] >= self.config.lease_s:
+                cluster.put_back(holding[who][1])
+        for host in sorted(self.standing.unserved & self.depths.owners.keys()):
+            self.return_to_shared(host)
+        for host in sorted(self.depths.unknown(self.record)):
+            self.return_to_shared(host)
 
     def return_to_shared(self, host: str) -> int:
         """``beat.shared.return_to_shared_lanes``: every list of the worker's own queues
@@ -199,15 +301,19 @@ class Beat:
     def give_idle_work(self) -> int:
         """``beat.balance.give_idle_work`` over the simulated lists: stuck fast jobs to
         a holder with no fast work, the youngest jobs of the own queues that wait longest
-        to idle workers holding their models."""
-        lists = self.lists
+        to idle workers holding their models (the idle workers as ``Standing`` keeps
+        them; with none, only the fast lists are weighed)."""
+        lists, lengths = self.lists, self.depths.lengths
 
         def read(keys: list[str], count: int) -> list[list[tuple[str, float, SimJob]]]:
             return [[(job.arrival.model, job.lane_since, job)
                      for job in lists.youngest(key, count)] for key in keys]
 
-        moves = choose(self.record, lists.list_depth, read, self.clock.now,
-                       self.config.heartbeat_s, self.config.default_service_s)
+        idle_hosts = sorted(self.standing.idle)
+        weighed = lengths.values() if idle_hosts else [lengths.get(FAST, {})]
+        moves = choose(self.record, (key for per_list in weighed for key in per_list), read,
+                       self.clock.now, self.config.heartbeat_s,
+                       self.config.default_service_s, idle_hosts)
         for queued, host in moves:  # (still queued: nothing runs within a round)
             job = queued.ref
             lists.remove(job)

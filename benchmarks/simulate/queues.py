@@ -105,11 +105,15 @@ class Lists:
         self.due: dict[str, list[tuple[float, int, SimJob, int]]] = {lane: [] for lane in LANES}
         self._seq = itertools.count()
         self._lanes: dict[str, str] = {}
+        #: The lists whose depth changed since ``changed_lists`` last told (a round's
+        #: read of the depth counters takes in only those: ``beat.depths``).
+        self._changed: dict[str, None] = {}
 
     def _count(self, job: SimJob, key: str, step: int) -> None:
         lane = job.lane
         self.lane_depth[lane] += step
         self.level_depth[f"{lane}@{key.rpartition(PRIORITY_SEP)[2] or 0}"] += step
+        self._changed[key] = None
         depth = self.list_depth[key] + step
         if depth:
             self.list_depth[key] = depth
@@ -198,6 +202,11 @@ class Lists:
         for key, count in self.list_depth.items():
             found[self._lanes[key]][key] = count
         return found
+
+    def changed_lists(self) -> list[str]:
+        """The lists whose depth changed since the last call (emptied ones included)."""
+        changed, self._changed = list(self._changed), {}
+        return changed
 
     def own_keys(self, node: str) -> Iterator[str]:
         """``node``'s own lists that hold jobs."""
