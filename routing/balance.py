@@ -96,18 +96,22 @@ def hand_out(idle_warm: Mapping[str, Iterable[str]], queued: Iterable[Queued],
         by_model.setdefault(job.model, []).append(job)
     moves: list[tuple[Queued, str]] = []
     taken: set[int] = set()
+    # each list is read from the first job not taken yet: what lies before is taken
+    starts: dict[str, int] = {}
     for host, warm in idle_warm.items():
         for _ in range(per_host):
-            job = _first_warm(warm, by_model, taken)
+            job = _first_warm(warm, by_model, taken, starts)
             if job is None:
                 break
             taken.add(id(job))
             moves.append((job, host))
     given = {host for _, host in moves}
+    cold = iter([q for q in ordered
+                 if q.wait_s > COLD_FACTOR * _load_s(cold_s, cold_default_s, q.model)])
     for host in idle_warm:
-        job = None if host in given else next(
-            (q for q in ordered if id(q) not in taken
-             and q.wait_s > COLD_FACTOR * _load_s(cold_s, cold_default_s, q.model)), None)
+        job = None if host in given else next((q for q in cold if id(q) not in taken), None)
+        if job is None and host not in given:
+            break  # none left for a cold load: nor for the workers after it
         if job is not None:
             taken.add(id(job))
             moves.append((job, host))
@@ -120,10 +124,14 @@ def _load_s(cold_s: Mapping[str, float], default_s: float, model: str) -> float:
 
 
 def _first_warm(warm: Iterable[str], by_model: Mapping[str, list[Queued]],
-                taken: set[int]) -> Queued | None:
+                taken: set[int], starts: dict[str, int]) -> Queued | None:
     best = None
     for model in warm:
-        job = next((q for q in by_model.get(model, ()) if id(q) not in taken), None)
+        jobs, at = by_model.get(model, ()), starts.get(model, 0)
+        while at < len(jobs) and id(jobs[at]) in taken:
+            at += 1
+        starts[model] = at
+        job = jobs[at] if at < len(jobs) else None
         if job is not None and (best is None or (job.rank, -job.wait_s) <
                                 (best.rank, -best.wait_s)):
             best = job
