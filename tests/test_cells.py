@@ -2,6 +2,10 @@
 beat each), one submitting process that knows both."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -99,12 +103,23 @@ def test_each_job_goes_to_the_cell_of_its_model_and_its_result_comes_from_there(
             other = two_cells[next(n for n in WARM if n != name)].redis.client()
             assert not other.exists(f"celery-task-meta-{job.id}")
     assert not clean_redis.keys("celery-task-meta-*")  # the submitter's own Redis: none
+    shown = _lanes(two_cells, "job", jobs["cell-b"][0].id, "--json")  # the operator's CLI
+    assert json.loads(shown)["state"] == "SUCCESS", shown
+
+
+def _lanes(two_cells, *args: str) -> str:
+    """``celery -A tasks lanes ARGS`` of a process that knows both cells."""
+    spec = ", ".join(f"{name}={cluster.url}" for name, cluster in two_cells.items())
+    proc = subprocess.run([sys.executable, "-m", "celery", "-A", "tasks", "lanes", *args],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "GPULANES_BROKER_URL": spec})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 def test_a_cell_down_leaves_the_other_serving(two_cells):
     """One cell's Redis stopped: its jobs are refused at submit
     (``BrokerUnavailable``), the other cell's still run."""
-    import os
     import signal
 
     from tasks import submit

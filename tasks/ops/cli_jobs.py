@@ -11,6 +11,7 @@ import time
 from typing import Any, Iterator
 
 import click
+import redis
 
 from tasks.ops.group import _client, _echo_json, duration, lanes, plural
 from tasks.ops.records import describe
@@ -156,6 +157,20 @@ def _other_text(found: dict[str, Any]) -> str:
                          "are kept GPULANES_RESULT_TTL_S)")
 
 
+def _cell_of(ctx: click.Context, job_id: str) -> tuple[Any, redis.Redis]:
+    """The Celery app and Redis client of the cell ``job_id`` names (``tasks.broker.
+    cells``); with one Redis, or an id of none, the CLI's own."""
+    from tasks.broker.app import redis_client
+    from tasks.broker.cell import named_by, within
+    from tasks.broker.cells import app_of
+
+    name = named_by(job_id)
+    if name is None:
+        return ctx.obj.app, _client(ctx)
+    with within(name):
+        return app_of(name), redis_client()
+
+
 @lanes.command("job")
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -163,7 +178,7 @@ def _other_text(found: dict[str, Any]) -> str:
 def job(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """A job's state: queued (its lane, the jobs ahead), running (its step), or done
     (where it ran, and what it made: an image's path, or its output with artifact URLs)."""
-    found = describe(ctx.obj.app, _client(ctx), job_id)
+    found = describe(*_cell_of(ctx, job_id), job_id)
     if as_json:
         _echo_json(found)
     else:
@@ -204,11 +219,13 @@ def cancel(ctx: click.Context, job_ids: tuple[str, ...]) -> None:
     status 0). An id with no record (never submitted, or its records expired) is an
     error: exit status 1 when any id is unknown; the others are cancelled all the same.
     """
-    app, client = ctx.obj.app, _client(ctx)
-    found = [describe(app, client, job_id) for job_id in dict.fromkeys(job_ids)]
-    live = [f["id"] for f in found if f["state"] not in SETTLED and f["state"] != "PENDING"]
-    if live:
-        app.control.revoke(live)
+    found = [describe(*_cell_of(ctx, job_id), job_id) for job_id in dict.fromkeys(job_ids)]
+    live: dict[Any, list[str]] = {}  # per cell's app
+    for each in found:
+        if each["state"] not in SETTLED and each["state"] != "PENDING":
+            live.setdefault(_cell_of(ctx, each["id"])[0], []).append(each["id"])
+    for app, ids in live.items():
+        app.control.revoke(ids)
     for each in found:
         if each["state"] == "PENDING":
             click.echo(f"Error: no job {each['id']}: never submitted, or its records "
