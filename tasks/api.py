@@ -67,6 +67,10 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     :class:`tasks.errors.FastTimeSpent`), and the job's record says whose it is
     (``tasks.jobs.predictions``).
 
+    With the pools on several Redis (cells: ``GPULANES_BROKER_URL`` names them), the
+    job goes to the cell where its model is warm (``tasks.broker.cells``), and its id
+    names that cell: ``.get()``, and ``tasks.result(job_id)``, read it there.
+
     Raises :class:`tasks.errors.InvalidJob` naming the bad field (an unknown model
     or input, a bad value), :class:`tasks.errors.ModelError` when the model is larger
     than every worker's budget (``tasks.jobs.fits``), or :class:`tasks.errors.LaneFull`
