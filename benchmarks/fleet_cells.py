@@ -35,8 +35,8 @@ def cells_row(server: Any, client: Any, app: Any, size: int, cells: int,
     for i in range(cells):
         populate(client, app, per_cell)
         if i == 0:
-            median_ms, max_ms, first_ms = round_ms(client, per_cell)
             settled(client)
+            median_ms, max_ms, first_ms = round_ms(client, per_cell)
             row.update({**median_of(3, per_cell), "workers": size,
                         "round_ms": round(median_ms, 1), "round_max_ms": round(max_ms, 1),
                         "takeover_ms": round(first_ms, 1)})
