@@ -245,19 +245,24 @@ def benchmark(args: argparse.Namespace, state: Path) -> dict[str, Any]:
     server = EmbeddedRedis(state).start()
     try:
         client, rows, kept = server.client(), [], {}
-        for db, size in enumerate(args.sizes, start=1):
+        def measured(size: int) -> dict[str, Any]:
+            """Build ``size`` workers, and measure them."""
             populate(client, app, size)
             settled(client)  # measured once the build's own file rewrite is over
             median_ms, max_ms, first_ms = round_ms(client, size)
-            rows.append({"workers": size, **median_of(3, size), "round_ms": round(median_ms, 1),
-                         "round_max_ms": round(max_ms, 1), "takeover_ms": round(first_ms, 1)})
+            return {"workers": size, **median_of(3, size), "round_ms": round(median_ms, 1),
+                    "round_max_ms": round(max_ms, 1), "takeover_ms": round(first_ms, 1)}
+
+        for db, size in enumerate(args.sizes, start=1):
+            rows.append(measured(size))
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
             client.swapdb(0, db)  # kept aside: the publishes of all sizes take turns
             kept[size] = redis.Redis(unix_socket_path=str(server.socket), db=db)
         cells = None
         if args.cells:
             first_db = len(args.sizes) + 1
-            cells = cells_row(server, client, app, args.sizes[-1], args.cells, first_db)
+            cells = cells_row(server, client, args.sizes[-1], args.cells, first_db, measured,
+                              lambda size: populate(client, app, size), MODELS)
             print(f"  {cells}", file=sys.stderr, flush=True)
             kept["cells"] = redis.Redis(unix_socket_path=str(server.socket), db=first_db)
         for row, (size, lanes) in zip([*rows, cells], publish_us(kept).items()):

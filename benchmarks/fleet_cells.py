@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from benchmarks.common import percentile
 
@@ -23,31 +23,29 @@ CELLS = 8
 CHOICES = 4000
 
 
-def cells_row(server: Any, client: Any, app: Any, size: int, cells: int,
-              first_db: int) -> dict[str, Any]:
+def cells_row(server: Any, client: Any, size: int, cells: int, first_db: int,
+              measured: Callable[[int], dict[str, Any]], build: Callable[[int], Any],
+              models: Sequence[str]) -> dict[str, Any]:
     """The figures of ``size`` workers in ``cells`` cells (databases ``first_db`` on):
-    those of one cell, and what choosing a cell costs a submit."""
-    from benchmarks.fleet import populate, round_ms, settled
-    from benchmarks.fleet_routing import median_of
-
+    those of one cell (``measured``: built and measured as a size), the others only
+    built (``build``), and what choosing a cell costs a submit of one of ``models``
+    (Zipf-drawn, as the built workers hold them)."""
     per_cell = size // cells
-    row: dict[str, Any] = {"cells": cells, "workers": size, "workers_per_cell": per_cell}
+    row: dict[str, Any] = {}
     for i in range(cells):
-        populate(client, app, per_cell)
         if i == 0:
-            settled(client)
-            median_ms, max_ms, first_ms = round_ms(client, per_cell)
-            row.update({**median_of(3, per_cell), "workers": size,
-                        "round_ms": round(median_ms, 1), "round_max_ms": round(max_ms, 1),
-                        "takeover_ms": round(first_ms, 1)})
+            row.update(measured(per_cell))
+        else:
+            build(per_cell)
         client.swapdb(0, first_db + i)
+    row.update(cells=cells, workers=size, workers_per_cell=per_cell)
     urls = {f"cell-{i}": f"redis+socket://{server.socket}?db={first_db + i}"
             for i in range(cells)}
-    row["choose_cell_p50_us"], row["choose_cell_p99_us"] = choice_us(urls)
+    row["choose_cell_p50_us"], row["choose_cell_p99_us"] = choice_us(urls, models)
     return row
 
 
-def choice_us(urls: dict[str, str]) -> tuple[float, float]:
+def choice_us(urls: dict[str, str], models: Sequence[str]) -> tuple[float, float]:
     """p50 and p99 microseconds of ``cell_for`` over the cells ``urls`` names, each
     cell's snapshot fresh (a round of its beat just before)."""
     from beat.heartbeat import heartbeat
@@ -57,7 +55,6 @@ def choice_us(urls: dict[str, str]) -> tuple[float, float]:
     from tasks.broker.cells import cell_for
     from tasks.broker.leader import fenced
     from tasks.settings import override
-    from benchmarks.fleet import MODELS
     from tests.harness.fleet import WEIGHTS
 
     with override(broker_url=", ".join(f"{name}={url}" for name, url in urls.items())):
@@ -68,9 +65,9 @@ def choice_us(urls: dict[str, str]) -> tuple[float, float]:
                     heartbeat()
                 lead.stop()
         rng, took = random.Random(1), []
-        for model in rng.choices(MODELS, WEIGHTS, k=CHOICES // 4):
+        for model in rng.choices(models, WEIGHTS, k=CHOICES // 4):
             cell_for(model)  # each cell's snapshot read once, as a process starts
-        for model in rng.choices(MODELS, WEIGHTS, k=CHOICES):
+        for model in rng.choices(models, WEIGHTS, k=CHOICES):
             began = time.perf_counter()
             cell_for(model)
             took.append((time.perf_counter() - began) * 1e6)
