@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Mapping
 
 import redis
+from kombu.utils.encoding import bytes_to_str
 
 from tasks.broker import scripts
 from tasks.broker.cell import share
@@ -79,7 +80,7 @@ def spread(clients: Mapping[str, redis.Redis], now: float) -> int:
     how many accounts' parts moved."""
     accounts: set[str] = set()
     for client in clients.values():
-        accounts.update(_text(a) for a in client.srandmember(FAST_EXHAUSTED_KEY, SPREAD_BATCH))
+        accounts.update(bytes_to_str(a) for a in client.srandmember(FAST_EXHAUSTED_KEY, SPREAD_BATCH))
     accounts_read = sorted(accounts)[:SPREAD_BATCH]
     if not accounts_read:
         return 0
@@ -126,7 +127,3 @@ def _read(client: redis.Redis, accounts: list[str], now: float
     return ([start if left is None else float(left) for left in balances],
             [period is not None for period in periods],
             [sum(float(b[i] or 0) for b in buckets) for i in range(len(accounts))])
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

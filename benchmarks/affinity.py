@@ -124,7 +124,7 @@ def hashing_mode(args: argparse.Namespace, state: Path) -> dict[str, Any]:
 
 def _wait_routable(workers: int, timeout_s: float = 60.0) -> None:
     """Until the router sees every worker on its ring (beat has a snapshot)."""
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -167,7 +167,7 @@ def bench(state: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> None:
-    from tasks.broker.enqueue import HASH_EPSILON
+    from tasks.broker.view import HASH_EPSILON
 
     rows = [(mode, f["jobs"], f"{f['cold_per_1000']:.1f}", f"{f['repeat_cold_per_1000']:.1f}",
              f"{f['load_ms']:.0f}",

@@ -79,7 +79,7 @@ def make_heavy(account: str) -> None:
     stats pushes record it) and wait until routers rank it as heavy."""
     from routing.policy import FAIR_UNIT_S
     from tasks.broker.app import redis_client
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     from tasks.broker.keys import USAGE_BUCKET_S, usage_key
 
     bucket = usage_key(int(time.time()) // USAGE_BUCKET_S)

@@ -89,7 +89,7 @@ def redis_cpu_s(client: Any) -> float:
 def wait_for_live_view(client: Any, since: float, process: subprocess.Popen,
                        timeout_s: float = 60) -> None:
     """Block until this process routes from a snapshot beat wrote after ``since``."""
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     from tasks.broker.keys import SNAPSHOT_KEY
 
     deadline = time.monotonic() + timeout_s

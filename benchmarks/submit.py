@@ -155,7 +155,7 @@ def per_call_us(fn: Callable[[int], Any], calls: int) -> float:
 def pure_parts() -> dict[str, Callable[[int], Any]]:
     """The in-memory steps of ``submit()``, each as ``fn(i)``; imports done once, here."""
     from routing.policy import decide
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     from tasks.jobs.cache import digest, sightings
     from tasks.jobs.schema import validate
 

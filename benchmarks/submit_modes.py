@@ -57,7 +57,7 @@ def plain_sender(url: str) -> Callable[[int], Any]:
 
 def assert_live_view() -> None:
     """Fail loudly if ``submit()`` would route by tier only (stale or missing snapshot)."""
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
 
     if snapshot_cache().view() is None:
         raise SystemExit("benchmarks/submit.py: submit() sees no fresh snapshot; "

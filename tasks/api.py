@@ -17,7 +17,8 @@ from typing import Any, Iterator
 from celery.result import AsyncResult
 
 from tasks.broker import cell, cells
-from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place, snapshot_cache
+from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place
+from tasks.broker.view import snapshot_cache
 from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE, refused

@@ -185,7 +185,8 @@ def clean_redis(redis_server):
     client = redis_server.client()
     drop_keys(client)
     shutil.rmtree(STATE_DIR / "flaky", ignore_errors=True)  # the test model's run counts
-    from tasks.broker.enqueue import _places_taken, snapshot_cache
+    from tasks.broker.enqueue import _places_taken
+    from tasks.broker.view import snapshot_cache
     if snapshot_cache.cache_info().currsize:  # the router's copy of the deleted snapshot
         snapshot_cache().forget()
     _places_taken.clear()  # what this process learnt of the deleted fast places

@@ -54,9 +54,11 @@ def test_a_job_id_is_a_uuid_that_names_its_cell():
 
 
 @pytest.fixture(scope="module")
-def two_cells(redis_server):
+def two_cells(redis_server, app):
     """Two cells, each its own Redis, one worker and beat; the test process knows both."""
     from tasks.dev.cluster import LocalCluster
+
+    assert app.conf.broker_url  # the session app's settings read now, not under the cells'
 
     folders = {name: Path(tempfile.mkdtemp(prefix=f"gl-{name}-", dir="/tmp")) for name in WARM}
     spec = ", ".join(f"{name}={EmbeddedRedis(folder).url}" for name, folder in folders.items())
@@ -82,7 +84,7 @@ def test_each_job_goes_to_the_cell_of_its_model_and_its_result_comes_from_there(
 
     def warm_in(name: str, model: str) -> bool:
         with cell.within(name):
-            from tasks.broker.enqueue import snapshot_cache
+            from tasks.broker.view import snapshot_cache
             view = snapshot_cache().members()
         return view is not None and bool(view.holders.get(model))
 
@@ -182,6 +184,7 @@ def test_a_fast_job_of_an_account_spent_in_its_cell_runs_fast_once_beat_spreads(
         two_cells):
     from tasks import submit
     from tasks.broker.keys import FAST_BALANCE_KEY, FAST_EXHAUSTED_KEY
+    from tasks.broker.view import snapshot_cache
     from tasks.jobs.accounts import fast_seconds_left
 
     a, b = (two_cells[name].redis.client() for name in WARM)
@@ -190,6 +193,12 @@ def test_a_fast_job_of_an_account_spent_in_its_cell_runs_fast_once_beat_spreads(
     b.sadd(FAST_EXHAUSTED_KEY, "studio")
     wait_until(lambda: float(b.hget(FAST_BALANCE_KEY, "studio")) > 0, 30,
                "the first cell's beat to spread the account's seconds")
+
+    def spent_in_b() -> bool:  # as the routers read cell b's snapshot, a round later
+        with cell.within("cell-b"):
+            view = snapshot_cache().view()
+        return view is None or "studio" in view.exhausted
+    wait_until(lambda: not spent_in_b(), 30, "cell b's snapshot to list it spent no more")
     assert fast_seconds_left("studio") == pytest.approx(99.0, abs=0.01)
     done = submit(model="typed", tier="fast", account="studio", count=7).get(timeout=60)
     assert done["lane"] == "fast"

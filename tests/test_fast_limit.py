@@ -11,7 +11,7 @@ from conftest import (SMALL, fast_waiting, new_gate, scripts_called, vary, wait_
 from routing.names import LANES
 from routing.policy import FAST_ACCOUNT_LIMIT, FAST_TIME_EXHAUSTED, PolicyView, decide
 from tasks import submit
-from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.view import snapshot_cache
 from tasks.broker.keys import fast_queued_key, lane_keys
 from tasks.jobs.accounts import fast_seconds_left, grant_fast_seconds
 from tests.flaky_model import open_gate

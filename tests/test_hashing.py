@@ -193,7 +193,7 @@ def _routed_view(clean_redis, hosts):
         alive = [h.decode() for h, w in records.items() if json.loads(w).get("alive")]
         return sorted(alive) == sorted(hosts)
     wait_until(ready, timeout_s=30, what="both workers in the snapshot")
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     wait_until(lambda: (v := snapshot_cache().view()) and len(set(v.ring[1])) == 2,
                timeout_s=10, what="the router to see both workers")
 

@@ -20,7 +20,7 @@ from kombu import Exchange, Queue
 from routing.names import LANES, worker_queue
 from routing.snapshot import SnapshotCache
 from tasks import submit
-from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.view import snapshot_cache
 from tasks.broker.keys import LANE_DEPTHS_KEY, LIST_DEPTHS_KEY, due_key, lane_keys, lists_key
 from tasks.errors import LaneFull
 from tasks.jobs.schema import validate

@@ -10,7 +10,7 @@ import pytest
 from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 from tasks import submit
-from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.view import snapshot_cache
 from routing.policy import FAIR_UNIT_S
 from tasks.broker.keys import LANE_DEPTHS_KEY, SNAPSHOT_KEY, USAGE_BUCKET_S, usage_key
 from tasks.errors import JobFailed, LaneFull

@@ -95,7 +95,7 @@ def test_submits_refused_near_maxmemory_keep_room_for_accepted_jobs(cluster, cle
     """Over ``MEMORY_LIMIT`` (0.9) of maxmemory, as beat measured it, a
     submit is refused with ``BrokerRefused`` before Redis itself refuses; a job already
     accepted still finishes."""
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
 
     gate = new_gate()
     accepted = submit(f"gate:{gate} accepted before", model="flaky", tier="fast", **SMALL)

@@ -287,7 +287,7 @@ def _record(client, host: str) -> dict:
 
 
 def _router_sees(hosts: list[str]) -> bool:
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     view = snapshot_cache().view()
     return bool(view) and set(view.ring[1]) == set(hosts)
 
@@ -310,7 +310,7 @@ def cluster(cluster_factory):
 @pytest.mark.timeout(420)
 def test_a_worker_with_a_broken_disk_steps_aside_and_comes_back(cluster, clean_redis):
     from tasks import submit
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     from tasks.jobs.deadletter import dead_jobs
     from tests.flaky_model import break_disk, mend_disk, scratch_dir
 

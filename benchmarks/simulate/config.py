@@ -8,7 +8,8 @@ from typing import Mapping
 from beat.health import MISSES_ALLOWED
 from beat.heartbeat import DEFAULT_SERVICE_S, PUSH_GRACE_S
 from routing.policy import FAIR_UNIT_S, RELEASE_RATIO, RELEASE_SAMPLES
-from tasks.broker.enqueue import HASH_EPSILON, ROUTE_HASHING
+from tasks.broker.enqueue import ROUTE_HASHING
+from tasks.broker.view import HASH_EPSILON
 from tasks.broker.keys import FAIR_WINDOW_S
 from tasks.settings import RETRY_CAP_S, settings
 

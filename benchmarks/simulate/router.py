@@ -2,7 +2,7 @@
 
 gpulanes: a real :class:`routing.snapshot.SnapshotCache` on the virtual clock reads
 what the simulated beat wrote (refreshed every half heartbeat, as
-``tasks.broker.enqueue.snapshot_cache`` is), and ``routing.policy.decide`` places each
+``tasks.broker.view.snapshot_cache`` is), and ``routing.policy.decide`` places each
 job. The publish's conditions are the ones ``tasks.broker.enqueue.enqueue`` reacts to
 (a lane at its maximum depth, an account out of fast places or fast seconds): that
 loop has no pure function under its publish, so it is followed here step by step.

@@ -39,5 +39,5 @@ def redis_client() -> redis.Redis:
 
 
 @lru_cache(maxsize=None)
-def _client(url: str | None) -> redis.Redis:
+def _client(url: str) -> redis.Redis:
     return broker_client()  # (url: the cell in force, which broker_client reads too)

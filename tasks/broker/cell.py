@@ -18,10 +18,11 @@ from tasks.settings import settings
 _CELL: ContextVar[str | None] = ContextVar("gpulanes_cell", default=None)
 
 
-def url_now() -> str | None:
-    """The Redis URL of the cell this context works in, or None (its own Redis)."""
+def url_now() -> str:
+    """The Redis URL of the cell this context works in, else this process's own (what
+    the clients and copies of a Redis are kept by)."""
     name = _CELL.get()
-    return None if name is None else settings.cells[name]
+    return settings.broker_url if name is None else settings.cells[name]
 
 
 @contextmanager

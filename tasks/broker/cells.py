@@ -18,7 +18,7 @@ from celery.result import AsyncResult
 
 from tasks.broker.app import app
 from tasks.broker.cell import named_by, within
-from tasks.broker.enqueue import snapshot_cache
+from tasks.broker.view import snapshot_cache
 from tasks.broker.store import result_url
 from tasks.settings import settings
 
@@ -67,7 +67,7 @@ def cell_for(model: str) -> str:
 
 @lru_cache(maxsize=None)
 def _caches(cells: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """Each cell's snapshot cache (``tasks.broker.enqueue.snapshot_cache``)."""
+    """Each cell's snapshot cache (``tasks.broker.view.snapshot_cache``)."""
     found = {}
     for name, _ in cells:
         with within(name):

@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-import redis
 from celery.result import AsyncResult
 
 from routing.lanes import Route
@@ -26,7 +25,6 @@ from routing.policy import (
     goes_first,
     publish_limits,
 )
-from routing.snapshot import SnapshotCache
 from tasks.broker.app import app, redis_client
 from tasks.broker.bindings import PRIORITY_STEPS, Bindings, list_of
 from tasks.broker.cell import share, url_now
@@ -35,9 +33,7 @@ from tasks.broker.keys import (
     FAST_BALANCE_KEY,
     FAST_EXHAUSTED_KEY,
     FAST_PERIOD_KEY,
-    SNAPSHOT_KEY,
     fast_queued_key,
-    members_key,
     queued_key,
     waiting_accounts_key,
 )
@@ -59,7 +55,6 @@ from tasks.broker.publish import (
     envelope_of,
     publish,
 )
-from tasks.broker.store import broker_client
 from tasks.errors import (
     BrokerRefused,
     BrokerUnavailable,
@@ -68,12 +63,11 @@ from tasks.errors import (
     LaneFull,
     OverLimit,
 )
+from tasks.broker.view import publish_deadline, snapshot_cache
 from tasks.settings import settings
 
 #: Seconds after which a fast place not given back lapses (``tasks.jobs.fastlimit``).
 PLACE_LAPSE_S = 3600
-#: Bounded loads: a worker over (1 + HASH_EPSILON) x the mean load passes jobs on.
-HASH_EPSILON = 0.25
 #: Route a job to the worker that holds its model (consistent hashing with bounded
 #: loads); False: every job through its lane's shared list.
 ROUTE_HASHING = True
@@ -122,49 +116,6 @@ OVER_LIMIT_RETRY_S = 5.0
 #: The view routing falls back on without a fresh snapshot: every tier in its own
 #: lane, nothing known to be overloaded or full, no worker queues.
 TIER_LANES_ONLY = PolicyView()
-
-
-#: Redis' clock minus this process's (seconds), measured with each quick snapshot read
-#: (under ``CLOCK_READ_S``): a publish's deadline is stated on Redis' clock, which is
-#: what its script reads.
-_redis_clock_offset_s = [0.0]
-CLOCK_READ_S = 0.05
-
-
-def _read_snapshot(client: redis.Redis) -> str | None:
-    """The snapshot, and by the way how far Redis' clock is from ours."""
-    sent = time.time()
-    with client.pipeline(transaction=False) as pipe:
-        raw, (seconds, micros) = pipe.get(SNAPSHOT_KEY).time().execute()
-    received = time.time()
-    if received - sent < CLOCK_READ_S:  # a slow read would blur the estimate
-        _redis_clock_offset_s[0] = seconds + micros / 1e6 - (sent + received) / 2
-    return raw
-
-
-def publish_deadline() -> float:
-    """The Redis time after which a publish sent now must not happen: the caller gives
-    up at ``GPULANES_REDIS_TIMEOUT_S``; the margin leaves room for the reply."""
-    margin_s = min(1.0, settings.redis_timeout_s / 4)
-    return time.time() + _redis_clock_offset_s[0] + settings.redis_timeout_s - margin_s
-
-
-def snapshot_cache() -> SnapshotCache:
-    """This process's copy of the lane snapshot (inside ``tasks.broker.cell.within``,
-    of that cell's): read in the first ``submit()``'s own call, before it routes, then
-    refreshed in the background; each read gives up within ``GPULANES_REDIS_TIMEOUT_S``
-    (one second at most: routing falls back to the tiers)."""
-    return _snapshot_cache(url_now())
-
-
-@lru_cache(maxsize=None)
-def _snapshot_cache(url: str | None) -> SnapshotCache:
-    read_s = min(1.0, settings.redis_timeout_s)
-    client = broker_client(socket_timeout=read_s, socket_connect_timeout=read_s)
-    return SnapshotCache(lambda: _read_snapshot(client), refresh_s=settings.heartbeat_s / 2,
-                         stale_s=settings.snapshot_stale_s, max_depth=settings.max_depth,
-                         epsilon=HASH_EPSILON,
-                         fetch_members=lambda v: client.get(members_key(v)))
 
 
 def enqueue(job: Job, job_id: str, run: tuple[str, str] | None = None, *,
@@ -392,11 +343,10 @@ def bindings() -> Bindings:
 
 
 @lru_cache(maxsize=None)
-def _bindings(url: str | None) -> Bindings:
+def _bindings(url: str) -> Bindings:
     return Bindings(redis_client())
 
 
-snapshot_cache.cache_info = _snapshot_cache.cache_info  # type: ignore[attr-defined]
 
 
 def addressed(exchange: str, sent: Envelope, entered_at: float) -> Message:

@@ -141,5 +141,5 @@ def broker_client(**kwargs) -> redis.Redis:
     ``GPULANES_REDIS_TIMEOUT_S`` (unless ``kwargs`` say otherwise)."""
     from tasks.broker.cell import url_now
 
-    return connect(url_now() or settings.broker_url, settings.sentinel_master,
+    return connect(url_now(), settings.sentinel_master,
                    timeout_s=settings.redis_timeout_s, **kwargs)

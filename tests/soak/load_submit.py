@@ -77,7 +77,7 @@ def plan(share: Share) -> list[dict[str, Any]]:
 
 def wait_for_live_view(timeout_s: float = 60.0) -> None:
     """Block until this process routes from a fresh snapshot (not by tier alone)."""
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
 
     deadline = time.monotonic() + timeout_s
     while snapshot_cache().view() is None:
@@ -89,7 +89,7 @@ def wait_for_live_view(timeout_s: float = 60.0) -> None:
 def send_all(outcome: Outcome, calls: list[dict[str, Any]]) -> None:
     """Submit every call back to back; sort each answer into the outcome."""
     from tasks.api import submit
-    from tasks.broker.enqueue import snapshot_cache
+    from tasks.broker.view import snapshot_cache
     from tasks.errors import LaneFull
 
     began, cache = time.monotonic(), snapshot_cache()
