@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -22,6 +23,7 @@ from routing.policy import (
     next_state,
     relax_levels,
 )
+from routing.names import LANES
 from routing.snapshot import SnapshotCache, base_view, full_lanes
 
 BUDGET = 10.0
@@ -186,6 +188,38 @@ def test_cache_falls_back_when_stale_and_survives_fetch_errors():
     assert cache.view() is not None
     now[0] = 104.0  # older than stale_s: plain tier routing
     assert cache.view() is None
+
+
+def test_sends_count_toward_the_depths_until_a_snapshot_measured_after_them():
+    """Each lane's full mark counts the sends made at or after the last snapshot's
+    measurement and within ``stale_s`` of the latest send, however many are dropped at
+    once (a snapshot after a burst drops thousands)."""
+    rng = random.Random(3)
+    now, answers, sends = [100.0], [], []
+    cache = SnapshotCache(lambda: answers[-1], refresh_s=0.5, stale_s=3.0,
+                          max_depth={"fast": 4, "standard": 6, "relaxed": 9},
+                          clock=lambda: now[0])
+    cache._thread = object()  # drive refreshes by hand in this test
+    measured_at = cut = 0.0
+    for step in range(600):
+        if rng.random() < 0.15 and (not answers or now[0] > json.loads(answers[-1])["at"]):
+            measured_at = max(measured_at, now[0] - rng.choice((0.0, 0.05, 0.3)))
+            answers.append(json.dumps({**SNAPSHOT, "at": now[0], "measured_at": measured_at,
+                                       "lanes": {}}))
+            cache.refresh()
+        else:
+            for _ in range(rng.choice((1, 1, 2, 8))):
+                lane = rng.choice(LANES)
+                cache.note_sent(lane)
+                sends.append((now[0], lane))
+                cut = now[0] - cache.stale_s
+        now[0] += rng.choice((0.0, 0.01, 0.1, 0.4))
+        view = cache.view()
+        if view is None:  # no snapshot yet, or older than stale_s
+            continue
+        counted = [lane for at, lane in sends if at >= measured_at and at >= cut]
+        assert view.full == {lane for lane in LANES
+                             if counted.count(lane) >= cache.max_depth[lane]}, step
 
 
 LOADS_WORKERS = {
