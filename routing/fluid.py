@@ -79,8 +79,11 @@ class Draining(DrainingSum):
         self._sum_r = sum(compress(self._r, self._live))
         self._ends: list[tuple[float, int, float]] = []
         self._first_x = array("d", self._x)
-        self._end_at = array("d", map(truediv, self._x, self._r) if 0 not in self._r else
-                             (x / r if r else math.inf for x, r in zip(self._x, self._r)))
+        try:  # (a rate of 0, a worker never measured, is rare: not looked for first)
+            self._end_at = array("d", map(truediv, self._x, self._r))
+        except ZeroDivisionError:
+            self._end_at = array("d", (x / r if r else math.inf
+                                       for x, r in zip(self._x, self._r)))
         self._order: list[int] = []  # the workers reaching zero by _sorted_s, in turn
         self._sorted_s, self._next = -1.0, 0
         self._sort_to(SORTED_S)
