@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from celery import signals, states
+from celery import states
 from celery.exceptions import Ignore, Reject, Retry
 
 import tasks.jobs.fastlimit  # noqa: F401  its handler frees a revoked job's place
@@ -48,7 +48,7 @@ from routing.names import FAST, JOB_TASK, JOB_TASK_ALIASES, lane_of, worker_queu
 from routing.policy import next_lane
 from tasks.broker import runs
 from tasks.broker.app import app, redis_client
-from tasks.broker.backend import Entry, run_entries, stored_by_run
+from tasks.broker.backend import stored_by_run
 from tasks.broker.holder import acked_with_run, token_of
 from tasks.broker.keys import DUPLICATES_KEY, METRICS_KEY, attempts_key, lease_key, metric_field
 from tasks.broker.message import Job, JobMessage, JobRoute, Result
@@ -56,32 +56,22 @@ from tasks.broker.outage import persist
 from tasks.broker.enqueue import addressed
 from tasks.broker.publish import Fence, Message, Pushed, envelope_of, publish, publish_copy
 from tasks.errors import JobFailed, JobRevoked, LeaseLost, WorkerStopping
-from tasks.jobs.deadletter import dead_entry
 from tasks.jobs.retry import backoff_s, is_transient
 from tasks.jobs.usage import COUNTS, job_counts
 from tasks.settings import RETRY_BASE_S, RETRY_CAP_S, SICK_AFTER, settings
 from tasks.worker import handoff
-from tasks.worker.coalesce import deliver, fail_followers, followers_of, settle_call
+from tasks.worker.coalesce import deliver, followers_of, settle_call
+from tasks.worker.endings import (RUN_ENTRIES, STALE_FIELD, give_up, run_entry, run_lane,
+                                  stop_revoked, stop_stale)
 from tasks.worker.execute import kept, run_job
 from tasks.worker.progress import Progress
 from tasks.worker.rejects import CheckedTask
-from tasks.worker.revokes import NamedRevokeRequest, how_far, tell_revoked
+from tasks.worker.revokes import NamedRevokeRequest, tell_revoked
 from tasks.worker.steps import StepGuard
 
+__all__ = ["ALIASES", "STALE_FIELD", "TASK_OPTIONS", "generate"]
 log = logging.getLogger(__name__)
 hooks.install()  # this module loads in workers (and beat) only: wire their hooks
-#: ``METRICS_KEY`` field: runs stopped because a newer run had taken their job over.
-STALE_FIELD = metric_field("stale_runs")
-#: The result backend is on the broker's Redis: a run's begin and finish scripts store
-#: its STARTED and SUCCESS entries in their own step (no read, transaction and publish
-#: of Celery's store for each).
-RUN_ENTRIES = run_entries(app)
-
-
-def _entry(task: Any, result: Any, state: str) -> Entry | None:
-    """The job's ``state`` entry for a run's script to store; None: Celery stores it."""
-    return app.backend.entry(task.request.id, result, state, task.request) \
-        if RUN_ENTRIES else None
 
 
 def _begin(task: Any, message: JobMessage) -> Lease | dict:
@@ -94,7 +84,7 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
         return sent_at, runs.begin(job_id, RUNTIME.incarnation, taken, message.job.account,
                                    deferred=route.deferred, started=started)
 
-    started = _entry(task, {"pid": os.getpid(), "hostname": task.request.hostname},
+    started = run_entry(task, {"pid": os.getpid(), "hostname": task.request.hostname},
                      states.STARTED)
 
     sent_at, (verdict, value) = persist(call, f"the start of job {job_id}")
@@ -108,7 +98,7 @@ def _begin(task: Any, message: JobMessage) -> Lease | dict:
     if verdict == "defer":
         _defer(task, message)
     if verdict == "revoked":
-        _revoked(task, None)
+        stop_revoked(task, None)
     lease = Lease(job_id, int(value), runs.token(RUNTIME.incarnation, int(value), taken),
                   sent_at)
     HELD_JOBS.attach(lease)
@@ -161,50 +151,6 @@ def _fence(task: Any, lease: Lease) -> Fence:
                  lease.attempt, settings.runs_kept_s)
 
 
-def _lane(task: Any, route: JobRoute) -> str:
-    """The lane this run was taken from (a worker's own queue counts as its lane)."""
-    return lane_of((task.request.delivery_info or {}).get("routing_key") or route.lane)
-
-
-def _stale(task: Any, lease: Lease) -> NoReturn:
-    log.warning("job %s: run %d was taken over by a newer run while frozen or cut off; "
-                "it stops and writes nothing", task.request.id, lease.attempt)
-    persist(lambda: redis_client().hincrby(METRICS_KEY, STALE_FIELD, 1), "a stale run")
-    raise Ignore()
-
-
-def _revoked(task: Any, lease: Lease | None, guard: StepGuard | None = None,
-             fast_charge: tuple[str, float] | None = None) -> NoReturn:
-    """A revoked job: not run, or stopped at a step of ``guard``'s run (a fast one
-    charged only the seconds it ran, ``fast_charge``); REVOKED for its caller and in
-    Flower (which last heard of it as received, started or in progress)."""
-    job_id = task.request.id
-    SUSPENDED.take(job_id)  # a preempted job's state, if it waited here
-    if lease is not None:
-        persist(lambda: runs.release(job_id, lease.token, lease.attempt, fast_charge),
-                f"the release of revoked job {job_id}")
-    app.backend.mark_as_revoked(job_id, "revoked")  # never over a stored success
-    tell_revoked(task)
-    signals.task_revoked.send(sender=task, request=task.request, terminated=False,
-                              signum=None, expired=False)  # fast place, coalesced run
-    log.info("job %s revoked %s", job_id, how_far(guard))
-    raise Ignore()
-
-
-def _give_up(task: Any, message: JobMessage, lease: Lease, reason: str, exc: BaseException,
-             what: str) -> NoReturn:
-    job_id = task.request.id
-    entry = dead_entry(job_id, message.kwargs(), reason, exc, lease.attempt)
-    failures = metric_field("failures", _lane(task, message.route))
-    failed = _entry(task, JobFailed(what), states.FAILURE)  # the one Celery stores after
-    if not persist(lambda: runs.give_up(job_id, lease.token, lease.attempt, entry, failures,
-                                        failed), f"the failure of job {job_id}"):
-        _stale(task, lease)
-    if message.job.leads_run:
-        persist(lambda: fail_followers(job_id, what), f"the followers of job {job_id}")
-    raise JobFailed(what) from exc
-
-
 def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: JobRoute,
            countdown: float) -> NoReturn:
     """Publish the job's next copy to ``route``'s shared lane, fenced: only a run that
@@ -214,8 +160,8 @@ def _retry(task: Any, exc: Exception, lease: Lease, message: JobMessage, route: 
         task, message.with_route(route), countdown, task.request.retries + 1),
         _fence(task, lease)), f"the retry of job {task.request.id}")
     if verdict != Pushed():  # the fence: a newer run holds the job (or an earlier try of
-        _stale(task, lease)  # this very publish went through, its reply lost)
-    retries = metric_field("retries", _lane(task, message.route))
+        stop_stale(task, lease)  # this very publish went through, its reply lost)
+    retries = metric_field("retries", run_lane(task, message.route))
     persist(lambda: redis_client().hincrby(METRICS_KEY, retries, 1), "a retry's count")
     raise Retry(exc=exc, when=countdown)
 
@@ -227,9 +173,9 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
     if isinstance(exc, WorkerStopping):  # nothing to record: Redis is away
         raise exc
     if isinstance(exc, LeaseLost):
-        _stale(task, lease)
+        stop_stale(task, lease)
     if isinstance(exc, JobRevoked):  # a fast job pays the seconds its model ran
-        _revoked(task, lease, guard, (message.job.account, time.monotonic() - guard.began)
+        stop_revoked(task, lease, guard, (message.job.account, time.monotonic() - guard.began)
                  if guard.lane == FAST else None)
     if isinstance(exc, Preempted):
         _preempt(task, lease, message, guard.lane, exc, guard.report)
@@ -244,12 +190,12 @@ def _fail_or_retry(task: Any, exc: Exception, lease: Lease, message: JobMessage,
         log.warning("%s; this worker's fault: the job goes back to its lane", what)
         _retry(task, exc, lease, message, route.back_to_shared(time.time()), 0)
     if is_worker_fault(exc):
-        _give_up(task, message, lease, "worker_faults", exc,
+        give_up(task, message, lease, "worker_faults", exc,
                  f"{what} (gave up after {faults + 1} workers failed it)")
     if not is_transient(exc):
-        _give_up(task, message, lease, "error", exc, what)
+        give_up(task, message, lease, "error", exc, what)
     if tries > settings.max_retries:
-        _give_up(task, message, lease, "retries_exhausted", exc,
+        give_up(task, message, lease, "retries_exhausted", exc,
                  f"{what} (gave up after {attempt} attempts)")
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
@@ -284,7 +230,7 @@ def _preempt(task: Any, lease: Lease, message: JobMessage, lane: str, stop: Pree
         f"the preempted copy of job {job_id}")
     if verdict != Pushed():
         SUSPENDED.take(job_id)
-        _stale(task, lease)
+        stop_stale(task, lease)
     if stop.leaving:
         log.info("job %s stepped aside at step %d: this worker is stopping (%s)", job_id,
                  stop.step, "it resumes there elsewhere" if resume else "it starts again")
@@ -300,7 +246,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
     """Record the run's result (fenced and charged in one step, with its SUCCESS entry
     where ``entry``) and return the job's result: this one, or the one recorded first."""
     job_id = task.request.id
-    stored = _entry(task, result, states.SUCCESS) if entry else None
+    stored = run_entry(task, result, states.SUCCESS) if entry else None
     # its message is acked in the same step where the entry is: nothing to put back after
     ack = _take_token(task) if stored else ""
     # a run others joined is closed to joiners in that step too, before it is announced
@@ -311,7 +257,7 @@ def _finish(task: Any, lease: Lease, result: dict, job: Job, entry: bool) -> dic
         f"the result of job {job_id}")
     verdict, value = finished.verdict, finished.value
     if verdict == "stale":
-        _stale(task, lease)
+        stop_stale(task, lease)
     if ack:  # its record went with the result
         acked_with_run(_delivery_tag(task))
     if verdict == "stored":
@@ -366,10 +312,10 @@ def _generate(self: Any, job: dict, route: dict, submitted_at: float) -> dict:
         return lease
     route = message.route
     if lease.attempt > settings.max_retries + 1 + route.worker_faults + route.preempted:
-        _give_up(self, message, lease, "worker_lost", JobFailed("worker lost"),
+        give_up(self, message, lease, "worker_lost", JobFailed("worker lost"),
                  f"job {self.request.id} reached attempt {lease.attempt}: its earlier runs "
                  "were lost with their workers or failed")
-    lane = _lane(self, route)
+    lane = run_lane(self, route)
     PREEMPTION.run_begins()
     resume = SUSPENDED.take(self.request.id)  # a preempted job's state, left here
     if resume is None and route.resume:  # ... or handed over by a worker that stopped
