@@ -321,10 +321,11 @@ def current() -> Settings:
 @contextmanager
 def override(**values: Any) -> Iterator[Settings]:
     """These settings (by field name) in force inside the block, validated as from the
-    environment; derived values follow."""
-    changed = load(**_changes[-1], **values)
+    environment; derived values follow. Inside another override, these win."""
+    values = {**_changes[-1], **values}
+    changed = load(**values)
     before = current()
-    _changes.append({**_changes[-1], **values})
+    _changes.append(values)
     _current[0] = changed
     try:
         yield changed
