@@ -69,8 +69,9 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
     (``tasks.jobs.predictions``).
 
     With the pools on several Redis (cells: ``GPULANES_BROKER_URL`` names them), the
-    job goes to the cell where its model is warm (``tasks.broker.cells``), and its id
-    names that cell: ``.get()``, and ``tasks.result(job_id)``, read it there.
+    job goes to the cell where its model is warm (``tasks.broker.cells``; with an
+    ``idempotency_key``, to the model's first cell, where the key is always claimed),
+    and its id names that cell: ``.get()``, and ``tasks.result(job_id)``, read it there.
 
     Raises :class:`tasks.errors.InvalidJob` naming the bad field (an unknown model
     or input, a bad value), :class:`tasks.errors.ModelError` when the model is larger
@@ -89,7 +90,9 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
                    downgradable=downgradable, **inputs)
     if not settings.cells:
         return _submit(job, str(uuid.uuid4()), idempotency_key, cancel_after, plan, inputs)
-    name = cells.cell_for(job.model)  # with cells: the cell of its model, its id names it
+    # with cells: the cell of its model (of a keyed job, the one its key is claimed in);
+    # its id names it
+    name = cells.cell_of_job(job.model, keyed=idempotency_key is not None)
     with cell.within(name):
         found = _submit(job, cell.new_job_id(name), idempotency_key, cancel_after, plan, inputs)
     return cells.bound(found, name)
@@ -145,14 +148,17 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    check_fits(job.model, snapshot_cache().members())
-    hook = None if webhook is None else (
-        *webhooks.checked(webhook, webhook_events_filter), api_url)
-    job_id = str(uuid.uuid4())
-    caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan, hook),
-                     placed=True)
-    with _outage_named(job_id):
-        where = place(replace(job, admitted=True), job_id, caller=caller)
+    name = cells.cell_of_job(job.model, keyed=idempotency_key is not None) \
+        if settings.cells else None  # as submit() chooses; its id names it
+    job_id = str(uuid.uuid4()) if name is None else cell.new_job_id(name)
+    with cell.within(name):
+        check_fits(job.model, snapshot_cache().members())
+        hook = None if webhook is None else (
+            *webhooks.checked(webhook, webhook_events_filter), api_url)
+        caller = replace(_caller(job, job_id, idempotency_key, cancel_after, plan, hook),
+                         placed=True)
+        with _outage_named(job_id):
+            where = place(replace(job, admitted=True), job_id, caller=caller)
     if where.job_id != job_id or caller.record is None:
         return where, None
     return where, predictions.recorded(caller.record, where.lane, where.parked)

@@ -202,3 +202,116 @@ def test_a_fast_job_of_an_account_spent_in_its_cell_runs_fast_once_beat_spreads(
     assert fast_seconds_left("studio") == pytest.approx(99.0, abs=0.01)
     done = submit(model="typed", tier="fast", account="studio", count=7).get(timeout=60)
     assert done["lane"] == "fast"
+
+
+def test_the_http_api_spans_the_cells(two_cells):
+    """One API process and one webhook sender that know both cells: each prediction runs
+    in its model's cell, which its id names; reading it, the account's list (merged,
+    newest first, a page at a time), its events, its signed webhooks and the account's
+    fast seconds span the cells; an idempotency key makes one prediction."""
+    import time
+
+    import httpx
+    from standardwebhooks.webhooks import Webhook
+
+    from tasks.broker.keys import FAST_BALANCE_KEY, FAST_PERIOD_KEY
+    from tasks.jobs import apikeys
+    from tests.harness import sse
+    from tests.harness.hooks import Receiver, Sender
+    from tests.harness.http import ApiServer
+
+    spec = ", ".join(f"{name}={cluster.url}" for name, cluster in two_cells.items())
+    env = {"GPULANES_BROKER_URL": spec, "GPULANES_WEBHOOK_ALLOW_PRIVATE": "1"}
+    logs = STATE_DIR / "logs" / "test_cells"
+    made, _ = apikeys.create(two_cells["cell-a"].redis.client(), "spanning", "standard")
+    auth = {"Authorization": f"Bearer {made}"}
+    inputs = {"echo": lambda i: {"text": f"job {i}"}, "typed": lambda i: {"count": i}}
+    with ApiServer(logs, env=env) as api, Sender(logs, env=env), Receiver() as receiver, \
+            httpx.Client(base_url=api.url, timeout=30) as http:
+        def create(model: str, i: int, **headers: str) -> dict:
+            found = http.post("/v1/predictions", headers={**auth, **headers}, json={
+                "model": model, "input": inputs[model](i), "webhook": receiver.url,
+                "webhook_events_filter": ["completed"]})
+            assert found.status_code == 201, found.text
+            return found.json()
+
+        ids = [create(model, i)["id"] for i in range(3) for model in WARM.values()]
+        for job_id, model in zip(ids, [*WARM.values()] * 3):
+            assert cell.named_by(job_id) == next(n for n, m in WARM.items() if m == model)
+        def succeeded(job_id: str) -> dict | None:
+            found = http.get(f"/v1/predictions/{job_id}", headers=auth).json()
+            return found if found["status"] == "succeeded" else None
+
+        done = {job_id: wait_until(lambda: succeeded(job_id), 60, f"{job_id} to succeed")
+                for job_id in ids}
+        assert done[ids[0]]["output"] == {"text": "job 0"}
+        assert "fields_set" in done[ids[1]]["output"]  # the typed model's
+        listed, url = [], "/v1/predictions?limit=2"
+        while url:
+            page = http.get(url, headers=auth).json()
+            assert len(page["results"]) <= 2
+            listed += [p["id"] for p in page["results"]]
+            url = page["next"]
+        assert listed == ids[::-1], "every prediction once, newest first, across the cells"
+        in_b = ids[1]
+        got = sse.read(http, f"/v1/predictions/{in_b}/events", auth)
+        assert got[-1]["event"] == "completed" and got[-1]["data"]["status"] == "succeeded"
+        wait_until(lambda: {job_id for job_id in ids if receiver.events(job_id)} == set(ids),
+                   60, "a completed webhook of every prediction")
+        secret = http.get("/v1/webhooks/default/secret", headers=auth).json()["key"]
+        for delivery in receiver.got:
+            Webhook(secret).verify(delivery.raw, delivery.headers)  # one secret, any cell
+        first = create("typed", 7, **{"Idempotency-Key": "order-1"})
+        again = create("typed", 7, **{"Idempotency-Key": "order-1"})
+        assert again["id"] == first["id"]
+        account = http.get("/v1/account", headers=auth).json()
+        assert account["fast_seconds_left"] == account["limits"]["fast_seconds"]  # untouched
+        period_s = account["limits"]["period_s"]
+        for name, part in (("cell-a", 3.0), ("cell-b", 4.5)):  # each cell's part, this period
+            client = two_cells[name].redis.client()
+            client.hset(FAST_BALANCE_KEY, "spanning", part)
+            client.hset(FAST_PERIOD_KEY, "spanning", f"{int(time.time() // period_s)} "
+                                                     f"{period_s} {part}")
+        assert http.get("/v1/account", headers=auth).json()["fast_seconds_left"] == 7.5
+
+
+def test_pages_across_cells_show_each_prediction_once_newest_first(tmp_path):
+    """An account's predictions in three cells, each listed by its own Redis' clock (with
+    ties in time, in a cell and across cells), and one another account's: every page size
+    shows each of the account's once, newest first by that time, then by id."""
+    import random
+
+    from tasks.broker.keys import prediction_key, predictions_key
+    from tasks.front import paging
+
+    rng = random.Random(5)
+    servers = {name: EmbeddedRedis(tmp_path / name).start() for name in ("a", "b", "c")}
+    try:
+        listed = []
+        for n, server in enumerate(servers.values()):
+            client = server.client()
+            for i in range(12):
+                job_id = f"{uuid.uuid4()}"[:-2] + f"{n:02x}"
+                account = "pages" if i else "another"  # listed in its list all the same
+                body = {"id": job_id, "account": account, "model": "echo", "input": {},
+                        "tier": "standard", "created_at": 1_000.0, "cancel_after_at": None}
+                client.hset(prediction_key(job_id), mapping={"json": json.dumps(body)})
+                at = 1_000 + rng.choice(range(8)) * 0.25  # ties, here and in other cells
+                client.zadd(predictions_key("pages"), {job_id: at})
+                listed.append((at, job_id, account))
+        newest_first = [job_id for _, job_id, account in sorted(listed, reverse=True)
+                        if account == "pages"]
+        spec = ", ".join(f"{name}={server.url}" for name, server in servers.items())
+        with override(broker_url=spec):
+            for limit in (1, 2, 5, 33, 36, 50):
+                shown, cursor = [], None
+                for _ in range(len(listed) + 1):  # a page at least each, or a loop
+                    page, cursor = paging.page("pages", cursor, limit)
+                    assert len(page) <= limit
+                    shown += [p.id for p in page]
+                    if cursor is None:
+                        break
+                assert cursor is None and shown == newest_first, limit
+    finally:
+        for server in servers.values():
+            server.stop()

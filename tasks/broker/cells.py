@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 from celery.result import AsyncResult
 
-from tasks.broker.app import app
+from tasks.broker.app import app, redis_client
 from tasks.broker.cell import named_by, within
 from tasks.broker.view import snapshot_cache
 from tasks.broker.store import result_url
@@ -49,6 +49,37 @@ def result(job_id: str) -> Any:
     """The ``AsyncResult`` of ``job_id``, on the Redis of the cell its id names."""
     name = named_by(job_id)
     return AsyncResult(job_id, app=app if name is None else app_of(name))
+
+
+def of_job(job_id: str) -> tuple[Any, Any]:
+    """The Celery app and Redis client of the cell ``job_id`` names; with one Redis, or an
+    id that names none, this process's own."""
+    name = named_by(job_id)
+    if name is None:
+        return app, redis_client()
+    with within(name):
+        return app_of(name), redis_client()
+
+
+def each() -> list[tuple[str | None, Any, Any]]:
+    """(cell, its Celery app, its Redis client) of every cell, in the order the broker
+    URL names them; with one Redis, (None, this process's own app and client)."""
+    if not settings.cells:
+        return [(None, app, redis_client())]
+    found = []
+    for name in settings.cells:
+        with within(name):
+            found.append((name, app_of(name), redis_client()))
+    return found
+
+
+def cell_of_job(model: str, keyed: bool = False) -> str:
+    """The cell a new job of ``model`` goes to: :func:`cell_for`; a job with an
+    idempotency key (``keyed``) goes to the model's first cell by rendezvous hashing,
+    warm or not, so that the key is claimed in the same cell whenever it comes back."""
+    if keyed:
+        return _order(model, tuple(settings.cells))[0]
+    return cell_for(model)
 
 
 def cell_for(model: str) -> str:

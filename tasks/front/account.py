@@ -13,7 +13,8 @@ from typing import Any
 import redis
 from fastapi import APIRouter, Depends
 
-from tasks.broker.app import redis_client
+from tasks.broker import cells
+from tasks.broker.cell import share
 from tasks.broker.keys import FAST_BALANCE_KEY, FAST_PERIOD_KEY
 from tasks.front.auth import caller
 from tasks.front.errors import iso
@@ -31,8 +32,11 @@ def period_index(terms: Plan, now: float) -> int:
     return int(now // terms.period_s)
 
 
-def fast_seconds_left(client: redis.Redis, account: str, terms: Plan, now: float) -> float:
-    """Fast seconds ``account`` has left in the plan's current period (never below 0)."""
+def fast_seconds_left(client: redis.Redis, account: str, terms: Plan, now: float,
+                      full: float | None = None) -> float:
+    """Fast seconds ``account`` has left in the plan's current period on ``client``'s
+    Redis, ``full`` (default: the plan's) where the period has not begun there yet; with
+    cells, one cell's part, below 0 where the account overshot there."""
     with client.pipeline(transaction=True) as pipe:
         pipe.hget(FAST_BALANCE_KEY, account)
         pipe.hget(FAST_PERIOD_KEY, account)
@@ -40,16 +44,19 @@ def fast_seconds_left(client: redis.Redis, account: str, terms: Plan, now: float
     current = f"{period_index(terms, now)} {terms.period_s}"
     recorded = _text(period).split()[:2] if period is not None else []
     if balance is None or recorded != current.split():  # renewed by the next fast job
-        return terms.fast_seconds
-    return max(0.0, float(balance))
+        return terms.fast_seconds if full is None else full
+    return float(balance)
 
 
-def account_json(key: ApiKey, client: redis.Redis, now: float) -> dict[str, Any]:
-    """The account of ``key`` as JSON: its plan, limits and fast time (reads Redis)."""
+def account_json(key: ApiKey, clients: list[redis.Redis], now: float) -> dict[str, Any]:
+    """The account of ``key`` as JSON: its plan, limits and fast time, the parts on each
+    of ``clients`` (each cell's Redis; one Redis: one) summed (reads Redis)."""
     terms = plan(key.plan)
     renews_at = float((period_index(terms, now) + 1) * terms.period_s)
+    part = share(terms.fast_seconds)  # what a period begins with in each cell
+    left = sum(fast_seconds_left(client, key.account, terms, now, part) for client in clients)
     return {"account": key.account, "plan": terms.name,
-            "fast_seconds_left": round(fast_seconds_left(client, key.account, terms, now), 3),
+            "fast_seconds_left": round(max(0.0, left), 3),
             "fast_renews_at": iso(renews_at), "fast_renews_at_unix": renews_at,
             "limits": {name: getattr(terms, name) for name in LIMIT_FIELDS}}
 
@@ -58,7 +65,7 @@ def account_json(key: ApiKey, client: redis.Redis, now: float) -> dict[str, Any]
 def account(key: ApiKey = Depends(caller)) -> dict[str, Any]:
     """The caller's account: its plan and the plan's limits, its fast GPU seconds left
     and when they are renewed."""
-    return account_json(key, redis_client(), time.time())
+    return account_json(key, [client for _, _, client in cells.each()], time.time())
 
 
 def _text(value: str | bytes) -> str:

@@ -22,8 +22,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from sse_starlette import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from tasks.broker.app import app as celery_app
-from tasks.broker.app import redis_client
+from tasks.broker.cells import of_job
 from tasks.broker.outage import OUTAGE
 from tasks.front.auth import caller
 from tasks.front.errors import Refused, iso
@@ -71,7 +70,7 @@ async def prediction_events(prediction_id: str, request: Request,
 async def _stream(prediction: Prediction, last: str | None, base: str
                   ) -> AsyncIterator[dict[str, Any]]:
     """The events of ``prediction`` after ``last``, until its log ends."""
-    the_hub = hub()
+    the_hub = hub(prediction.id)
     watch = await the_hub.watch(prediction)
     place, looked = None, None
     try:
@@ -98,7 +97,7 @@ async def _stream(prediction: Prediction, last: str | None, base: str
                 said = status(now, seen_now)
                 if said in FINAL:  # ended, its end not logged: a cancel while it waited
                     state = seen_now.state if seen_now.state != "PENDING" else "REVOKED"
-                    await run_in_threadpool(events.end, redis_client(), prediction.id,
+                    await run_in_threadpool(events.end, the_hub.client, prediction.id,
                                             state, seen_now.state == "PENDING")
                     watch.logged = True
                     continue
@@ -113,18 +112,19 @@ async def _stream(prediction: Prediction, last: str | None, base: str
 
 def _read(prediction: Prediction, last: str | None, base: str) -> Read:
     """The events logged after ``last``, as they are sent (blocks on Redis)."""
-    client = redis_client()
+    celery_app, client = of_job(prediction.id)
     logged = events.after(client, prediction.id, last)
     sent = []
     for event in logged:
-        sent.append(_shown(event, prediction, base, client, last=event is logged[-1]))
+        sent.append(_shown(event, prediction, base, celery_app, client,
+                           last=event is logged[-1]))
         if event.kind == "completed":
             return Read(sent, event.id, ended=True)
     return Read(sent, logged[-1].id if logged else last, again=len(logged) >= events.PAGE)
 
 
-def _shown(event: Event, prediction: Prediction, base: str, client: redis.Redis,
-           last: bool) -> dict[str, Any]:
+def _shown(event: Event, prediction: Prediction, base: str, celery_app: Any,
+           client: redis.Redis, last: bool) -> dict[str, Any]:
     """``event`` as it is sent (``last``: the latest logged, so a queued one says its
     place now)."""
     if event.kind == "queued":

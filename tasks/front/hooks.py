@@ -32,6 +32,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -39,7 +40,7 @@ import redis
 from kombu.utils.encoding import bytes_to_str
 from standardwebhooks.webhooks import Webhook
 
-from tasks.broker import scripts
+from tasks.broker import cells, scripts
 from tasks.broker.app import app as celery_app
 from tasks.broker.app import redis_client
 from tasks.broker.keys import PREDICTION_PREFIX, WEBHOOK_ATTEMPTS_KEY, WEBHOOKS_DUE_KEY
@@ -124,25 +125,35 @@ class Prepared:
     secret: str
 
 
-def prepare(client: redis.Redis, delivery: Delivery) -> Prepared | None:
-    """The request for ``delivery``: its prediction as it stands now; None when the
-    prediction is gone (expired) or has no webhook (blocks on Redis)."""
+def prepare(client: redis.Redis, delivery: Delivery, celery_app: Any = celery_app,
+            accounts: redis.Redis | None = None) -> Prepared | None:
+    """The request for ``delivery``: its prediction as it stands now (on ``client``, with
+    ``celery_app``'s results: its cell's), signed with its account's secret (on
+    ``accounts``, the API's own Redis; default ``client``); None when the prediction is
+    gone (expired) or has no webhook (blocks on Redis)."""
     found = predictions.read(client, delivery.job_id)
     if found is None or not found.webhook:
         return None
     body = prediction_json(found, seen(celery_app, client, found, placed=True),
                            found.api_url or DEFAULT_API_URL)
-    return Prepared(found.webhook, json.dumps(body), webhooks.secret(client, found.account))
+    return Prepared(found.webhook, json.dumps(body),
+                    webhooks.secret(accounts or client, found.account))
 
 
 class Sender:
-    """Sends due deliveries until :meth:`stop`, each in a task of its own."""
+    """Sends due deliveries until :meth:`stop`, each in a task of its own: those of the
+    outbox on ``client`` (with cells, one cell's; ``celery_app``: that cell's), signed
+    with the secrets on ``accounts`` (the API's own Redis). Senders of several cells
+    share ``per_host``, the deliveries in flight to each receiver."""
 
-    def __init__(self, client: redis.Redis | None = None) -> None:
+    def __init__(self, client: redis.Redis | None = None, celery_app: Any = celery_app,
+                 accounts: redis.Redis | None = None,
+                 per_host: dict[str, int] | None = None) -> None:
         self.client = client or redis_client()
+        self.celery_app, self.accounts = celery_app, accounts or self.client
         self.stopping = asyncio.Event()
         self.in_flight: set[asyncio.Task] = set()
-        self.per_host: dict[str, int] = defaultdict(int)
+        self.per_host: dict[str, int] = defaultdict(int) if per_host is None else per_host
         self.http = httpx.AsyncClient(timeout=TIMEOUT_S,
                                       follow_redirects=False, trust_env=False,
                                       limits=httpx.Limits(max_connections=MAX_IN_FLIGHT))
@@ -178,7 +189,8 @@ class Sender:
     async def deliver(self, delivery: Delivery) -> None:
         """One attempt at ``delivery``, settled as its answer says."""
         try:
-            prepared = await asyncio.to_thread(prepare, self.client, delivery)
+            prepared = await asyncio.to_thread(prepare, self.client, delivery,
+                                               self.celery_app, self.accounts)
             if prepared is None:
                 await asyncio.to_thread(settle, self.client, delivery, "done")
                 return
@@ -239,13 +251,15 @@ class Sender:
 def serve() -> None:
     """Send webhooks until SIGINT or SIGTERM (deliveries in flight end first)."""
     async def main() -> None:
-        sender = Sender()
+        accounts, per_host = redis_client(), defaultdict(int)  # the API's own Redis
+        senders = [Sender(client, celery_app, accounts, per_host)  # one per cell
+                   for _, celery_app, client in cells.each()]
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, sender.stop)
+            loop.add_signal_handler(signum, lambda: [sender.stop() for sender in senders])
         log.info("sending webhooks (at most %d at once, %d to one receiver)", MAX_IN_FLIGHT,
                  PER_HOST)
-        await sender.run()
+        await asyncio.gather(*(sender.run() for sender in senders))
 
     asyncio.run(main())
 

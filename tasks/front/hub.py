@@ -17,13 +17,14 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from kombu.utils.encoding import bytes_to_str
 from starlette.concurrency import run_in_threadpool
 
-from tasks.broker.app import app as celery_app
-from tasks.broker.app import redis_client
+from tasks.broker.cell import named_by
+from tasks.broker.cells import of_job
 from tasks.broker.keys import events_key
 from tasks.broker.outage import OUTAGE
 from tasks.front.views import Seen, seen_many
@@ -55,10 +56,12 @@ class Watch:
 
 
 class Hub:
-    """This process's subscriptions and looks, for the streams of one event loop."""
+    """This process's subscriptions and looks, for the streams of one event loop (and,
+    with cells, of one cell: its Redis, ``client``, and its Celery app's results)."""
 
-    def __init__(self, client: redis.Redis, loop: asyncio.AbstractEventLoop) -> None:
-        self.client, self.loop = client, loop
+    def __init__(self, client: redis.Redis, loop: asyncio.AbstractEventLoop,
+                 celery_app: Any) -> None:
+        self.client, self.loop, self.celery_app = client, loop, celery_app
         self.readers: dict[str, set[Watch]] = {}
         self.asked: queue.SimpleQueue[tuple[str, str, asyncio.Future | None]] = \
             queue.SimpleQueue()
@@ -111,7 +114,7 @@ class Hub:
             if not watches:
                 continue
             try:
-                looks = await run_in_threadpool(seen_many, celery_app, self.client,
+                looks = await run_in_threadpool(seen_many, self.celery_app, self.client,
                                                 [watch.prediction for watch in watches])
             except OUTAGE as exc:
                 log.info("event hub: Redis away (%s)", exc)
@@ -158,15 +161,17 @@ def _resolve(done: asyncio.Future) -> None:
         done.set_result(None)
 
 
-_hubs: dict[int, Hub] = {}
+_hubs: dict[tuple[int, str | None], Hub] = {}
 
 
-def hub() -> Hub:
-    """This event loop's hub, made on first use."""
+def hub(job_id: str) -> Hub:
+    """The hub of this event loop for the cell ``job_id`` names, made on first use."""
     loop = asyncio.get_running_loop()
-    found = _hubs.get(id(loop))
+    where = (id(loop), named_by(job_id))
+    found = _hubs.get(where)
     if found is None or found.loop is not loop:
-        found = _hubs[id(loop)] = Hub(redis_client(), loop)
+        celery_app, client = of_job(job_id)
+        found = _hubs[where] = Hub(client, loop, celery_app)
     return found
 
 

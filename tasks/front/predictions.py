@@ -14,8 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tasks.api import submit_placed
-from tasks.broker.app import app as celery_app
-from tasks.broker.app import redis_client
+from tasks.broker.cells import of_job, result
 from tasks.broker.outage import OUTAGE
 from tasks.front import create, paging
 from tasks.front.auth import SECURITY, caller, request_key
@@ -39,8 +38,8 @@ def base_url(request: Request) -> str:
 
 
 def owned(account: str, prediction_id: str) -> Prediction:
-    """The caller's prediction ``prediction_id``, or 404."""
-    found = predictions.owned(redis_client(), account, prediction_id)
+    """The caller's prediction ``prediction_id`` (read in the cell its id names), or 404."""
+    found = predictions.owned(of_job(prediction_id)[1], account, prediction_id)
     if found is None:
         raise Refused(404, NOT_FOUND)
     return found
@@ -48,7 +47,7 @@ def owned(account: str, prediction_id: str) -> Prediction:
 
 def shown(prediction: Prediction, request: Request, placed: bool = True) -> dict[str, Any]:
     """The prediction as JSON, read now (blocks on Redis)."""
-    return prediction_json(prediction, seen(celery_app, redis_client(), prediction, placed),
+    return prediction_json(prediction, seen(*of_job(prediction.id), prediction, placed),
                            base_url(request))
 
 
@@ -100,7 +99,7 @@ def _made(account: str, job_id: str, body: create.PredictionRequest,
           cancel_after_s: float | None) -> Prediction:
     """The prediction as recorded (the first one, for a repeated idempotency key); as
     asked, should its record not be there to read."""
-    return predictions.owned(redis_client(), account, job_id) or _sent(
+    return predictions.owned(of_job(job_id)[1], account, job_id) or _sent(
         account, job_id, body, cancel_after_s)
 
 
@@ -110,7 +109,7 @@ async def settled(job_id: str, wait_s: float) -> bool:
     deadline, look_s = time.monotonic() + wait_s, FIRST_LOOK_S
     while True:
         try:
-            state = await run_in_threadpool(lambda: celery_app.AsyncResult(job_id).state)
+            state = await run_in_threadpool(lambda: result(job_id).state)
         except OUTAGE:
             return False
         left_s = deadline - time.monotonic()
@@ -133,10 +132,11 @@ def cancel_prediction(prediction_id: str, request: Request,
     """Cancel it: queued, it never runs; running, it stops at its next step. One that
     has ended is left as it is."""
     prediction = owned(key.account, prediction_id)
-    if status(prediction, seen(celery_app, redis_client(), prediction, False)) not in FINAL:
+    celery_app, client = of_job(prediction.id)
+    if status(prediction, seen(celery_app, client, prediction, False)) not in FINAL:
         celery_app.AsyncResult(prediction.id).revoke()
         # its event log ends now if its job never began (a run logs its own end)
-        events.end(redis_client(), prediction.id, "REVOKED", unless_began=True)
+        events.end(client, prediction.id, "REVOKED", unless_began=True)
     return shown(prediction, request)
 
 
@@ -147,14 +147,9 @@ def list_predictions(request: Request, key: ApiKey = Depends(caller),
                      ) -> dict[str, Any]:
     """The caller's predictions, newest first, a page at a time (``next``: the
     following page's URL, None after the last)."""
-    client = redis_client()
-    offset = paging.offset_of(client, key.account, cursor)
-    found = predictions.listed(client, key.account, offset, limit + 1)
-    page = found[:limit]
-    following = None
-    if len(found) > limit:
-        after = paging.cursor_after(page[-1].id, page[-1].created_at)
-        following = f"{base_url(request)}/v1/predictions?cursor={after}&limit={limit}"
+    page, after = paging.page(key.account, cursor, limit)
+    following = None if after is None else \
+        f"{base_url(request)}/v1/predictions?cursor={after}&limit={limit}"
     return {"results": [shown(p, request, placed=False) for p in page], "next": following}
 
 
@@ -164,7 +159,7 @@ def list_predictions(request: Request, key: ApiKey = Depends(caller),
 def get_file(prediction_id: str, name: str, key: ApiKey = Depends(caller)) -> Response:
     """A file the prediction's output names (its URL there), to its account only."""
     prediction = owned(key.account, prediction_id)
-    found = seen(celery_app, redis_client(), prediction, placed=False)
+    found = seen(*of_job(prediction.id), prediction, placed=False)
     made = artifacts(found.value) if found.state == "SUCCESS" and \
         isinstance(found.value, dict) else {}
     if name not in made:

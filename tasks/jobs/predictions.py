@@ -94,13 +94,18 @@ def listed(client: redis.Redis, account: str, offset: int = 0, limit: int = 20
            ) -> list[Prediction]:
     """``account``'s predictions, newest first, from ``offset``."""
     ids = client.zrevrange(predictions_key(account), offset, offset + limit - 1)
+    return [p for p in read_many(client, [_text(i) for i in ids])
+            if p is not None and p.account == account]
+
+
+def read_many(client: redis.Redis, ids: list[str]) -> list[Prediction | None]:
+    """:func:`read` of each of ``ids``, in one round trip."""
     if not ids:
         return []
     with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
-            pipe.hgetall(prediction_key(_text(job_id)))
-        found = [_prediction(fields) for fields in pipe.execute()]
-    return [p for p in found if p is not None and p.account == account]
+            pipe.hgetall(prediction_key(job_id))
+        return [_prediction(fields) for fields in pipe.execute()]
 
 
 def position(client: redis.Redis, prediction: Prediction) -> int | None:

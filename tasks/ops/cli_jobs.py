@@ -160,15 +160,12 @@ def _other_text(found: dict[str, Any]) -> str:
 def _cell_of(ctx: click.Context, job_id: str) -> tuple[Any, redis.Redis]:
     """The Celery app and Redis client of the cell ``job_id`` names (``tasks.broker.
     cells``); with one Redis, or an id of none, the CLI's own."""
-    from tasks.broker.app import redis_client
-    from tasks.broker.cell import named_by, within
-    from tasks.broker.cells import app_of
+    from tasks.broker.cell import named_by
+    from tasks.broker.cells import of_job
 
-    name = named_by(job_id)
-    if name is None:
+    if named_by(job_id) is None:
         return ctx.obj.app, _client(ctx)
-    with within(name):
-        return app_of(name), redis_client()
+    return of_job(job_id)
 
 
 @lanes.command("job")
