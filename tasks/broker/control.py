@@ -25,19 +25,25 @@ LOAD_AT_MOST = 50_000
 
 
 def record_revokes(job_ids: Iterable[str]) -> int:
-    """Keep ``job_ids`` as revoked in Redis (and trim those past their time)."""
+    """Keep ``job_ids`` as revoked in Redis (and trim those past their time): each in the
+    cell its id names (``tasks.broker.cell``), where its job runs; with one Redis, ours."""
     from tasks.broker.app import redis_client
+    from tasks.broker.cell import named_by, within
 
     ids, now = [str(i) for i in job_ids], time.time()
-    if not ids:
-        return 0
-    with redis_client().pipeline() as pipe:
-        pipe.zadd(REVOKED_KEY, dict.fromkeys(ids, now))
-        pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - settings.revoke_ttl_s)
-        pipe.expire(REVOKED_KEY, settings.revoke_ttl_s)
-        for job_id in ids:
-            pipe.set(revoked_key(job_id), 1, ex=settings.revoke_ttl_s)
-        pipe.execute()
+    by_cell: dict[str | None, list[str]] = {}
+    for job_id in ids:
+        by_cell.setdefault(named_by(job_id), []).append(job_id)
+    for name, named in by_cell.items():
+        with within(name):
+            client = redis_client()
+        with client.pipeline() as pipe:
+            pipe.zadd(REVOKED_KEY, dict.fromkeys(named, now))
+            pipe.zremrangebyscore(REVOKED_KEY, "-inf", now - settings.revoke_ttl_s)
+            pipe.expire(REVOKED_KEY, settings.revoke_ttl_s)
+            for job_id in named:
+                pipe.set(revoked_key(job_id), 1, ex=settings.revoke_ttl_s)
+            pipe.execute()
     return len(ids)
 
 
