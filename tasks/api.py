@@ -12,10 +12,11 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from celery.result import AsyncResult
 
+from routing.policy import PolicyView
 from tasks.broker import cell, cells
 from tasks.broker.enqueue import Caller, ClaimAnswered, Placed, enqueue, place
 from tasks.broker.view import snapshot_cache
@@ -23,7 +24,7 @@ from tasks.broker.keys import idempotency_key as same_key
 from tasks.broker.message import Job
 from tasks.broker.outage import OUTAGE, refused
 from tasks.broker.scripts import NotReplicated
-from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob
+from tasks.errors import BrokerRefused, BrokerUnavailable, InvalidJob, ModelError
 from tasks.jobs import admission, predictions, webhooks
 from tasks.jobs.cache import answered, cacheable, claim_in_publish, release
 from tasks.jobs.fits import check_fits
@@ -92,7 +93,7 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
         return _submit(job, str(uuid.uuid4()), idempotency_key, cancel_after, plan, inputs)
     # with cells: the cell of its model (of a keyed job, the one its key is claimed in);
     # its id names it
-    name = cells.cell_of_job(job.model, keyed=idempotency_key is not None)
+    name = cells.cell_of_job(job.model, idempotency_key is not None, _fits(job.model))
     with cell.within(name):
         found = _submit(job, cell.new_job_id(name), idempotency_key, cancel_after, plan, inputs)
     return cells.bound(found, name)
@@ -148,7 +149,7 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    name = cells.cell_of_job(job.model, keyed=idempotency_key is not None) \
+    name = cells.cell_of_job(job.model, idempotency_key is not None, _fits(job.model)) \
         if settings.cells else None  # as submit() chooses; its id names it
     job_id = str(uuid.uuid4()) if name is None else cell.new_job_id(name)
     with cell.within(name):
@@ -162,6 +163,17 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     if where.job_id != job_id or caller.record is None:
         return where, None
     return where, predictions.recorded(caller.record, where.lane, where.parked)
+
+
+def _fits(model: str) -> Callable[[PolicyView | None], bool]:
+    """Whether ``model`` fits a worker of the cell a members view is of (``check_fits``)."""
+    def fits(view: PolicyView | None) -> bool:
+        try:
+            check_fits(model, view)
+        except ModelError:
+            return False
+        return True
+    return fits
 
 
 @contextmanager

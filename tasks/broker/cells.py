@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from celery import Celery
 from celery.result import AsyncResult
@@ -73,27 +73,29 @@ def each() -> list[tuple[str | None, Any, Any]]:
     return found
 
 
-def cell_of_job(model: str, keyed: bool = False) -> str:
-    """The cell a new job of ``model`` goes to: :func:`cell_for`; a job with an
-    idempotency key (``keyed``) goes to the model's first cell by rendezvous hashing,
-    warm or not, so that the key is claimed in the same cell whenever it comes back."""
-    if keyed:
-        return _order(model, tuple(settings.cells))[0]
-    return cell_for(model)
+def cell_of_job(model: str, keyed: bool = False,
+                fits: Callable[[Any], bool] = lambda view: True) -> str:
+    """The cell a new job of ``model`` goes to. Of the cells whose workers can hold it
+    (``fits`` of each cell's members view; all when none can), the first by rendezvous
+    hashing on the model where a worker holds it warm, else the first: its jobs keep to
+    one cell while it stays warm there, and one cell warms it when none holds it. A job
+    with an idempotency key (``keyed``) goes to the first, warm or not, so that the key
+    is claimed in the same cell whenever it comes back."""
+    caches = _caches(tuple(settings.cells.items()))
+    order, first = _order(model, tuple(caches)), None
+    for name in order:
+        view = caches[name].members()
+        if not fits(view):
+            continue
+        if keyed or view is not None and view.holders.get(model):
+            return name
+        first = first or name
+    return first or order[0]
 
 
 def cell_for(model: str) -> str:
-    """The cell ``model``'s jobs go to: of the cells where a worker holds it warm (by
-    each cell's snapshot), else of all, the first by rendezvous hashing on the model,
-    so that its jobs keep to one cell while it stays warm there, and one cell warms
-    it when none holds it."""
-    caches = _caches(tuple(settings.cells.items()))
-    order = _order(model, tuple(caches))
-    for name in order:
-        view = caches[name].members()
-        if view is not None and view.holders.get(model):
-            return name
-    return order[0]
+    """:func:`cell_of_job` of a job with no idempotency key, wherever the model fits."""
+    return cell_of_job(model)
 
 
 @lru_cache(maxsize=None)
