@@ -10,13 +10,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any
 
 import redis
 from kombu.utils.encoding import bytes_to_str
 
 from tasks.broker import cells
-from tasks.broker.cells import of_job
 from tasks.broker.keys import predictions_key
 from tasks.front.errors import Refused
 from tasks.jobs import predictions
@@ -46,16 +44,15 @@ def page(account: str, cursor: str | None, limit: int
         return found[:limit], None if last is None else cursor_after(last.id, last.created_at)
     # with cells: each cell's next ones, by the time its Redis listed each, then id
     after = _read(cursor) if cursor else None
-    listed = sorted((entry for _, _, client in places
-                     for entry in _listed_before(client, account, after, limit + 1)),
+    listed = sorted(((at, job_id, n) for n, (_, _, client) in enumerate(places)
+                     for at, job_id in _listed_before(client, account, after, limit + 1)),
                     reverse=True)[:limit + 1]
     shown = listed[:limit]
-    by_cell: dict[Any, list[str]] = {}
-    for _, job_id in shown:
-        by_cell.setdefault(of_job(job_id)[1], []).append(job_id)
-    read = {p.id: p for client, ids in by_cell.items()
-            for p in predictions.read_many(client, ids) if p is not None}
-    found = [read[job_id] for _, job_id in shown
+    read: dict[str, Prediction] = {}
+    for n, (_, _, client) in enumerate(places):  # each from the list's own cell
+        ids = [job_id for _, job_id, listed_in in shown if listed_in == n]
+        read.update((p.id, p) for p in predictions.read_many(client, ids) if p is not None)
+    found = [read[job_id] for _, job_id, _ in shown
              if job_id in read and read[job_id].account == account]
     return found, cursor_after(shown[-1][1], shown[-1][0]) if len(listed) > limit else None
 
