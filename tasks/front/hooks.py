@@ -30,7 +30,7 @@ import random
 import signal
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
@@ -140,20 +140,30 @@ def prepare(client: redis.Redis, delivery: Delivery, celery_app: Any = celery_ap
                     webhooks.secret(accounts or client, found.account))
 
 
+@dataclass
+class Limits:
+    """What the senders of one process share (one per cell): the deliveries in flight,
+    in all and to each receiver, and the turn to take more, so that the limits hold
+    for the process."""
+
+    in_flight: set[asyncio.Task] = field(default_factory=set)
+    per_host: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    taking: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
 class Sender:
     """Sends due deliveries until :meth:`stop`, each in a task of its own: those of the
     outbox on ``client`` (with cells, one cell's; ``celery_app``: that cell's), signed
-    with the secrets on ``accounts`` (the API's own Redis). Senders of several cells
-    share ``per_host``, the deliveries in flight to each receiver."""
+    with the secrets on ``accounts`` (the API's own Redis), within ``limits``."""
 
     def __init__(self, client: redis.Redis | None = None, celery_app: Any = celery_app,
-                 accounts: redis.Redis | None = None,
-                 per_host: dict[str, int] | None = None) -> None:
+                 accounts: redis.Redis | None = None, limits: Limits | None = None) -> None:
         self.client = client or redis_client()
         self.celery_app, self.accounts = celery_app, accounts or self.client
         self.stopping = asyncio.Event()
-        self.in_flight: set[asyncio.Task] = set()
-        self.per_host: dict[str, int] = defaultdict(int) if per_host is None else per_host
+        limits = limits or Limits()
+        self.in_flight, self.per_host, self.taking = (limits.in_flight, limits.per_host,
+                                                      limits.taking)
         self.http = httpx.AsyncClient(timeout=TIMEOUT_S,
                                       follow_redirects=False, trust_env=False,
                                       limits=httpx.Limits(max_connections=MAX_IN_FLIGHT))
@@ -165,17 +175,18 @@ class Sender:
         """Take and send deliveries until stopped, then let those in flight end."""
         try:
             while not self.stopping.is_set():
-                room = MAX_IN_FLIGHT - len(self.in_flight)
-                taken: list[Delivery] = []
-                if room > 0:
-                    try:
-                        taken = await asyncio.to_thread(take, self.client, room)
-                    except OUTAGE as exc:
-                        log.warning("webhooks: Redis away (%s)", exc)
-                for delivery in taken:
-                    task = asyncio.create_task(self.deliver(delivery))
-                    self.in_flight.add(task)
-                    task.add_done_callback(self.in_flight.discard)
+                async with self.taking:  # the room left, taken by one sender at a time
+                    room = MAX_IN_FLIGHT - len(self.in_flight)
+                    taken: list[Delivery] = []
+                    if room > 0:
+                        try:
+                            taken = await asyncio.to_thread(take, self.client, room)
+                        except OUTAGE as exc:
+                            log.warning("webhooks: Redis away (%s)", exc)
+                    for delivery in taken:
+                        task = asyncio.create_task(self.deliver(delivery))
+                        self.in_flight.add(task)
+                        task.add_done_callback(self.in_flight.discard)
                 if not taken:
                     try:
                         await asyncio.wait_for(self.stopping.wait(), POLL_S)
@@ -251,8 +262,8 @@ class Sender:
 def serve() -> None:
     """Send webhooks until SIGINT or SIGTERM (deliveries in flight end first)."""
     async def main() -> None:
-        accounts, per_host = redis_client(), defaultdict(int)  # the API's own Redis
-        senders = [Sender(client, celery_app, accounts, per_host)  # one per cell
+        accounts, limits = redis_client(), Limits()  # the API's own Redis: its secrets
+        senders = [Sender(client, celery_app, accounts, limits)  # one per cell
                    for _, celery_app, client in cells.each()]
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
