@@ -53,6 +53,50 @@ def test_a_job_id_is_a_uuid_that_names_its_cell():
     assert cell.named_by(str(uuid.uuid4())) is None  # no cells
 
 
+def test_a_new_job_goes_to_a_cell_its_model_fits_where_it_is_warm(monkeypatch):
+    """Of the cells its model fits, a job goes to the first by rendezvous hashing on the
+    model where it is warm, else to the first; a job with an idempotency key to the
+    first, warm or not; one that fits nowhere to the first (its submit then refuses it)."""
+    from routing.policy import PolicyView
+
+    names = ("a", "b", "c")
+
+    class Cache:  # a cell's snapshot cache, as cells.cell_of_job reads it
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def members(self) -> PolicyView:
+            return views[self.name]
+
+    with override(broker_url=", ".join(f"{n}=redis://r{n}/0" for n in names)):
+        order = cells._order("m", names)
+        views = {name: PolicyView(holders={}) for name in names}  # warm nowhere
+        monkeypatch.setattr(cells, "_caches", lambda _: {n: Cache(n) for n in names})
+        assert cells.cell_of_job("m") == order[0]
+        views[order[2]] = PolicyView(holders={"m": frozenset({"gpu0@w"})})
+        assert cells.cell_of_job("m") == order[2]
+        assert cells.cell_of_job("m", keyed=True) == order[0]
+
+        def fits(view: PolicyView) -> bool:  # too large for the first cell's workers
+            return view is not views[order[0]]
+        assert cells.cell_of_job("m", True, fits) == order[1]
+        views[order[2]] = PolicyView(holders={})
+        assert cells.cell_of_job("m", False, fits) == order[1]
+        assert cells.cell_of_job("m", False, lambda view: False) == order[0]
+
+
+def test_a_revoke_is_kept_in_the_cell_its_job_runs_in(two_cells):
+    """A job revoked by a process that knows both cells is kept revoked in the cell its
+    id names, where its run would begin (and be refused), and nowhere else."""
+    from tasks.broker.keys import revoked_key
+
+    a, b = (two_cells[name].redis.client() for name in WARM)
+    for name, here, other in (("cell-a", a, b), ("cell-b", b, a)):
+        job_id = cell.new_job_id(name)
+        cells.result(job_id).revoke()
+        assert here.exists(revoked_key(job_id)) and not other.exists(revoked_key(job_id))
+
+
 @pytest.fixture(scope="module")
 def two_cells(redis_server, app):
     """Two cells, each its own Redis, one worker and beat; the test process knows both."""
