@@ -153,7 +153,7 @@ def test_a_worker_told_to_stop_hands_its_job_on_to_resume_where_it_was(cluster, 
     out = job.get(timeout=120)
     assert out["sha256"] == alone["sha256"]  # the same image, handed on or not
     assert out["worker"] != info["worker"] and out["preempted"] == 1
-    assert out["attempts"] == 2 and out["run_ms"] < alone["run_ms"]
+    assert out["attempts"] == 2  # (its steps not run again: the log's resume step, below)
     log = _log(cluster)
     assert f"job {job.id} stepped aside at step " in log and "this worker is stopping" in log
     resumed_at = int(re.search(rf"job {job.id} resumes at step (\d+)", log).group(1))
