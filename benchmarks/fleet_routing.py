@@ -12,7 +12,8 @@ submitting process holds it. Measured at each size:
   for it, the router counting its own send after each (``note_sent``), 4,000 jobs at
   the fleet's whole service rate (``jobs_per_s``: one router feeding the fleet), over as
   many heartbeats as that takes (``MIN_BEATS`` at least), after a quarter as many
-  unmeasured (a process that has run a while);
+  unmeasured (a process that has run a while, routing for this fleet only: the ring
+  orders it kept for another size or seed are dropped first);
   ``view_decide_p99_us``: the same with ``view()`` counted in; ``note_sent_p99_us``:
   counting the job's send after it (its load, the warm model it leaves, the demand);
 - ``snapshot_bytes``: the compact JSON read twice a second; ``members_bytes``: the
@@ -40,6 +41,7 @@ from benchmarks.common import markdown_table, percentile  # noqa: E402
 from routing.compact import split  # noqa: E402
 from routing.names import LANES  # noqa: E402
 from routing.policy import decide  # noqa: E402
+from routing.ringorder import forget  # noqa: E402
 from routing.snapshot import SnapshotCache  # noqa: E402
 from tests.harness.fleet import (  # noqa: E402
     MODELS,
@@ -164,6 +166,7 @@ def measure(workers: int, jobs: int = 4000, load: float = 1.0, seed: int = 1,
             changes: int = 5) -> dict:
     """The figures of one fleet size (see the module's docstring): ``jobs`` measured,
     sent at ``load`` times the fleet's service rate, after a quarter as many unmeasured."""
+    forget()  # a router of this fleet: no order kept for another size or seed
     per_beat = _per_beat(workers, seed, load)
     beats = max(-(-jobs // per_beat), MIN_BEATS)
     warm = -(-beats // 4)

@@ -147,6 +147,14 @@ ORDER_ASKED_HOLDERS = 1024
 PATCH_SHARE = 4
 
 
+def forget() -> None:
+    """Drop every kept order and count of asks: this process routes for another fleet
+    from now on (its kept orders would only be compared with the new sets, and fail)."""
+    _KEPT.clear()
+    _ASKED.clear()
+    _ORDERED[0] = _ASKS[0]
+
+
 def ask(key: str, model: str) -> None:
     """Count an ask for ``key``'s order (of ``model``'s holders), for :func:`order_asked`."""
     _ASKS[0] += 1
