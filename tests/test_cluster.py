@@ -132,7 +132,9 @@ def test_heartbeat_records_liveness_and_load(cluster, clean_redis):
     snapshot, info = wait_until(settled_snapshot, timeout_s=20,
                                 what=f"a settled heartbeat of {host}")
     assert info["device"] == "cpu" and info["service_ms"]["standard"] > 0
-    assert info["cost_ms"]["demo"][1] > 0  # ms per unit of a demo job's cost
+    base_ms, unit_ms = info["cost_ms"]["demo"]  # its demo jobs' line: ms = base + unit x cost
+    assert base_ms >= 0 and unit_ms >= 0 and base_ms + unit_ms > 0  # (flat when, on a busy
+    # machine, the module's bigger jobs ran no slower: gpu_worker.costfit)
     assert "demo" in info["warm_models"]
     assert info["lanes"] == ["fast", "standard", "relaxed"]
     stored = {h.decode(): json.loads(v) for h, v in clean_redis.hgetall(WORKERS_KEY).items()}
