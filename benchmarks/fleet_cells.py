@@ -6,7 +6,7 @@ real fleet: a database's structures and so Redis' time per call are its own). Th
 cells are alike, so one is measured as ``fleet.py`` measures a size: the router on its
 snapshot, a beat round, Redis' time per publish (taking turns with the other sizes).
 Then, with all of them named in the broker URL, a submit's choice of cell
-(``tasks.broker.cells.cell_for``, on each cell's real snapshot) is timed over
+(``tasks.broker.cells.cell_of_job``, on each cell's real snapshot) is timed over
 :data:`CHOICES` jobs of Zipf-drawn models.
 """
 from __future__ import annotations
@@ -46,13 +46,13 @@ def cells_row(server: Any, client: Any, size: int, cells: int, first_db: int,
 
 
 def choice_us(urls: dict[str, str], models: Sequence[str]) -> tuple[float, float]:
-    """p50 and p99 microseconds of ``cell_for`` over the cells ``urls`` names, each
+    """p50 and p99 microseconds of ``cell_of_job`` over the cells ``urls`` names, each
     cell's snapshot fresh (a round of its beat just before)."""
     from beat.heartbeat import heartbeat
     from beat.lease import Leadership
     from tasks.broker.app import redis_client
     from tasks.broker.cell import within
-    from tasks.broker.cells import cell_for
+    from tasks.broker.cells import cell_of_job
     from tasks.broker.leader import fenced
     from tasks.settings import override
     from tests.harness.fleet import WEIGHTS
@@ -66,9 +66,9 @@ def choice_us(urls: dict[str, str], models: Sequence[str]) -> tuple[float, float
                 lead.stop()
         rng, took = random.Random(1), []
         for model in rng.choices(models, WEIGHTS, k=CHOICES // 4):
-            cell_for(model)  # each cell's snapshot read once, as a process starts
+            cell_of_job(model)  # each cell's snapshot read once, as a process starts
         for model in rng.choices(models, WEIGHTS, k=CHOICES):
             began = time.perf_counter()
-            cell_for(model)
+            cell_of_job(model)
             took.append((time.perf_counter() - began) * 1e6)
     return round(percentile(took, 0.5), 1), round(percentile(took, 0.99), 1)

@@ -91,9 +91,7 @@ def submit(prompt: str | None = None, *, tier: str = "standard",
                    downgradable=downgradable, **inputs)
     if not settings.cells:
         return _submit(job, str(uuid.uuid4()), idempotency_key, cancel_after, plan, inputs)
-    # with cells: the cell of its model (of a keyed job, the one its key is claimed in);
-    # its id names it
-    name = cells.cell_of_job(job.model, idempotency_key is not None, _fits(job.model))
+    name = _cell_of(job, idempotency_key)  # with cells: its id names it
     with cell.within(name):
         found = _submit(job, cell.new_job_id(name), idempotency_key, cancel_after, plan, inputs)
     return cells.bound(found, name)
@@ -149,8 +147,7 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     reached it, for the URLs of their bodies. Raises as :func:`submit` does."""
     job = validate(prompt, tier=tier, account=account, model=model,
                    downgradable=downgradable, **inputs)
-    name = cells.cell_of_job(job.model, idempotency_key is not None, _fits(job.model)) \
-        if settings.cells else None  # as submit() chooses; its id names it
+    name = _cell_of(job, idempotency_key) if settings.cells else None
     job_id = str(uuid.uuid4()) if name is None else cell.new_job_id(name)
     with cell.within(name):
         check_fits(job.model, snapshot_cache().members())
@@ -163,6 +160,12 @@ def submit_placed(prompt: str | None = None, *, plan: Plan, tier: str = "standar
     if where.job_id != job_id or caller.record is None:
         return where, None
     return where, predictions.recorded(caller.record, where.lane, where.parked)
+
+
+def _cell_of(job: Job, idempotency_key: str | None) -> str:
+    """With cells, the cell a new job goes to (``tasks.broker.cells.cell_of_job``): of
+    those its model fits, where it is warm; with a key, the one its key is claimed in."""
+    return cells.cell_of_job(job.model, idempotency_key is not None, _fits(job.model))
 
 
 def _fits(model: str) -> Callable[[PolicyView | None], bool]:

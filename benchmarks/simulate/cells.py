@@ -3,7 +3,7 @@
 
 A cell is a whole cluster on its own Redis: its workers, lists, beat and routing, and
 the models its pools keep warm; a submit sends a model's jobs to the cell where it is
-warm (``tasks.broker.cells.cell_for``). The models are dealt to the cells by their
+warm (``tasks.broker.cells.cell_of_job``). The models are dealt to the cells by their
 share of the load, heaviest first, each to the cell with the least load so far, and
 each cell gets workers in proportion to its load, as an operator sizes pools; then each
 cell runs the scenario on its models' jobs (the same jobs in both modes), its worker

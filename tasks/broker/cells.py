@@ -2,7 +2,7 @@
 
 A cell is a whole gpulanes cluster on its own Redis; workers and beat use their own pool's
 and never learn of the others. A submitting process knows them all: it reads each
-cell's snapshot, and publishes each job to the cell of its model (:func:`cell_for`),
+cell's snapshot, and publishes each job to the cell of its model (:func:`cell_of_job`),
 inside ``tasks.broker.cell.within`` that cell, in the one round trip a publish always
 takes, there. The job's id names its cell, so :func:`result` reads a job's result from
 the right Redis however its id reached the reader.
@@ -91,11 +91,6 @@ def cell_of_job(model: str, keyed: bool = False,
             return name
         first = first or name
     return first or order[0]
-
-
-def cell_for(model: str) -> str:
-    """:func:`cell_of_job` of a job with no idempotency key, wherever the model fits."""
-    return cell_of_job(model)
 
 
 @lru_cache(maxsize=None)
