@@ -19,7 +19,8 @@ def stats_of(consumer: Any) -> dict[str, Any]:
     bookkeeping is wedged, or None): what it pushes every heartbeat
     (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
     reply = RUNTIME.stats()
-    queues = [q.name for q in consumer.task_consumer.queues]
+    taking = consumer.task_consumer  # None once the worker shuts down: it takes nothing
+    queues = [q.name for q in taking.queues] if taking is not None else []
     reply["queues"] = queues
     reply["lanes"] = list(dict.fromkeys(lane_of(name) for name in queues))
     reply["concurrency"] = consumer.controller.concurrency

@@ -13,6 +13,8 @@ from conftest import SMALL, new_gate, wait_at_gate, wait_until
 from gpu_worker.launcher import MALLOC_ENV, worker_command, worker_env
 from routing.names import STATS_COMMAND
 from tasks import submit
+from tasks.broker.keys import METRICS_KEY, metric_field
+from tasks.broker.store import broker_client
 from tests.flaky_model import open_gate
 
 pytestmark = pytest.mark.cluster
@@ -90,9 +92,17 @@ def test_worker_that_cannot_warm_its_model_exits_instead_of_consuming(cluster_fa
 def test_sigterm_hands_the_running_job_back_and_stops_cleanly(cluster_factory, app):
     """A scale-down: the running job steps aside at its next step, back to the front of
     its lane, and the workers exit at once rather than run it to its end; a worker
-    started later runs it (again from its start: the flaky model does not resume)."""
-    cluster = cluster_factory(workers=2)
+    started later runs it (again from its start: the flaky model does not resume). A
+    job finished since the last heartbeat is counted as the workers stop."""
+    cluster = cluster_factory(workers=2, env={"GPULANES_HEARTBEAT_S": "600"})
     pids = _worker_pids(app, 2)
+
+    def run_s() -> float:  # the standard lane's run seconds, as the exporter counts them
+        return float(broker_client().hget(METRICS_KEY, metric_field("run_sum", "standard"))
+                     or 0)
+    counted_before = run_s()
+    done = submit("finished before the stop", model="flaky", **SMALL).get(timeout=60)
+    assert done["lane"] == "standard"
     gate = new_gate()
     running = submit(f"gate:{gate} hand me back", model="flaky", **SMALL)
     wait_at_gate(running, gate)
@@ -106,6 +116,7 @@ def test_sigterm_hands_the_running_job_back_and_stops_cleanly(cluster_factory, a
     assert re.search(rf"job {running.id} stepped aside at step \d+: this worker is stopping",
                      log)
     assert running.state != "SUCCESS"  # not run to its end on the way out
+    assert run_s() > counted_before  # pushed on the way out, not left to a next heartbeat
     cluster.start_workers()
     out = running.get(timeout=60)
     assert out["attempts"] == 2 and out["preempted"] == 1
