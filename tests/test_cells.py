@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import STATE_DIR, wait_until
+from conftest import STATE_DIR, free_port, wait_until
 
 from gpu_worker.redis_server import EmbeddedRedis
 from tasks.broker import cell, cells
@@ -359,3 +359,15 @@ def test_pages_across_cells_show_each_prediction_once_newest_first(tmp_path):
     finally:
         for server in servers.values():
             server.stop()
+
+
+def test_the_api_names_the_cells_whose_redis_does_not_answer_as_it_starts(tmp_path):
+    from tasks.front.serve import silent_redis
+
+    assert silent_redis() == []  # the session's one Redis
+    server = EmbeddedRedis(tmp_path / "a").start()
+    try:
+        with override(broker_url=f"a={server.url}, b=redis://127.0.0.1:{free_port()}/0"):
+            assert silent_redis() == ["b"]
+    finally:
+        server.stop()

@@ -18,15 +18,19 @@ APP = "tasks.front.app:create_app"
 GRACEFUL_S = 30
 
 
-def redis_answers() -> bool:
-    """Whether the broker's Redis answers now."""
-    from tasks.broker.app import redis_client
+def silent_redis() -> list[str]:
+    """The Redis that do not answer now: with cells, the names of theirs; with one Redis,
+    ``[""]`` if it does not."""
+    from tasks.broker.cells import each
     from tasks.broker.outage import OUTAGE
 
-    try:
-        return bool(redis_client().ping())
-    except OUTAGE:
-        return False
+    silent = []
+    for name, _, client in each():
+        try:
+            client.ping()
+        except OUTAGE:
+            silent.append(name or "")
+    return silent
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
@@ -35,8 +39,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, workers: int = 1,
     ``access_log``: log a line per request."""
     import uvicorn
 
-    if not redis_answers():
-        log.warning("Redis does not answer: requests are answered 503 until it does")
+    if silent := silent_redis():
+        cells = f" (cells {', '.join(silent)})" if any(silent) else ""
+        log.warning("Redis does not answer%s: requests that need it are answered 503 until "
+                    "it does", cells)
     uvicorn.run(APP, factory=True, host=host, port=port, workers=workers,
                 timeout_graceful_shutdown=GRACEFUL_S, log_level="info", access_log=access_log)
 
