@@ -57,6 +57,8 @@ TIMEOUT_S = 10.0
 RETRY_FOR_S = 3600.0
 #: A retry's backoff: uniform in [0, min(BACKOFF_CAP_S, BACKOFF_BASE_S x 2^attempts)].
 BACKOFF_BASE_S, BACKOFF_CAP_S = 1.0, 60.0
+#: The backoff's own draws: the random module's shared state is left to the caller.
+_JITTER = random.Random()
 #: The API's address in a body's URLs when its prediction did not say how its caller
 #: reached the API (one made by ``submit_placed`` in Python).
 DEFAULT_API_URL = "http://127.0.0.1:8000"
@@ -113,7 +115,7 @@ def settle(client: redis.Redis, delivery: Delivery, outcome: str, due: float = 0
 
 def backoff_s(attempts: int) -> float:
     """The wait before the next attempt after ``attempts`` failed ones (full jitter)."""
-    return random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, attempts - 1)))
+    return _JITTER.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, attempts - 1)))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ SWEEP_BATCH = 500
 SWEEP_EVERY_S = 60.0
 #: Pause between the rounds of one pass.
 SWEEP_ROUND_S = 1.0
+#: The sweep's own draws (its jitter): the random module's shared state is left alone.
+_JITTER = random.Random()
 #: Names the sweep may delete: artifacts, probes, and partial writes (``.<name>.<hex>.partial``).
 SWEPT = re.compile(rf"(?:{ARTIFACT_FILE.pattern}|{re.escape(PROBE_PREFIX)}[0-9a-f]{{32}}"
                    rf"|\..+\.[0-9a-f]{{32}}\.partial)")
@@ -89,7 +91,7 @@ class Sweeper:
             except Exception:  # noqa: BLE001  a store away now may answer next round
                 log.warning("artifact sweep failed; trying again later", exc_info=True)
                 over = True
-            time.sleep(self.rest_s() * random.uniform(0.5, 1.0) if over else SWEEP_ROUND_S)
+            time.sleep(self.rest_s() * _JITTER.uniform(0.5, 1.0) if over else SWEEP_ROUND_S)
 
     def rest_s(self) -> float:
         """Rest between passes: SWEEP_EVERY_S, or a quarter of the TTL when shorter."""
