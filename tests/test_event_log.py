@@ -76,3 +76,22 @@ def test_the_outbox_takes_what_the_filter_names_with_progress_spaced(clean_redis
         by_job.setdefault(record[len(prediction_key("")):], []).append(kind)
     assert sorted(by_job["hooked"]) == ["completed", "progress", "started"]
     assert by_job["output-only"] == ["output"]
+
+
+def test_a_retry_stored_after_its_jobs_end_leaves_the_end(app, clean_redis, monkeypatch):
+    """A run that put its job's next copy back in a lane stores RETRY after that, and the
+    copy may end meanwhile on another worker. Celery reads for SUCCESS before it writes,
+    in a step of its own: a RETRY that read before the end still leaves the end stored."""
+    backend = app.backend
+    backend.mark_as_retry("again", RuntimeError("this worker's disk"))
+    assert backend.get_task_meta("again")["status"] == "RETRY"  # nothing final: stored
+    for state, end in (("SUCCESS", lambda j: backend.mark_as_done(j, {"ok": 1})),
+                       ("FAILURE", lambda j: backend.mark_as_failure(j, ValueError("bad"))),
+                       ("REVOKED", lambda j: backend.mark_as_revoked(j, "cancelled"))):
+        job_id = f"ended-{state}"
+        end(job_id)
+        with monkeypatch.context() as read_before_the_end:
+            read_before_the_end.setattr(backend, "_get_task_meta_for",
+                                        lambda task_id: {"status": "STARTED"})
+            backend.mark_as_retry(job_id, RuntimeError("this worker's disk"))
+        assert backend.get_task_meta(job_id)["status"] == state

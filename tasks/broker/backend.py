@@ -56,17 +56,25 @@ class ResultBackend(RedisBackend):
         return super().ensure(fn, args, **policy)
 
     def _set_with_state(self, key: Any, value: Any, state: str) -> Any:
-        """Celery's store of a job's state, a prediction's event logged with it
-        (``lua/result_store.lua``) when the state is one it tells."""
+        """Celery's store of a job's state: a prediction's event logged with it
+        (``lua/result_store.lua``) when the state is one it tells; any other state (a
+        RETRY) only while no final state is stored (``lua/state_store.lua``)."""
         name, prefix = (v.decode() if isinstance(v, bytes) else str(v)
                         for v in (key, self.task_keyprefix))
-        if state not in LOGGED or not name.startswith(prefix):
+        if not name.startswith(prefix):
             return super()._set_with_state(key, value, state)
         if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
             return super()._set_with_state(key, value, state)  # Celery refuses it
-        expires = self.failure_expires if state == states.FAILURE else self.expires
+        expires = int((self.failure_expires if state == states.FAILURE else self.expires) or 0)
+        if state not in LOGGED:
+            return self.ensure(self._set_unless_final, (name, value, expires))
         job_id = name[len(prefix):]
-        return self.ensure(self._set_logged, (name, value, int(expires or 0), job_id, state))
+        return self.ensure(self._set_logged, (name, value, expires, job_id, state))
+
+    def _set_unless_final(self, key: str, value: Any, expires_s: int) -> Any:
+        from tasks.broker import scripts
+
+        return scripts.run(self.client, "state_store", [key], [value, expires_s])
 
     def _set_logged(self, key: str, value: Any, expires_s: int, job_id: str,
                     state: str) -> Any:
