@@ -16,8 +16,8 @@ from tasks.settings import settings
 def stats_of(consumer: Any) -> dict[str, Any]:
     """gpulanes load figures: device, pool, in-flight jobs, service time, warm models,
     ``sick`` (why this worker stepped aside, or None) and ``stuck`` (why its own
-    bookkeeping is wedged, or None): what it pushes every heartbeat
-    (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
+    bookkeeping is wedged, or None), and ``leaving`` once it shuts down: what it pushes
+    every heartbeat (``gpu_worker.stats``) and answers to ``celery inspect lanes_stats``."""
     reply = RUNTIME.stats()
     taking = consumer.task_consumer  # None once the worker shuts down: it takes nothing
     queues = [q.name for q in taking.queues] if taking is not None else []
@@ -28,6 +28,8 @@ def stats_of(consumer: Any) -> dict[str, Any]:
     reply["batching"] = BATCHER.stats()
     reply.update(HEALTH.stats())
     reply.update(WATCHDOG.stats())
+    if taking is None:  # its last push: no job goes to it (``routing.placement.serving``)
+        reply["leaving"] = True
     return reply
 
 

@@ -11,9 +11,11 @@ from routing.ringorder import ask, in_ring_order, kept_order
 
 def serving(worker: Mapping[str, Any]) -> bool:
     """Whether jobs may go to this worker record: alive (it answers heartbeats), not
-    sick (it did not step aside after failures of its own making) and not stuck (a
-    finished run of its holds a job slot: ``gpu_worker.stuck``)."""
-    return bool(worker.get("alive")) and not worker.get("sick") and not worker.get("stuck")
+    sick (it did not step aside after failures of its own making), not stuck (a
+    finished run of its holds a job slot: ``gpu_worker.stuck``) and not leaving (it
+    shuts down: its last push says so)."""
+    return (bool(worker.get("alive")) and not worker.get("sick") and not worker.get("stuck")
+            and not worker.get("leaving"))
 
 
 def holders(workers: Mapping[str, dict], model: str) -> list[str]:

@@ -1,6 +1,7 @@
 """Worker lifecycle on real processes: clean shutdown, crash restart, redelivery."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,8 +13,9 @@ from conftest import SMALL, new_gate, wait_at_gate, wait_until
 
 from gpu_worker.launcher import MALLOC_ENV, worker_command, worker_env
 from routing.names import STATS_COMMAND
+from routing.placement import serving
 from tasks import submit
-from tasks.broker.keys import METRICS_KEY, metric_field
+from tasks.broker.keys import METRICS_KEY, WORKER_STATS_KEY, metric_field
 from tasks.broker.store import broker_client
 from tests.flaky_model import open_gate
 
@@ -117,6 +119,9 @@ def test_sigterm_hands_the_running_job_back_and_stops_cleanly(cluster_factory, a
                      log)
     assert running.state != "SUCCESS"  # not run to its end on the way out
     assert run_s() > counted_before  # pushed on the way out, not left to a next heartbeat
+    for host in pids:  # and that push says no job may go to them any more
+        last = json.loads(broker_client().hget(WORKER_STATS_KEY, host))
+        assert last["leaving"] and not serving({**last, "alive": True}), last
     cluster.start_workers()
     out = running.get(timeout=60)
     assert out["attempts"] == 2 and out["preempted"] == 1

@@ -35,9 +35,12 @@ def _in_flight(worker: dict[str, Any]) -> int:
 
 def _health(worker: dict[str, Any]) -> str:
     """``yes``; ``NO (missed 2)`` when silent; ``SICK: <reason>`` when it stepped aside;
-    ``STUCK: <reason>`` when a finished run holds a job slot."""
+    ``STUCK: <reason>`` when a finished run holds a job slot; ``LEAVING`` once it shuts
+    down."""
     if not worker.get("alive"):
         return f"NO (missed {worker.get('missed', '?')})"
+    if worker.get("leaving"):
+        return "LEAVING"
     if worker.get("stuck"):
         return f"STUCK: {worker['stuck']}"
     return f"SICK: {worker['sick']}" if worker.get("sick") else "yes"
