@@ -192,17 +192,19 @@ def test_a_worker_added_under_load_takes_its_first_job_once_warm(fleet, clean_re
 
 
 def test_a_stopped_workers_job_is_resumed_at_once_by_an_idle_one_bit_for_bit(fleet, app):
-    """One job, two idle workers (the survivor and the added one): SIGTERM to the one
+    """One job, two idle workers (those the tests above left running): SIGTERM to the one
     that runs it. The other takes its next copy at once and resumes it at the step it
     stepped aside at; the output is the one of a run never stopped (here, on this CPU)."""
     from gpu_worker.models import load_model
     from tasks import submit
     from tasks.settings import settings
 
+    running = [i for i in fleet.values() if i.supervisor.poll() is None]
+    assert len(running) >= 2, "needs two workers running"
     inputs = {**JOB, "n": 4242}
     job = submit(**inputs)
     (holder, info), = _running_by_worker([job], 1).items()
-    stopped = next(i for i in fleet.values() if i.host == holder)
+    stopped = next(i for i in running if i.host == holder)
     stopped.supervisor.send_signal(signal.SIGTERM)
     sent = time.time()
     out = job.get(timeout=60)
@@ -211,10 +213,10 @@ def test_a_stopped_workers_job_is_resumed_at_once_by_an_idle_one_bit_for_bit(fle
     print(f"\nSIGTERM at step {info['step']}: resumed elsewhere {handed_s:.3f}s later; "
           f"the stopped supervisor exited {time.time() - sent:.2f}s after it")
     assert out["worker"] != holder and (out["attempts"], out["preempted"]) == (2, 1)
-    resumed = re.search(rf"job {job.id} resumes at step (\d+)", fleet["late"].log()
-                        + fleet[SURVIVOR].log())
+    resumed = re.search(rf"job {job.id} resumes at step (\d+)",
+                        "".join(i.log() for i in running if i is not stopped))
     assert resumed and int(resumed.group(1)) >= info["step"]  # no step run again
-    assert 0 < handed_s < 5.0  # taken at once, not recovered by beat (a sanity bound)
+    assert 0 < handed_s < 2.0  # handed on, at once (a sanity bound: measured about 0.1 s)
     paced = load_model("paced", settings.models, "cpu", STATE_DIR)  # as a worker does
     fields = {k: v for k, v in inputs.items() if k in paced.Input.model_fields}
     alone = paced.predict(paced.Input(**{**fields, "step_ms": 1}), lambda *_: None)
